@@ -1,0 +1,58 @@
+// Logging with separate application and library levels, as DOCA separates
+// doca_log_level_set_global_sdk_limit() from the application's backends.
+//
+// A disabled message costs one relaxed load and a compare: the format arguments
+// are not evaluated. Output goes to stderr or to a file; each line is written with
+// one write(2) so lines from several threads do not interleave.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string_view>
+
+#include "runtime/status.h"
+
+namespace dpukv {
+
+enum class LogLevel : uint8_t { kDisable = 0, kCritical, kError, kWarning, kInfo, kDebug, kTrace };
+
+enum class LogSource : uint8_t { kApp = 0, kLib = 1 };
+
+namespace log_internal {
+extern std::atomic<uint8_t> g_levels[2];
+void write(LogSource src, LogLevel lvl, const char* file, int line, const char* fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+}  // namespace log_internal
+
+void log_set_level(LogSource src, LogLevel lvl);
+LogLevel log_level(LogSource src);
+// Parses "critical", "error", "warning", "info", "debug", "trace", "disable".
+Status log_level_from_string(std::string_view s, LogLevel* out);
+// Sends log lines to PATH (appending); an empty path restores stderr.
+Status log_set_file(const char* path);
+
+inline bool log_enabled(LogSource src, LogLevel lvl) {
+  return static_cast<uint8_t>(lvl) <=
+         log_internal::g_levels[static_cast<int>(src)].load(std::memory_order_relaxed);
+}
+
+}  // namespace dpukv
+
+#define DPUKV_LOG_(src, lvl, ...)                                                      \
+  do {                                                                                 \
+    if (::dpukv::log_enabled(src, lvl))                                                \
+      ::dpukv::log_internal::write(src, lvl, __FILE__, __LINE__, __VA_ARGS__);          \
+  } while (0)
+
+// Library code (runtime, engines, cache ...) logs with LOG_*; applications with APP_LOG_*.
+#define LOG_CRIT(...) DPUKV_LOG_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kCritical, __VA_ARGS__)
+#define LOG_ERR(...) DPUKV_LOG_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kError, __VA_ARGS__)
+#define LOG_WARN(...) DPUKV_LOG_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kWarning, __VA_ARGS__)
+#define LOG_INFO(...) DPUKV_LOG_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kInfo, __VA_ARGS__)
+#define LOG_DBG(...) DPUKV_LOG_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kDebug, __VA_ARGS__)
+#define LOG_TRACE(...) DPUKV_LOG_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kTrace, __VA_ARGS__)
+
+#define APP_LOG_ERR(...) DPUKV_LOG_(::dpukv::LogSource::kApp, ::dpukv::LogLevel::kError, __VA_ARGS__)
+#define APP_LOG_WARN(...) DPUKV_LOG_(::dpukv::LogSource::kApp, ::dpukv::LogLevel::kWarning, __VA_ARGS__)
+#define APP_LOG_INFO(...) DPUKV_LOG_(::dpukv::LogSource::kApp, ::dpukv::LogLevel::kInfo, __VA_ARGS__)
+#define APP_LOG_DBG(...) DPUKV_LOG_(::dpukv::LogSource::kApp, ::dpukv::LogLevel::kDebug, __VA_ARGS__)

@@ -1,0 +1,185 @@
+#include "tools/bench_common.h"
+
+#include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+
+namespace dpukv::bench {
+
+Status parse_size(const std::string& s, uint64_t* out) {
+  if (s.empty()) return Code::kInvalidValue;
+  size_t i = 0;
+  uint64_t v = 0;
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
+    if (v > (UINT64_MAX - 9) / 10) return Code::kInvalidValue;
+    v = v * 10 + static_cast<uint64_t>(s[i++] - '0');
+  }
+  if (i == 0) return Code::kInvalidValue;
+  unsigned shift = 0;
+  if (i < s.size()) {
+    switch (s[i]) {
+      case 'k': case 'K': shift = 10; break;
+      case 'm': case 'M': shift = 20; break;
+      case 'g': case 'G': shift = 30; break;
+      default: return Code::kInvalidValue;
+    }
+    ++i;
+    if (i < s.size() && (s[i] == 'i' || s[i] == 'B')) ++i;  // 4KiB, 4KB
+    if (i < s.size() && s[i] == 'B') ++i;
+  }
+  if (i != s.size()) return Code::kInvalidValue;
+  if (shift != 0 && v > (UINT64_MAX >> shift)) return Code::kInvalidValue;
+  *out = v << shift;
+  return Code::kSuccess;
+}
+
+Status parse_size_list(const std::string& s, std::vector<uint64_t>* out) {
+  out->clear();
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    if (comma == std::string::npos) comma = s.size();
+    uint64_t v;
+    DPUKV_RETURN_IF_ERROR(parse_size(s.substr(pos, comma - pos), &v));
+    if (v == 0) return Code::kInvalidValue;
+    out->push_back(v);
+    pos = comma + 1;
+  }
+  return out->empty() ? Status(Code::kInvalidValue) : Status();
+}
+
+std::string format_size(uint64_t b) {
+  const char* units[] = {"", "K", "M", "G", "T"};
+  int u = 0;
+  while (u < 4 && b >= 1024 && b % 1024 == 0) b /= 1024, ++u;
+  return std::to_string(b) + units[u];
+}
+
+LatencyRecorder::LatencyRecorder(size_t cap) : cap_(cap) { samples_.reserve(cap); }
+
+void LatencyRecorder::add(uint64_t ns) {
+  ++seen_;
+  if (ns > max_ns_) max_ns_ = ns;
+  if (samples_.size() < cap_) {
+    samples_.push_back(ns);
+    return;
+  }
+  // Reservoir sampling keeps an unbiased sample of everything seen.
+  rng_ ^= rng_ << 13, rng_ ^= rng_ >> 7, rng_ ^= rng_ << 17;
+  uint64_t j = rng_ % seen_;
+  if (j < cap_) samples_[j] = ns;
+}
+
+void LatencyRecorder::finish() { std::sort(samples_.begin(), samples_.end()); }
+
+double LatencyRecorder::percentile_us(double p) const {
+  if (samples_.empty()) return 0;
+  // Nearest rank.
+  size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(samples_.size())));
+  if (rank == 0) rank = 1;
+  if (rank > samples_.size()) rank = samples_.size();
+  return static_cast<double>(samples_[rank - 1]) / 1e3;
+}
+
+std::vector<uint64_t> LatencyRecorder::histogram(double start_us, double width_us,
+                                                 int buckets) const {
+  std::vector<uint64_t> h(static_cast<size_t>(buckets), 0);
+  for (uint64_t ns : samples_) {
+    double us = static_cast<double>(ns) / 1e3;
+    long b = us < start_us ? 0 : static_cast<long>((us - start_us) / width_us);
+    if (b >= buckets) b = buckets - 1;
+    ++h[static_cast<size_t>(b)];
+  }
+  return h;
+}
+
+Status parse_bucket_range(const std::string& s, HistogramSpec* out) {
+  size_t comma = s.find(',');
+  if (comma == std::string::npos) return Code::kInvalidValue;
+  char* end = nullptr;
+  std::string a = s.substr(0, comma), b = s.substr(comma + 1);
+  double start = std::strtod(a.c_str(), &end);
+  if (a.empty() || *end != '\0' || start < 0) return Code::kInvalidValue;
+  double width = std::strtod(b.c_str(), &end);
+  if (b.empty() || *end != '\0' || !(width > 0)) return Code::kInvalidValue;
+  out->enabled = true;
+  out->start_us = start;
+  out->width_us = width;
+  return Code::kSuccess;
+}
+
+bool pin_current_thread(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return sched_setaffinity(0, sizeof(set), &set) == 0;
+}
+
+int num_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return CPU_COUNT(&set);
+}
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+bool write_csv(const OutputOptions& o, const std::vector<Json>& rows) {
+  if (o.csv_path.empty() || rows.empty()) return true;
+  struct stat st{};
+  bool header = !(o.csv_append && stat(o.csv_path.c_str(), &st) == 0 && st.st_size > 0);
+  std::ofstream f(o.csv_path, o.csv_append ? std::ios::app : std::ios::trunc);
+  if (!f) {
+    std::cerr << "dpukv: cannot write " << o.csv_path << ": " << std::strerror(errno) << "\n";
+    return false;
+  }
+  auto scalar = [](const Json& v) { return !v.is_object() && !v.is_array(); };
+  if (header) {
+    bool first = true;
+    for (auto it = rows[0].begin(); it != rows[0].end(); ++it) {
+      if (!scalar(it.value())) continue;
+      f << (first ? "" : ",") << it.key();
+      first = false;
+    }
+    f << "\n";
+  }
+  for (const Json& r : rows) {
+    bool first = true;
+    for (auto it = r.begin(); it != r.end(); ++it) {
+      if (!scalar(it.value())) continue;
+      f << (first ? "" : ",");
+      if (it.value().is_string())
+        f << it.value().get<std::string>();
+      else
+        f << it.value().dump();
+      first = false;
+    }
+    f << "\n";
+  }
+  return static_cast<bool>(f);
+}
+
+void print_json(const std::string& name, const std::vector<Json>& rows) {
+  Json out;
+  out["bench"] = name;
+  out["results"] = rows;
+  std::cout << out.dump(2) << std::endl;
+}
+
+bool progress_enabled() { return isatty(STDERR_FILENO) != 0; }
+
+}  // namespace dpukv::bench

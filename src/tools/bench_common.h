@@ -1,0 +1,75 @@
+// Pieces every `dpukv bench X` shares: size parsing, latency statistics and
+// histograms, CPU pinning, and the three outputs (human table, --json object,
+// --csv-output-file rows).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/status.h"
+
+namespace dpukv::bench {
+
+using Json = nlohmann::ordered_json;
+
+// "64", "4K", "1M", "2G" (binary multiples). INVALID_VALUE on anything else.
+Status parse_size(const std::string& s, uint64_t* out);
+Status parse_size_list(const std::string& s, std::vector<uint64_t>* out);
+std::string format_size(uint64_t bytes);  // 4096 -> "4K"
+
+// Latency samples in nanoseconds. Keeps at most `cap` samples (reservoir beyond).
+class LatencyRecorder {
+ public:
+  explicit LatencyRecorder(size_t cap = 1u << 21);
+  void add(uint64_t ns);
+  size_t count() const { return seen_; }
+  // Sorts the kept samples; call once before percentile().
+  void finish();
+  double percentile_us(double p) const;  // p in [0, 100]
+  double max_us() const { return max_ns_ / 1e3; }
+  // Bucket counts for [start, start+width), ... ; first and last buckets collect
+  // everything below and above.
+  std::vector<uint64_t> histogram(double start_us, double width_us, int buckets) const;
+
+ private:
+  std::vector<uint64_t> samples_;
+  size_t cap_;
+  size_t seen_ = 0;
+  uint64_t max_ns_ = 0;
+  uint64_t rng_ = 0x9e3779b97f4a7c15ull;
+};
+
+struct HistogramSpec {
+  bool enabled = false;
+  double start_us = 0, width_us = 1;
+  int buckets = 20;
+};
+// Parses "START,WIDTH" (microseconds).
+Status parse_bucket_range(const std::string& s, HistogramSpec* out);
+
+// Pins the calling thread to one CPU; false if it cannot.
+bool pin_current_thread(int cpu);
+int num_cpus();
+
+uint64_t now_ns();
+
+struct OutputOptions {
+  bool json = false;
+  std::string csv_path;
+  bool csv_append = false;
+};
+
+// Writes the rows (scalar fields only) to a CSV file, header unless appending to a
+// non-empty file. Returns false and prints why on failure.
+bool write_csv(const OutputOptions& o, const std::vector<Json>& rows);
+
+// Prints `{"bench": name, "results": rows}` on stdout.
+void print_json(const std::string& name, const std::vector<Json>& rows);
+
+// True if stderr is a terminal (progress lines go there).
+bool progress_enabled();
+
+}  // namespace dpukv::bench

@@ -1,0 +1,44 @@
+// dpukv: one command, one subcommand per area.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <string>
+
+#include "runtime/log.h"
+#include "tools/bench_dma.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"dpukv: KV-cache offload and sharing engine for LLM inference"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "dpukv 0.1.0");
+  std::string log_level = "info", lib_log_level = "warning", log_file;
+  app.add_option("--log-level", log_level, "Application log level (critical..trace)")
+      ->capture_default_str();
+  app.add_option("--lib-log-level", lib_log_level, "Library log level (critical..trace)")
+      ->capture_default_str();
+  app.add_option("--log-file", log_file, "Write logs to this file instead of stderr");
+  int exit_code = 0;
+
+  CLI::App* bench = app.add_subcommand("bench", "Benchmark an engine against its same-run baseline");
+  bench->require_subcommand(1);
+  dpukv::add_bench_dma_command(bench, &exit_code);
+
+  app.parse_complete_callback([&] {
+    dpukv::LogLevel lvl;
+    if (!dpukv::log_level_from_string(log_level, &lvl).ok())
+      throw CLI::ValidationError("--log-level", "unknown level " + log_level);
+    dpukv::log_set_level(dpukv::LogSource::kApp, lvl);
+    if (!dpukv::log_level_from_string(lib_log_level, &lvl).ok())
+      throw CLI::ValidationError("--lib-log-level", "unknown level " + lib_log_level);
+    dpukv::log_set_level(dpukv::LogSource::kLib, lvl);
+    if (!log_file.empty() && !dpukv::log_set_file(log_file.c_str()).ok())
+      throw CLI::ValidationError("--log-file", "cannot open " + log_file);
+  });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return exit_code;
+}
