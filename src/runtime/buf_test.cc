@@ -42,7 +42,8 @@ TEST_F(BufTest, GetByAddrAndByData) {
 
 TEST_F(BufTest, NeverOutsideItsMap) {
   Buf* b = nullptr;
-  EXPECT_EQ(inv_->get_by_addr(map_.get(), mem_.data() + mem_.size() - 10, 11, &b), Code::kInvalidValue);
+  EXPECT_EQ(inv_->get_by_addr(map_.get(), mem_.data() + mem_.size() - 10, 11, &b),
+            Code::kInvalidValue);
   EXPECT_EQ(inv_->get_by_addr(map_.get(), mem_.data() - 1, 10, &b), Code::kInvalidValue);
   EXPECT_EQ(inv_->get_by_addr(map_.get(), mem_.data(), SIZE_MAX, &b), Code::kInvalidValue);
   EXPECT_EQ(inv_->get_by_addr(map_.get(), mem_.data(), 0, &b), Code::kInvalidValue);
@@ -86,7 +87,8 @@ TEST_F(BufTest, RefcountReturnsToInventoryAtZero) {
 
 TEST_F(BufTest, InventoryExhaustion) {
   Buf* b[5] = {};
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(inv_->get_by_addr(map_.get(), mem_.data(), 8, &b[i]).ok());
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(inv_->get_by_addr(map_.get(), mem_.data(), 8, &b[i]).ok());
   EXPECT_EQ(inv_->num_free(), 0u);
   EXPECT_EQ(inv_->get_by_addr(map_.get(), mem_.data(), 8, &b[4]), Code::kNoMemory);
   ASSERT_TRUE(b[2]->dec_refcount().ok());
@@ -107,7 +109,7 @@ TEST_F(BufTest, ChainUnchainAndReleaseWholeList) {
   EXPECT_EQ(b->next(), c);
   EXPECT_EQ(buf_chain_list(a, b), Code::kInvalidValue);  // already in a list
   EXPECT_EQ(buf_chain_list(a, a), Code::kInvalidValue);
-  EXPECT_EQ(b->dec_refcount(), Code::kNotPermitted);   // the head owns it
+  EXPECT_EQ(b->dec_refcount(), Code::kNotPermitted);  // the head owns it
   ASSERT_TRUE(buf_unchain_list(a, c).ok());
   EXPECT_EQ(a->list_len(), 2u);
   EXPECT_EQ(c->list_len(), 1u);

@@ -6,15 +6,21 @@ namespace dpukv {
 
 const char* ctx_state_name(CtxState s) {
   switch (s) {
-    case CtxState::kIdle: return "IDLE";
-    case CtxState::kStarting: return "STARTING";
-    case CtxState::kRunning: return "RUNNING";
-    case CtxState::kStopping: return "STOPPING";
+    case CtxState::kIdle:
+      return "IDLE";
+    case CtxState::kStarting:
+      return "STARTING";
+    case CtxState::kRunning:
+      return "RUNNING";
+    case CtxState::kStopping:
+      return "STOPPING";
   }
   return "?";
 }
 
-Context::Context(ProgressEngine* pe) : pe_(pe) { pe_->connect(this); }
+Context::Context(ProgressEngine* pe) : pe_(pe) {
+  pe_->connect(this);
+}
 
 Context::~Context() {
   if (state_ != CtxState::kIdle)

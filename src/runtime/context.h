@@ -1,7 +1,8 @@
 // Contexts (doca_ctx): the objects that do work, each connected to one progress
 // engine for its whole life.
 //
-//   IDLE ──start()──▶ STARTING ──(ready)──▶ RUNNING ──stop()──▶ STOPPING ──(all tasks freed)──▶ IDLE
+//   IDLE ──start()──▶ STARTING ──(ready)──▶ RUNNING ──stop()──▶ STOPPING ──(all tasks freed)──▶
+//   IDLE
 //
 // Configuration (task pools, callbacks) is allowed only while IDLE; otherwise
 // BAD_STATE. start() returns SUCCESS if the context is RUNNING on return, or

@@ -26,7 +26,9 @@ Status send_with_fd(int sock, const void* data, size_t len, int fd) {
   ssize_t n;
   do n = sendmsg(sock, &msg, MSG_NOSIGNAL);
   while (n < 0 && errno == EINTR);
-  if (n < 0) return errno == EAGAIN ? Code::kAgain : (errno == EPIPE ? Code::kConnectionReset : Code::kIoFailed);
+  if (n < 0)
+    return errno == EAGAIN ? Code::kAgain
+                           : (errno == EPIPE ? Code::kConnectionReset : Code::kIoFailed);
   return static_cast<size_t>(n) == len ? Status() : Status(Code::kIoFailed);
 }
 

@@ -17,7 +17,7 @@ std::atomic<uint8_t> g_levels[2] = {static_cast<uint8_t>(LogLevel::kInfo),
 namespace {
 std::atomic<int> g_fd{STDERR_FILENO};
 
-constexpr std::array<const char*, 7> kLevelNames = {"DISABLE", "CRIT", "ERROR", "WARN",
+constexpr std::array<const char*, 7> kLevelNames = {"DISABLE", "CRIT",  "ERROR", "WARN",
                                                     "INFO",    "DEBUG", "TRACE"};
 
 const char* basename_of(const char* path) {
@@ -42,8 +42,9 @@ void write(LogSource src, LogLevel lvl, const char* file, int line, const char* 
   va_start(ap, fmt);
   int m = std::vsnprintf(buf + used, sizeof(buf) - used, fmt, ap);
   va_end(ap);
-  if (m > 0) used += static_cast<size_t>(m) < sizeof(buf) - used ? static_cast<size_t>(m)
-                                                                  : sizeof(buf) - used - 1;
+  if (m > 0)
+    used += static_cast<size_t>(m) < sizeof(buf) - used ? static_cast<size_t>(m)
+                                                        : sizeof(buf) - used - 1;
   if (used >= sizeof(buf) - 1) used = sizeof(buf) - 2;
   buf[used++] = '\n';
   ssize_t ignored = ::write(g_fd.load(std::memory_order_relaxed), buf, used);

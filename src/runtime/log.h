@@ -38,21 +38,26 @@ inline bool log_enabled(LogSource src, LogLevel lvl) {
 
 }  // namespace dpukv
 
-#define DPUKV_LOG_(src, lvl, ...)                                                      \
-  do {                                                                                 \
-    if (::dpukv::log_enabled(src, lvl))                                                \
-      ::dpukv::log_internal::write(src, lvl, __FILE__, __LINE__, __VA_ARGS__);          \
+#define DPUKV_LOG_(src, lvl, ...)                                              \
+  do {                                                                         \
+    if (::dpukv::log_enabled(src, lvl))                                        \
+      ::dpukv::log_internal::write(src, lvl, __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 
 // Library code (runtime, engines, cache ...) logs with LOG_*; applications with APP_LOG_*.
-#define LOG_CRIT(...) DPUKV_LOG_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kCritical, __VA_ARGS__)
+#define LOG_CRIT(...) \
+  DPUKV_LOG_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kCritical, __VA_ARGS__)
 #define LOG_ERR(...) DPUKV_LOG_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kError, __VA_ARGS__)
 #define LOG_WARN(...) DPUKV_LOG_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kWarning, __VA_ARGS__)
 #define LOG_INFO(...) DPUKV_LOG_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kInfo, __VA_ARGS__)
 #define LOG_DBG(...) DPUKV_LOG_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kDebug, __VA_ARGS__)
 #define LOG_TRACE(...) DPUKV_LOG_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kTrace, __VA_ARGS__)
 
-#define APP_LOG_ERR(...) DPUKV_LOG_(::dpukv::LogSource::kApp, ::dpukv::LogLevel::kError, __VA_ARGS__)
-#define APP_LOG_WARN(...) DPUKV_LOG_(::dpukv::LogSource::kApp, ::dpukv::LogLevel::kWarning, __VA_ARGS__)
-#define APP_LOG_INFO(...) DPUKV_LOG_(::dpukv::LogSource::kApp, ::dpukv::LogLevel::kInfo, __VA_ARGS__)
-#define APP_LOG_DBG(...) DPUKV_LOG_(::dpukv::LogSource::kApp, ::dpukv::LogLevel::kDebug, __VA_ARGS__)
+#define APP_LOG_ERR(...) \
+  DPUKV_LOG_(::dpukv::LogSource::kApp, ::dpukv::LogLevel::kError, __VA_ARGS__)
+#define APP_LOG_WARN(...) \
+  DPUKV_LOG_(::dpukv::LogSource::kApp, ::dpukv::LogLevel::kWarning, __VA_ARGS__)
+#define APP_LOG_INFO(...) \
+  DPUKV_LOG_(::dpukv::LogSource::kApp, ::dpukv::LogLevel::kInfo, __VA_ARGS__)
+#define APP_LOG_DBG(...) \
+  DPUKV_LOG_(::dpukv::LogSource::kApp, ::dpukv::LogLevel::kDebug, __VA_ARGS__)

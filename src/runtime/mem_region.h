@@ -14,10 +14,10 @@
 namespace dpukv {
 
 struct MemRegionOptions {
-  bool shared = true;      // memfd-backed and exportable; false: anonymous private memory
-  bool prefault = true;    // touch every page at creation (MAP_POPULATE)
-  bool huge_pages = true;  // ask for transparent huge pages (effective for private memory,
-                           // and for shared memory only if shmem THP is enabled)
+  bool shared = true;          // memfd-backed and exportable; false: anonymous private memory
+  bool prefault = true;        // touch every page at creation (MAP_POPULATE)
+  bool huge_pages = true;      // ask for transparent huge pages (effective for private memory,
+                               // and for shared memory only if shmem THP is enabled)
   const char* name = "dpukv";  // memfd name, visible in /proc/PID/maps
 };
 

@@ -27,7 +27,7 @@ bool valid_access(uint32_t access) {
 }
 
 Status fill_backing(int fd, uint64_t offset, Mmap::Backing* b) {
-  struct stat st{};
+  struct stat st {};
   if (fstat(fd, &st) != 0) return Code::kDriver;
   b->dev = static_cast<uint64_t>(st.st_dev);
   b->ino = static_cast<uint64_t>(st.st_ino);
@@ -81,7 +81,7 @@ Status Mmap::import(const void* desc_bytes, size_t desc_len, int fd, std::unique
              static_cast<unsigned long long>(d.fd_offset), d.page_delta);
     return Code::kInvalidValue;
   }
-  struct stat st{};
+  struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return Code::kInvalidValue;
   const uint64_t map_len = ((d.page_delta + d.length + pg - 1) / pg) * pg;
   if (static_cast<uint64_t>(st.st_size) < d.fd_offset + d.page_delta + d.length) {
@@ -118,8 +118,9 @@ Status Mmap::import(const void* desc_bytes, size_t desc_len, int fd, std::unique
 }
 
 Mmap::~Mmap() {
-  if (live_bufs_ != 0) LOG_CRIT("map %llu destroyed with %zu live buffers",
-                                static_cast<unsigned long long>(id_), live_bufs_);
+  if (live_bufs_ != 0)
+    LOG_CRIT("map %llu destroyed with %zu live buffers", static_cast<unsigned long long>(id_),
+             live_bufs_);
   if (mapping_ != nullptr) munmap(mapping_, mapping_len_);
   if (fd_ >= 0) ::close(fd_);
 }

@@ -35,12 +35,12 @@ struct ExportDescriptor {
   static constexpr uint16_t kVersion = 1;
   uint32_t magic;
   uint16_t version;
-  uint16_t access;       // kAccessExportRead or kAccessExportReadWrite
-  uint64_t map_id;       // exporter's id for this map, unique within its process
-  uint64_t fd_offset;    // page-aligned offset of the mapping in the fd
-  uint64_t length;       // bytes the map covers
-  uint32_t page_delta;   // start of the map within its first page
-  uint32_t reserved;     // must be 0
+  uint16_t access;      // kAccessExportRead or kAccessExportReadWrite
+  uint64_t map_id;      // exporter's id for this map, unique within its process
+  uint64_t fd_offset;   // page-aligned offset of the mapping in the fd
+  uint64_t length;      // bytes the map covers
+  uint32_t page_delta;  // start of the map within its first page
+  uint32_t reserved;    // must be 0
 };
 static_assert(sizeof(ExportDescriptor) == 40, "export descriptor is a wire format");
 

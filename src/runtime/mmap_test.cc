@@ -50,7 +50,8 @@ TEST(Mmap, LocalMapRulesAndStates) {
   EXPECT_EQ(Mmap::create(mem.data(), 0, kAccessLocalRead, -1, 0, &m), Code::kInvalidValue);
   EXPECT_EQ(Mmap::create(mem.data(), 10, 0x100, -1, 0, &m), Code::kInvalidValue);
   // Exporting needs an fd a peer can map.
-  EXPECT_EQ(Mmap::create(mem.data(), mem.size(), kAccessExportRead, -1, 0, &m), Code::kNotSupported);
+  EXPECT_EQ(Mmap::create(mem.data(), mem.size(), kAccessExportRead, -1, 0, &m),
+            Code::kNotSupported);
   ASSERT_TRUE(Mmap::create(mem.data(), mem.size(), kAccessLocalReadWrite, -1, 0, &m).ok());
   EXPECT_TRUE(m->contains(mem.data(), 4096));
   EXPECT_FALSE(m->contains(mem.data() + 1, 4096));
@@ -159,7 +160,9 @@ TEST(Mmap, CrossProcessExportImport) {
     // Export a window that does not start on a page boundary.
     uint8_t* base = static_cast<uint8_t*>(mem->data()) + 4096 + 123;
     if (!Mmap::create(base, 1 << 20, kAccessLocalReadWrite | kAccessExportReadWrite, mem->fd(),
-                      4096 + 123, &map).ok() || !map->start().ok())
+                      4096 + 123, &map)
+             .ok() ||
+        !map->start().ok())
       _exit(11);
     ExportDescriptor d;
     int fd;

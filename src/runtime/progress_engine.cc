@@ -52,7 +52,9 @@ void ProgressEngine::notify() {
   (void)r;  // cannot overflow in practice: the reader clears it
 }
 
-void ProgressEngine::connect(Context* ctx) { ctxs_.push_back(ctx); }
+void ProgressEngine::connect(Context* ctx) {
+  ctxs_.push_back(ctx);
+}
 
 void ProgressEngine::disconnect(Context* ctx) {
   ctxs_.erase(std::remove(ctxs_.begin(), ctxs_.end(), ctx), ctxs_.end());

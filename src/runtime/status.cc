@@ -43,7 +43,11 @@ std::string_view code_description(Code c) {
   return i < kInfo.size() ? kInfo[i].description : "Not a status code";
 }
 
-std::string_view Status::name() const { return code_name(code_); }
-std::string_view Status::description() const { return code_description(code_); }
+std::string_view Status::name() const {
+  return code_name(code_);
+}
+std::string_view Status::description() const {
+  return code_description(code_);
+}
 
 }  // namespace dpukv

@@ -12,23 +12,23 @@ namespace dpukv {
 
 enum class Code : uint8_t {
   kSuccess = 0,
-  kUnknown,            // an error with no better code
-  kNotPermitted,       // access or permission denied
-  kInProgress,         // operation accepted; completion comes later
-  kFull,               // a fixed-size resource has no room
-  kTooBig,             // a length exceeds a limit or the destination
-  kBadState,           // not allowed in the object's current state
-  kInvalidValue,       // an argument or a field failed validation
-  kNoMemory,           // a pool or inventory is exhausted
-  kNotFound,           // no such object or key
-  kAgain,              // temporarily unable; retry later (queue full)
-  kTimeout,            // a deadline passed
-  kShutdown,           // the object is stopping; the task was flushed
-  kIoFailed,           // a system call or device reported an I/O error
-  kConnectionReset,    // the peer went away
-  kNotSupported,       // the capability is absent
-  kCorrupted,          // data failed a checksum or a format check
-  kDriver,             // an OS or library call failed unexpectedly
+  kUnknown,          // an error with no better code
+  kNotPermitted,     // access or permission denied
+  kInProgress,       // operation accepted; completion comes later
+  kFull,             // a fixed-size resource has no room
+  kTooBig,           // a length exceeds a limit or the destination
+  kBadState,         // not allowed in the object's current state
+  kInvalidValue,     // an argument or a field failed validation
+  kNoMemory,         // a pool or inventory is exhausted
+  kNotFound,         // no such object or key
+  kAgain,            // temporarily unable; retry later (queue full)
+  kTimeout,          // a deadline passed
+  kShutdown,         // the object is stopping; the task was flushed
+  kIoFailed,         // a system call or device reported an I/O error
+  kConnectionReset,  // the peer went away
+  kNotSupported,     // the capability is absent
+  kCorrupted,        // data failed a checksum or a format check
+  kDriver,           // an OS or library call failed unexpectedly
   kCount_,
 };
 
@@ -57,10 +57,10 @@ std::string_view code_name(Code c);
 std::string_view code_description(Code c);
 
 // Evaluates a Status expression and returns it from the enclosing function on error.
-#define DPUKV_RETURN_IF_ERROR(expr)          \
-  do {                                       \
-    ::dpukv::Status dpukv_st_ = (expr);      \
-    if (!dpukv_st_.ok()) return dpukv_st_;   \
+#define DPUKV_RETURN_IF_ERROR(expr)        \
+  do {                                     \
+    ::dpukv::Status dpukv_st_ = (expr);    \
+    if (!dpukv_st_.ok()) return dpukv_st_; \
   } while (0)
 
 }  // namespace dpukv

@@ -25,9 +25,7 @@ class TaskPool {
   T* alloc() { return num_free_ ? free_[--num_free_] : nullptr; }
   void free(T* t) { free_[num_free_++] = t; }
   // True if t points at a task of this pool (validates handles from callers).
-  bool owns(const T* t) const {
-    return size_ != 0 && t >= &tasks_[0] && t < &tasks_[0] + size_;
-  }
+  bool owns(const T* t) const { return size_ != 0 && t >= &tasks_[0] && t < &tasks_[0] + size_; }
   uint32_t size() const { return size_; }
   uint32_t outstanding() const { return size_ - num_free_; }
 

@@ -28,10 +28,20 @@ Status parse_size(const std::string& s, uint64_t* out) {
   unsigned shift = 0;
   if (i < s.size()) {
     switch (s[i]) {
-      case 'k': case 'K': shift = 10; break;
-      case 'm': case 'M': shift = 20; break;
-      case 'g': case 'G': shift = 30; break;
-      default: return Code::kInvalidValue;
+      case 'k':
+      case 'K':
+        shift = 10;
+        break;
+      case 'm':
+      case 'M':
+        shift = 20;
+        break;
+      case 'g':
+      case 'G':
+        shift = 30;
+        break;
+      default:
+        return Code::kInvalidValue;
     }
     ++i;
     if (i < s.size() && (s[i] == 'i' || s[i] == 'B')) ++i;  // 4KiB, 4KB
@@ -65,7 +75,9 @@ std::string format_size(uint64_t b) {
   return std::to_string(b) + units[u];
 }
 
-LatencyRecorder::LatencyRecorder(size_t cap) : cap_(cap) { samples_.reserve(cap); }
+LatencyRecorder::LatencyRecorder(size_t cap) : cap_(cap) {
+  samples_.reserve(cap);
+}
 
 void LatencyRecorder::add(uint64_t ns) {
   ++seen_;
@@ -80,7 +92,9 @@ void LatencyRecorder::add(uint64_t ns) {
   if (j < cap_) samples_[j] = ns;
 }
 
-void LatencyRecorder::finish() { std::sort(samples_.begin(), samples_.end()); }
+void LatencyRecorder::finish() {
+  std::sort(samples_.begin(), samples_.end());
+}
 
 double LatencyRecorder::percentile_us(double p) const {
   if (samples_.empty()) return 0;
@@ -140,7 +154,7 @@ uint64_t now_ns() {
 
 bool write_csv(const OutputOptions& o, const std::vector<Json>& rows) {
   if (o.csv_path.empty() || rows.empty()) return true;
-  struct stat st{};
+  struct stat st {};
   bool header = !(o.csv_append && stat(o.csv_path.c_str(), &st) == 0 && st.st_size > 0);
   std::ofstream f(o.csv_path, o.csv_append ? std::ios::app : std::ios::trunc);
   if (!f) {
@@ -180,6 +194,8 @@ void print_json(const std::string& name, const std::vector<Json>& rows) {
   std::cout << out.dump(2) << std::endl;
 }
 
-bool progress_enabled() { return isatty(STDERR_FILENO) != 0; }
+bool progress_enabled() {
+  return isatty(STDERR_FILENO) != 0;
+}
 
 }  // namespace dpukv::bench

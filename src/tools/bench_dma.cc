@@ -135,8 +135,8 @@ struct EngineRun {
   }
 };
 
-Status run_engine(EngineRun* er, const Region& src, const Region& dst, uint64_t size,
-                  uint32_t qd, double seconds, uint64_t iterations, bool record, Result* r) {
+Status run_engine(EngineRun* er, const Region& src, const Region& dst, uint64_t size, uint32_t qd,
+                  double seconds, uint64_t iterations, bool record, Result* r) {
   Rotation rot(size, std::min(src.len, dst.len));
   er->res = r;
   er->record = record;
@@ -225,8 +225,8 @@ Status spawn_peer(uint64_t pool, Peer* p) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return Code::kDriver;
   std::string pool_arg = std::to_string(pool);
-  const char* argv[] = {"/proc/self/exe", "bench", "dma-peer", "--fd", "3", "--pool-bytes",
-                        pool_arg.c_str(), nullptr};
+  const char* argv[] = {"/proc/self/exe", "bench",          "dma-peer", "--fd", "3",
+                        "--pool-bytes",   pool_arg.c_str(), nullptr};
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, sv[1], 3);  // dup2 clears CLOEXEC on fd 3
@@ -248,8 +248,8 @@ Status spawn_peer(uint64_t pool, Peer* p) {
   return st;
 }
 
-Json make_row(const std::string& mode, const std::string& direction, uint64_t size,
-              const Config& c, const std::string& kernel, Result& eng, const Result& base,
+Json make_row(const std::string& mode, const std::string& direction, uint64_t size, const Config& c,
+              const std::string& kernel, Result& eng, const Result& base,
               const bench::HistogramSpec& hist, const std::string& placement) {
   eng.lat.finish();
   Json row;
@@ -284,9 +284,10 @@ Json make_row(const std::string& mode, const std::string& direction, uint64_t si
 }
 
 void print_human_header(const Config& c, const std::string& placement, uint64_t pool) {
-  std::printf("dpukv bench dma: %u engine thread(s), queue depth %u, %s memory (pool %s per side), %s\n",
-              c.threads, c.queue_depth, c.warm ? "warm" : "cold", bench::format_size(pool).c_str(),
-              placement.c_str());
+  std::printf(
+      "dpukv bench dma: %u engine thread(s), queue depth %u, %s memory (pool %s per side), %s\n",
+      c.threads, c.queue_depth, c.warm ? "warm" : "cold", bench::format_size(pool).c_str(),
+      placement.c_str());
   std::printf("%-14s %-10s %7s %11s %11s %6s %12s %8s %8s %8s %8s\n", "mode", "direction", "size",
               "engine GB/s", "memcpy GB/s", "ratio", "tasks/s", "p50 us", "p99 us", "p99.9 us",
               "max us");
@@ -369,8 +370,8 @@ int run(const Config& c) {
 
   const int ncpu = bench::num_cpus();
   const bool pin = !c.no_pin && ncpu >= 2;
-  std::string placement = pin ? "submitter pinned to cpu 0, engine thread(s) from cpu 1"
-                              : "threads not pinned";
+  std::string placement =
+      pin ? "submitter pinned to cpu 0, engine thread(s) from cpu 1" : "threads not pinned";
   if (pin) bench::pin_current_thread(0);
 
   std::unique_ptr<MemRegion> src_mem, dst_mem;
@@ -426,7 +427,8 @@ int run(const Config& c) {
     Region src, dst;
   };
   std::vector<Case> cases;
-  Region ls{src_map.get(), src_mem->data() ? static_cast<uint8_t*>(src_mem->data()) : nullptr, pool};
+  Region ls{src_map.get(), src_mem->data() ? static_cast<uint8_t*>(src_mem->data()) : nullptr,
+            pool};
   Region ld{dst_map.get(), static_cast<uint8_t*>(dst_mem->data()), pool};
   if (local) cases.push_back({"local", "local", ls, ld});
   if (cross) {
@@ -444,10 +446,12 @@ int run(const Config& c) {
         std::fprintf(stderr, "\r  measuring %s %s %s ...   ", cs.mode.c_str(), cs.direction.c_str(),
                      bench::format_size(size).c_str());
       Result base, warm, res;
-      baseline_memcpy(cs.src, cs.dst, size, c.duration_s, c.iterations, copy_kernel_fn(CopyKernel::kLibc), &base);
+      baseline_memcpy(cs.src, cs.dst, size, c.duration_s, c.iterations,
+                      copy_kernel_fn(CopyKernel::kLibc), &base);
       Status st = run_engine(&er, cs.src, cs.dst, size, c.queue_depth, c.warmup_s, 0, false, &warm);
       if (st.ok())
-        st = run_engine(&er, cs.src, cs.dst, size, c.queue_depth, c.duration_s, c.iterations, true, &res);
+        st = run_engine(&er, cs.src, cs.dst, size, c.queue_depth, c.duration_s, c.iterations, true,
+                        &res);
       if (!st.ok()) {
         std::cerr << "\ndpukv bench dma: " << st.name() << ": " << st.description() << "\n";
         rc = 1;
@@ -455,18 +459,20 @@ int run(const Config& c) {
       }
       if (res.errors != 0) rc = 1;  // a benchmark that saw failed copies is not a result
       if (bench::progress_enabled()) std::fprintf(stderr, "\r%60s\r", "");
-      rows.push_back(make_row(cs.mode, cs.direction, size, c, std::string(copy_kernel_name(kernel)), res,
-                              base, hist, placement));
+      rows.push_back(make_row(cs.mode, cs.direction, size, c, std::string(copy_kernel_name(kernel)),
+                              res, base, hist, placement));
       if (!c.out.json) print_human_row(rows.back(), hist);
     }
   }
 
   if (c.compare_kernels && rc == 0) {
     // Each copy routine alone on the submitter thread, to justify the engine's choice.
-    if (!c.out.json) std::printf("\ncopy routines, one thread, same memory (ratio against libc memcpy):\n");
+    if (!c.out.json)
+      std::printf("\ncopy routines, one thread, same memory (ratio against libc memcpy):\n");
     for (uint64_t size : sizes) {
       Result base;
-      baseline_memcpy(ls, ld, size, c.duration_s, c.iterations, copy_kernel_fn(CopyKernel::kLibc), &base);
+      baseline_memcpy(ls, ld, size, c.duration_s, c.iterations, copy_kernel_fn(CopyKernel::kLibc),
+                      &base);
       for (CopyKernel k : {CopyKernel::kRepMovsb, CopyKernel::kNtAvx2, CopyKernel::kNtAvx512}) {
         if (!copy_kernel_supported(k)) continue;
         Result r;
@@ -524,7 +530,8 @@ void add_bench_dma_command(CLI::App* bench, int* exit_code) {
   cmd->add_option("--warmup", c->warmup_s, "Warm-up seconds before each measurement")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--mode", c->mode, "local, cross-process (a child process exports its memory) or both")
+  cmd->add_option("--mode", c->mode,
+                  "local, cross-process (a child process exports its memory) or both")
       ->capture_default_str()
       ->check(CLI::IsMember({"local", "cross-process", "both"}));
   cmd->add_flag("--warm", c->warm, "Use a small pool that stays in cache (default: cold memory)");
@@ -545,12 +552,14 @@ void add_bench_dma_command(CLI::App* bench, int* exit_code) {
   cmd->add_flag("--no-pin", c->no_pin, "Do not pin the submitter and engine threads");
   cmd->add_flag("--json", c->out.json, "Print one JSON object instead of a table");
   cmd->add_option("--csv-output-file", c->out.csv_path, "Also write the rows to this CSV file");
-  cmd->add_flag("--csv-append-mode", c->out.csv_append, "Append to the CSV file instead of replacing it");
+  cmd->add_flag("--csv-append-mode", c->out.csv_append,
+                "Append to the CSV file instead of replacing it");
   cmd->callback([c, exit_code] { *exit_code = run(*c); });
 
   auto peer_fd = std::make_shared<int>(-1);
   auto peer_pool = std::make_shared<uint64_t>(0);
-  CLI::App* peer = bench->add_subcommand("dma-peer", "");  // internal: child of --mode cross-process
+  CLI::App* peer =
+      bench->add_subcommand("dma-peer", "");  // internal: child of --mode cross-process
   peer->group("");
   peer->add_option("--fd", *peer_fd)->required();
   peer->add_option("--pool-bytes", *peer_pool)->required();

@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-file", log_file, "Write logs to this file instead of stderr");
   int exit_code = 0;
 
-  CLI::App* bench = app.add_subcommand("bench", "Benchmark an engine against its same-run baseline");
+  CLI::App* bench =
+      app.add_subcommand("bench", "Benchmark an engine against its same-run baseline");
   bench->require_subcommand(1);
   dpukv::add_bench_dma_command(bench, &exit_code);
 

@@ -8,7 +8,9 @@
 namespace dpukv {
 namespace {
 
-void copy_libc(void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); }
+void copy_libc(void* dst, const void* src, size_t n) {
+  std::memcpy(dst, src, n);
+}
 
 void copy_rep_movsb(void* dst, const void* src, size_t n) {
   asm volatile("rep movsb" : "+D"(dst), "+S"(src), "+c"(n) : : "memory");
@@ -71,29 +73,41 @@ bool copy_kernel_supported(CopyKernel k) {
   switch (k) {
     case CopyKernel::kLibc:
     case CopyKernel::kRepMovsb:
-    case CopyKernel::kAuto: return true;
-    case CopyKernel::kNtAvx512: return __builtin_cpu_supports("avx512f");
-    case CopyKernel::kNtAvx2: return __builtin_cpu_supports("avx2");
+    case CopyKernel::kAuto:
+      return true;
+    case CopyKernel::kNtAvx512:
+      return __builtin_cpu_supports("avx512f");
+    case CopyKernel::kNtAvx2:
+      return __builtin_cpu_supports("avx2");
   }
   return false;
 }
 
 CopyFn copy_kernel_fn(CopyKernel k) {
   switch (k) {
-    case CopyKernel::kRepMovsb: return copy_rep_movsb;
-    case CopyKernel::kNtAvx512: return copy_nt_avx512;
-    case CopyKernel::kNtAvx2: return copy_nt_avx2;
-    default: return copy_libc;
+    case CopyKernel::kRepMovsb:
+      return copy_rep_movsb;
+    case CopyKernel::kNtAvx512:
+      return copy_nt_avx512;
+    case CopyKernel::kNtAvx2:
+      return copy_nt_avx2;
+    default:
+      return copy_libc;
   }
 }
 
 std::string_view copy_kernel_name(CopyKernel k) {
   switch (k) {
-    case CopyKernel::kLibc: return "libc";
-    case CopyKernel::kRepMovsb: return "rep-movsb";
-    case CopyKernel::kNtAvx512: return "nt-avx512";
-    case CopyKernel::kNtAvx2: return "nt-avx2";
-    case CopyKernel::kAuto: return "auto";
+    case CopyKernel::kLibc:
+      return "libc";
+    case CopyKernel::kRepMovsb:
+      return "rep-movsb";
+    case CopyKernel::kNtAvx512:
+      return "nt-avx512";
+    case CopyKernel::kNtAvx2:
+      return "nt-avx2";
+    case CopyKernel::kAuto:
+      return "auto";
   }
   return "?";
 }

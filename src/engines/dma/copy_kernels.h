@@ -13,11 +13,11 @@
 namespace dpukv {
 
 enum class CopyKernel : unsigned char {
-  kLibc,       // glibc memcpy (ERMS / AVX inside)
-  kRepMovsb,   // rep movsb: microcoded fast-string copy
-  kNtAvx512,   // 64-byte non-temporal stores, needs AVX-512F
-  kNtAvx2,     // 32-byte non-temporal stores, needs AVX2
-  kAuto,       // kLibc below nt_threshold, the best NT kernel from there on
+  kLibc,      // glibc memcpy (ERMS / AVX inside)
+  kRepMovsb,  // rep movsb: microcoded fast-string copy
+  kNtAvx512,  // 64-byte non-temporal stores, needs AVX-512F
+  kNtAvx2,    // 32-byte non-temporal stores, needs AVX2
+  kAuto,      // kLibc below nt_threshold, the best NT kernel from there on
 };
 
 using CopyFn = void (*)(void* dst, const void* src, size_t n);

@@ -11,7 +11,8 @@ namespace {
 TEST(CopyKernels, EveryKernelCopiesEverySizeAndAlignmentExactly) {
   std::vector<uint8_t> src(70000), dst(70000 + 128);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 17);
-  for (CopyKernel k : {CopyKernel::kLibc, CopyKernel::kRepMovsb, CopyKernel::kNtAvx2, CopyKernel::kNtAvx512}) {
+  for (CopyKernel k :
+       {CopyKernel::kLibc, CopyKernel::kRepMovsb, CopyKernel::kNtAvx2, CopyKernel::kNtAvx512}) {
     if (!copy_kernel_supported(k)) continue;
     CopyFn fn = copy_kernel_fn(k);
     for (size_t n : {0ul, 1ul, 31ul, 63ul, 64ul, 65ul, 255ul, 256ul, 257ul, 4095ul, 65537ul}) {

@@ -31,8 +31,8 @@ struct DmaWorker {
     }
   }
 
-  void run(const DmaOptions& opts, int cpu, std::atomic<bool>* flushing,
-           std::atomic<bool>* armed, ProgressEngine* pe);
+  void run(const DmaOptions& opts, int cpu, std::atomic<bool>* flushing, std::atomic<bool>* armed,
+           ProgressEngine* pe);
   static Status execute(const DmaMemcpyTask* t, const CopyPolicy& copy);
 };
 
@@ -87,7 +87,8 @@ void DmaWorker::run(const DmaOptions& opts, int cpu, std::atomic<bool>* flushing
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(cpu, &set);
-    if (sched_setaffinity(0, sizeof(set), &set) != 0) LOG_WARN("cannot pin DMA thread to CPU %d", cpu);
+    if (sched_setaffinity(0, sizeof(set), &set) != 0)
+      LOG_WARN("cannot pin DMA thread to CPU %d", cpu);
   }
   const auto spin = std::chrono::microseconds(opts.spin_us);
   auto idle_since = std::chrono::steady_clock::now();
@@ -139,7 +140,9 @@ Status DmaEngine::create(ProgressEngine* pe, const DmaOptions& opts,
   return Code::kSuccess;
 }
 
-DmaEngine::~DmaEngine() { stop_workers(); }
+DmaEngine::~DmaEngine() {
+  stop_workers();
+}
 
 DmaCaps DmaEngine::caps() const {
   return {opts_.max_buf_size, opts_.max_list_len, opts_.queue_depth * opts_.num_threads};

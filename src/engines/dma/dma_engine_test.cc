@@ -55,8 +55,9 @@ class DmaTest : public ::testing::Test {
     ASSERT_TRUE(BufInventory::create(1024, &inv_).ok());
     if (!mem_) {
       ASSERT_TRUE(MemRegion::create(kMem, MemRegionOptions{}, &mem_).ok());
-      ASSERT_TRUE(Mmap::create(mem_->data(), mem_->size(), kAccessLocalReadWrite | kAccessExportReadWrite,
-                               mem_->fd(), 0, &map_).ok());
+      ASSERT_TRUE(Mmap::create(mem_->data(), mem_->size(),
+                               kAccessLocalReadWrite | kAccessExportReadWrite, mem_->fd(), 0, &map_)
+                      .ok());
       ASSERT_TRUE(map_->start().ok());
     }
   }
@@ -110,7 +111,8 @@ TEST_F(DmaTest, ConfigurationOnlyWhileIdle) {
   EXPECT_EQ(eng_->state(), CtxState::kIdle);
   ASSERT_TRUE(eng_->start().ok());
   EXPECT_EQ(eng_->state(), CtxState::kRunning);
-  EXPECT_EQ(eng_->set_memcpy_conf(&Completions::on_done, &Completions::on_error, 4), Code::kBadState);
+  EXPECT_EQ(eng_->set_memcpy_conf(&Completions::on_done, &Completions::on_error, 4),
+            Code::kBadState);
   EXPECT_EQ(eng_->set_user_data(UserData{}), Code::kBadState);
   EXPECT_TRUE(eng_->stop().ok());
   EXPECT_EQ(eng_->state(), CtxState::kIdle);
@@ -182,7 +184,8 @@ TEST_F(DmaTest, LargeCopiesUseEveryKernelCorrectly) {
     make(o, 8);
     ASSERT_TRUE(eng_->start().ok());
     const size_t n = (3 << 20) + 77;
-    for (size_t i = 0; i < n; ++i) *mem(5 + i) = static_cast<uint8_t>(i ^ (i >> 8) ^ static_cast<int>(k));
+    for (size_t i = 0; i < n; ++i)
+      *mem(5 + i) = static_cast<uint8_t>(i ^ (i >> 8) ^ static_cast<int>(k));
     EXPECT_TRUE(copy(src_buf(5, n), dst_buf((16 << 20) + 3, n)).ok());
     EXPECT_EQ(std::memcmp(mem(5), mem((16 << 20) + 3), n), 0) << copy_kernel_name(k);
   }
@@ -209,8 +212,10 @@ TEST_F(DmaTest, RandomScatterGatherMatchesReference) {
       size_t off = rng() % ((8 << 20) - n);
       Buf* b = src_buf(off, n);
       expect.insert(expect.end(), mem(off), mem(off) + n);
-      if (src == nullptr) src = b;
-      else ASSERT_TRUE(buf_chain_list(src, b).ok());
+      if (src == nullptr)
+        src = b;
+      else
+        ASSERT_TRUE(buf_chain_list(src, b).ok());
       left -= n;
     }
     // Destination: room >= total across up to 16 segments in [16M, 64M), disjoint.
@@ -219,14 +224,17 @@ TEST_F(DmaTest, RandomScatterGatherMatchesReference) {
     size_t room = 0, cursor = 16 << 20;
     int dcount = 1 + static_cast<int>(rng() % 16);
     for (int s = 0; s < dcount || room < total; ++s) {
-      size_t n = (s >= dcount - 1 && room < total) ? total - room + rng() % 100 : 1 + rng() % (total / 4 + 1);
+      size_t n = (s >= dcount - 1 && room < total) ? total - room + rng() % 100
+                                                   : 1 + rng() % (total / 4 + 1);
       cursor += rng() % 512;
       Buf* b = dst_buf(cursor, n);
       dsegs.emplace_back(mem(cursor), n);
       cursor += n;
       room += n;
-      if (dst == nullptr) dst = b;
-      else ASSERT_TRUE(buf_chain_list(dst, b).ok());
+      if (dst == nullptr)
+        dst = b;
+      else
+        ASSERT_TRUE(buf_chain_list(dst, b).ok());
       if (dst->list_len() == 64) break;
     }
     if (room < total || src->list_len() > 64) {
@@ -272,7 +280,8 @@ TEST_F(DmaBadInput, DestinationSmallerThanSource) {
 }
 
 TEST_F(DmaBadInput, OverlappingSourceAndDestination) {
-  EXPECT_EQ(copy(src_buf((32 << 20) + 100, 1000), dst_buf((32 << 20) + 500, 1000)), Code::kInvalidValue);
+  EXPECT_EQ(copy(src_buf((32 << 20) + 100, 1000), dst_buf((32 << 20) + 500, 1000)),
+            Code::kInvalidValue);
   EXPECT_TRUE(dst_untouched());
   // The same bytes reached through an alias (an import of our own export) overlap too.
   ExportDescriptor d;
@@ -298,7 +307,8 @@ TEST_F(DmaBadInput, ReadOnlyDestinationsAreNotPermitted) {
   ASSERT_TRUE(MemRegion::create(1 << 20, MemRegionOptions{}, &peer_mem).ok());
   std::memset(peer_mem->data(), 0xCD, 1 << 20);
   ASSERT_TRUE(Mmap::create(peer_mem->data(), 1 << 20, kAccessLocalReadWrite | kAccessExportRead,
-                           peer_mem->fd(), 0, &peer_map).ok());
+                           peer_mem->fd(), 0, &peer_map)
+                  .ok());
   ASSERT_TRUE(peer_map->start().ok());
   ExportDescriptor d;
   int fd;
@@ -351,7 +361,9 @@ TEST_F(DmaTest, QueueFullGivesAgainAndTasksCanBeResubmitted) {
   // 16 MiB copies take milliseconds; 16 submissions take microseconds.
   for (int i = 0; i < 16; ++i) {
     DmaMemcpyTask* t = nullptr;
-    ASSERT_TRUE(eng_->memcpy_alloc_init(src_buf(0, 16 << 20), dst_buf(32 << 20, 16 << 20), UserData{}, &t).ok());
+    ASSERT_TRUE(
+        eng_->memcpy_alloc_init(src_buf(0, 16 << 20), dst_buf(32 << 20, 16 << 20), UserData{}, &t)
+            .ok());
     Status st = eng_->submit(t);
     if (st == Code::kAgain) {
       ++again;
@@ -386,8 +398,11 @@ TEST_F(DmaTest, StopFlushesInFlightTasksThroughErrorCallbacks) {
   std::vector<DmaMemcpyTask*> tasks;
   for (int i = 0; i < 32; ++i) {
     DmaMemcpyTask* t = nullptr;
-    ASSERT_TRUE(eng_->memcpy_alloc_init(src_buf(0, 8 << 20), dst_buf(32 << 20, 8 << 20), UserData{}, &t).ok());
-    if (eng_->submit(t).ok()) tasks.push_back(t);
+    ASSERT_TRUE(
+        eng_->memcpy_alloc_init(src_buf(0, 8 << 20), dst_buf(32 << 20, 8 << 20), UserData{}, &t)
+            .ok());
+    if (eng_->submit(t).ok())
+      tasks.push_back(t);
     else {
       (void)t->src()->dec_refcount(), (void)t->dst()->dec_refcount();
       ASSERT_TRUE(eng_->free(t).ok());
@@ -422,7 +437,9 @@ TEST_F(DmaTest, SleepingProgressEngineIsWokenByCompletion) {
   ASSERT_TRUE(eng_->start().ok());
   for (int round = 0; round < 50; ++round) {
     DmaMemcpyTask* t = nullptr;
-    ASSERT_TRUE(eng_->memcpy_alloc_init(src_buf(0, 1 << 20), dst_buf(8 << 20, 1 << 20), UserData{}, &t).ok());
+    ASSERT_TRUE(
+        eng_->memcpy_alloc_init(src_buf(0, 1 << 20), dst_buf(8 << 20, 1 << 20), UserData{}, &t)
+            .ok());
     size_t before = comp_.done.size();
     ASSERT_TRUE(eng_->submit(t).ok());
     while (comp_.done.size() == before) {
@@ -455,7 +472,8 @@ TEST_F(DmaTest, CrossProcessCopiesBothWays) {
     if (!MemRegion::create(2 * kN, MemRegionOptions{}, &m).ok()) _exit(10);
     auto* p = static_cast<uint8_t*>(m->data());
     for (size_t i = 0; i < kN; ++i) p[i] = static_cast<uint8_t>(i * 13 + 1);
-    if (!Mmap::create(p, 2 * kN, kAccessLocalReadWrite | kAccessExportReadWrite, m->fd(), 0, &mp).ok() ||
+    if (!Mmap::create(p, 2 * kN, kAccessLocalReadWrite | kAccessExportReadWrite, m->fd(), 0, &mp)
+             .ok() ||
         !mp->start().ok())
       _exit(11);
     ExportDescriptor d;

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole test suite: install what is missing, then build and run every test in
+# a release build and in an ASan+UBSan build, check formatting, and fuzz each
+# parser for a bounded time. Exit status is non-zero if anything fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+
+echo "== format check"
+git ls-files '*.cc' '*.h' | xargs clang-format --dry-run -Werror
+
+for preset in release asan; do
+  echo "== build and test: $preset"
+  cmake --preset "$preset" >/dev/null
+  cmake --build --preset "$preset"
+  ctest --preset "$preset" -j2
+done
+
+echo "== fuzz (${FUZZ_SECONDS}s per target)"
+cmake --preset fuzz >/dev/null
+cmake --build --preset fuzz
+for target in build/fuzz/fuzz_*; do
+  name=$(basename "$target")
+  corpus=fuzz/corpus/${name#fuzz_}
+  work=$(mktemp -d)
+  seeds=()
+  [ -d "$corpus" ] && seeds=("$corpus")
+  "$target" -max_total_time="$FUZZ_SECONDS" -print_final_stats=0 "$work" "${seeds[@]}" 2>"$work.log" || {
+    tail -40 "$work.log"; echo "fuzz target $name failed"; exit 1; }
+  grep -E "^#[0-9]+ +DONE" "$work.log" | sed "s/^/$name: /" || true
+  rm -rf "$work" "$work.log"
+done
+echo "== all tests passed"
