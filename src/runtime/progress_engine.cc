@@ -1,5 +1,6 @@
 #include "runtime/progress_engine.h"
 
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -15,7 +16,12 @@ Status ProgressEngine::create(std::unique_ptr<ProgressEngine>* out) {
   if (out == nullptr) return Code::kInvalidValue;
   std::unique_ptr<ProgressEngine> pe(new ProgressEngine());
   pe->efd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (pe->efd_ < 0) return Code::kDriver;
+  pe->epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (pe->efd_ < 0 || pe->epfd_ < 0) return Code::kDriver;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;  // the engine's own eventfd
+  if (epoll_ctl(pe->epfd_, EPOLL_CTL_ADD, pe->efd_, &ev) != 0) return Code::kDriver;
   *out = std::move(pe);
   return Code::kSuccess;
 }
@@ -23,10 +29,51 @@ Status ProgressEngine::create(std::unique_ptr<ProgressEngine>* out) {
 ProgressEngine::~ProgressEngine() {
   if (!ctxs_.empty()) LOG_CRIT("progress engine destroyed with %zu contexts", ctxs_.size());
   if (efd_ >= 0) ::close(efd_);
+  if (epfd_ >= 0) ::close(epfd_);
+}
+
+bool ProgressEngine::poll_fds() {
+  if (num_watched_ == 0) return false;
+  epoll_event evs[64];
+  int n = epoll_wait(epfd_, evs, 64, 0);
+  if (n <= 0) return false;
+  bool did = false;
+  dispatching_ = true;
+  for (int i = 0; i < n; ++i) {
+    auto* w = static_cast<FdWatcher*>(evs[i].data.ptr);
+    if (w == nullptr) continue;  // our eventfd: cleared by clear_notification()
+    if (!dead_.empty() && std::find(dead_.begin(), dead_.end(), w) != dead_.end()) continue;
+    w->on_fd_ready(evs[i].events);
+    did = true;
+  }
+  dispatching_ = false;
+  dead_.clear();
+  return did;
+}
+
+Status ProgressEngine::watch_fd(int fd, uint32_t events, FdWatcher* w) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.ptr = w;
+  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) return Code::kDriver;
+  ++num_watched_;
+  return Code::kSuccess;
+}
+
+Status ProgressEngine::modify_fd(int fd, uint32_t events, FdWatcher* w) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.ptr = w;
+  return epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev) == 0 ? Status() : Status(Code::kDriver);
+}
+
+void ProgressEngine::unwatch_fd(int fd, FdWatcher* w) {
+  if (epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr) == 0) --num_watched_;
+  if (dispatching_) dead_.push_back(w);
 }
 
 bool ProgressEngine::progress() {
-  bool did = false;
+  bool did = poll_fds();
   // Index loop: a callback may not add contexts, but it may stop one.
   for (size_t i = 0; i < ctxs_.size(); ++i) did |= ctxs_[i]->progress_once();
   return did;

@@ -9,10 +9,17 @@
 // Arming re-checks the contexts' completion queues, so a completion that lands
 // between the last progress() and the arm still wakes the sleeper.
 //
-// Thread safety: everything except notification_handle() belongs to the owning thread.
+// Contexts driven by file descriptors (sockets, timers, doorbell eventfds) register
+// them with watch_fd(); notification_handle() is an epoll fd over all of them plus
+// the engine's own eventfd, so one epoll_wait sleeps on every source. progress()
+// asks the kernel for ready fds only while some are watched: an engine with only
+// DMA contexts makes no syscall per call.
+//
+// Thread safety: everything except notify() belongs to the owning thread.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -21,6 +28,17 @@
 namespace dpukv {
 
 class Context;
+
+// Receives readiness of a watched fd inside progress(). A watcher must stay alive
+// until unwatch_fd() returns; events already fetched for it in the same progress()
+// call are dropped when it is unwatched.
+class FdWatcher {
+ public:
+  virtual void on_fd_ready(uint32_t epoll_events) = 0;
+
+ protected:
+  ~FdWatcher() = default;
+};
 
 class ProgressEngine {
  public:
@@ -32,9 +50,9 @@ class ProgressEngine {
   // Runs pending completions of every connected context. True if anything happened.
   bool progress();
 
-  // An eventfd, readable when an armed context has work. Stays valid for the
-  // engine's lifetime; never close it.
-  int notification_handle() const { return efd_; }
+  // An epoll fd, readable when an armed context has work or a watched fd is ready.
+  // Stays valid for the engine's lifetime; never close it.
+  int notification_handle() const { return epfd_; }
   Status request_notification();
   Status clear_notification();
 
@@ -43,13 +61,24 @@ class ProgressEngine {
 
   size_t num_contexts() const { return ctxs_.size(); }
 
+  // Level-triggered epoll registration (EPOLLIN/EPOLLOUT...).
+  Status watch_fd(int fd, uint32_t events, FdWatcher* w);
+  Status modify_fd(int fd, uint32_t events, FdWatcher* w);
+  void unwatch_fd(int fd, FdWatcher* w);
+
  private:
   friend class Context;
   ProgressEngine() = default;
   void connect(Context* ctx);
   void disconnect(Context* ctx);
+  bool poll_fds();
   std::vector<Context*> ctxs_;  // changed only at context creation/destruction
   int efd_ = -1;
+  int epfd_ = -1;
+  size_t num_watched_ = 0;
+  // Watchers unwatched during the current dispatch loop; their pending events are skipped.
+  std::vector<FdWatcher*> dead_;
+  bool dispatching_ = false;
 };
 
 }  // namespace dpukv

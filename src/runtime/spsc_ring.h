@@ -66,6 +66,17 @@ class SpscRing {
 
   bool pop(T* out) { return pop_bulk(out, 1) == 1; }
 
+  // Consumer side: reads the oldest item without removing it.
+  bool peek(T* out) {
+    const uint64_t h = head_.load(std::memory_order_relaxed);
+    if (cached_tail_ == h) {
+      cached_tail_ = tail_.load(std::memory_order_acquire);
+      if (cached_tail_ == h) return false;
+    }
+    *out = slots_[h & mask_];
+    return true;
+  }
+
   // Either side; exact only when the other side is quiescent.
   bool empty() const {
     return head_.load(std::memory_order_acquire) == tail_.load(std::memory_order_acquire);

@@ -27,6 +27,8 @@ class TaskPool {
   // True if t points at a task of this pool (validates handles from callers).
   bool owns(const T* t) const { return size_ != 0 && t >= &tasks_[0] && t < &tasks_[0] + size_; }
   uint32_t size() const { return size_; }
+  // The i-th task of the pool, for one-time setup after reset().
+  T& at(uint32_t i) { return tasks_[i]; }
   uint32_t outstanding() const { return size_ - num_free_; }
 
  private:

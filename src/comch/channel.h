@@ -1,0 +1,254 @@
+// Control channel (doca_comch): bounded messages between the host side (client)
+// and the offload side (server) over a UNIX SOCK_SEQPACKET socket, with memory
+// exports passed as fds, heartbeats, and strict validation of everything the peer
+// sends. ComchServer and ComchClient share this base; see server.h and client.h.
+//
+// Threading: a channel is a Context and belongs to its progress engine's thread.
+// Every callback runs inside ProgressEngine::progress().
+//
+// Bad input from a peer (garbage, wrong sequence, oversized or truncated records,
+// unexpected fds, a bad export) closes that connection with a logged reason and a
+// disconnect event; other connections are not affected.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comch/fast_path.h"
+#include "comch/wire.h"
+#include "runtime/context.h"
+#include "runtime/mmap.h"
+#include "runtime/spsc_ring.h"
+#include "runtime/task_pool.h"
+
+namespace dpukv {
+
+class ComchBase;
+class ComchConnection;
+class FastPathConsumer;
+
+struct PeerCred {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+// Options shared by both ends. Defaults live here and only here.
+struct ComchOptions {
+  uint32_t max_msg_size = comch::kDefaultMaxMsg;  // user payload bound, <= 65536
+  uint32_t send_queue_depth = 64;  // per connection: messages waiting for socket room
+  uint32_t recv_budget = 64;       // messages handled per connection per progress()
+  uint32_t heartbeat_interval_ms = 1000;
+  uint32_t heartbeat_misses = 3;  // silence of interval x misses = peer gone
+  uint32_t max_imports_per_connection = 64;
+};
+
+class ComchSendTask {
+ public:
+  ComchConnection* connection() const { return conn_; }
+  Status status() const { return status_; }
+  UserData user_data() const { return ud_; }
+
+ private:
+  friend class ComchBase;
+  enum class State : uint8_t { kFree, kAllocated, kQueued, kDone };
+  ComchConnection* conn_ = nullptr;
+  std::unique_ptr<uint8_t[]> buf_;  // header + payload, max size
+  uint32_t len_ = 0;                // bytes in buf_
+  int fd_ = -1;                     // borrowed fd to pass (exports)
+  UserData ud_{};
+  Status status_;
+  State state_ = State::kFree;
+};
+
+using ComchSendCb = void (*)(ComchSendTask* task, UserData task_ud, UserData ctx_ud);
+
+struct ComchCallbacks {
+  void (*on_connect)(ComchConnection* c, UserData ctx_ud) = nullptr;
+  // The connection and every map imported through it stay valid until this returns;
+  // maps with live buffers are kept until the last buffer is released.
+  void (*on_disconnect)(ComchConnection* c, Status reason, UserData ctx_ud) = nullptr;
+  void (*on_recv)(ComchConnection* c, const uint8_t* data, uint32_t len, UserData ctx_ud) = nullptr;
+  // A peer exported memory; map is imported and started, owned by the connection.
+  void (*on_export)(ComchConnection* c, Mmap* map, uint64_t cookie, UserData ctx_ud) = nullptr;
+  // Fast path: a consumer on the peer appeared or expired.
+  void (*on_consumer_new)(ComchConnection* c, uint64_t consumer_id, UserData ctx_ud) = nullptr;
+  void (*on_consumer_expired)(ComchConnection* c, uint64_t consumer_id, UserData ctx_ud) = nullptr;
+  ComchSendCb on_send_done = nullptr;
+  ComchSendCb on_send_error = nullptr;
+  // Fast path: a posted buffer came back. SUCCESS: it holds a message (data_len grew
+  // by its length) and imm/imm_len its immediate data. SHUTDOWN or CONNECTION_RESET:
+  // flushed unused when the consumer or its connection went away.
+  void (*on_fp_recv)(FastPathConsumer* c, Buf* buf, const uint8_t* imm, uint32_t imm_len, Status st,
+                     UserData buf_ud, UserData ctx_ud) = nullptr;
+};
+
+// One peer. Owned by its channel; valid from on_connect until on_disconnect returns.
+class ComchConnection final : public FdWatcher {
+ public:
+  uint64_t id() const { return id_; }
+  const PeerCred& peer() const { return peer_; }
+  UserData user_data() const { return ud_; }
+  void set_user_data(UserData ud) { ud_ = ud; }
+  bool open() const { return state_ == State::kOpen; }
+  uint32_t max_msg() const { return max_msg_; }
+  // A map the peer exported, by the peer's map id; nullptr if none.
+  Mmap* imported_map(uint64_t peer_map_id) const;
+  size_t num_imports() const { return imports_.size(); }
+  // Drops an imported map early (the peer unregistered it). The map must have no
+  // live buffers. NOT_FOUND if the connection does not hold it.
+  Status release_import(Mmap* map);
+  int fd() const { return fd_; }
+
+  void on_fd_ready(uint32_t events) override;
+
+ private:
+  friend class ComchBase;
+  friend class ComchServer;
+  friend class ComchClient;
+  friend class FastPathProducer;
+  enum class State : uint8_t { kHandshake, kOpen, kClosed };
+  ComchConnection(ComchBase* owner, int fd, uint64_t id, uint32_t queue_depth);
+  ~ComchConnection() = default;
+
+  ComchBase* owner_;
+  int fd_;
+  uint64_t id_;
+  PeerCred peer_;
+  UserData ud_{};
+  State state_ = State::kHandshake;
+  uint32_t send_seq_ = 0;
+  uint32_t recv_seq_ = 0;
+  uint32_t max_msg_;
+  uint32_t peer_heartbeat_ms_;
+  uint64_t opened_ns_ = 0;
+  uint64_t last_send_ns_ = 0;
+  uint64_t last_recv_ns_ = 0;
+  bool want_out_ = false;
+  uint32_t task_refs_ = 0;            // tasks naming this connection; freed only at 0
+  SpscRing<ComchSendTask*> pending_;  // single-threaded FIFO of unsent tasks
+  std::vector<std::unique_ptr<Mmap>> imports_;
+  // A fast-path consumer of the peer, as this side's producer sees it.
+  struct PeerConsumer {
+    uint64_t id = 0;
+    std::unique_ptr<Mmap> ring_map;
+    fastpath::RingShared* ring = nullptr;
+    uint32_t q = 0;
+    Mmap* data_map = nullptr;
+    int doorbell_fd = -1;
+    uint64_t post_head = 0;  // private copies of the indices the producer owns
+    uint64_t comp_tail = 0;
+  };
+  PeerConsumer* find_peer_consumer(uint64_t id);
+  std::vector<std::unique_ptr<PeerConsumer>> consumers_;
+};
+
+class ComchBase : public Context {
+ public:
+  ~ComchBase() override;
+
+  // IDLE only. Callbacks may be null except the send callbacks when tasks are used.
+  Status set_callbacks(const ComchCallbacks& cb);
+  Status set_send_conf(uint32_t num_tasks);
+
+  // A message of len bytes (copied into the task). TOO_BIG above the connection's
+  // max message size; NO_MEMORY if the pool is empty; BAD_STATE if not open.
+  Status send_alloc_init(ComchConnection* c, const void* data, uint32_t len, UserData ud,
+                         ComchSendTask** out);
+  // Exports map to the peer (its fd travels with the message). The map must stay
+  // started until the task completes.
+  Status export_alloc_init(ComchConnection* c, const Mmap& map, uint64_t cookie, UserData ud,
+                           ComchSendTask** out);
+  // SUCCESS: completes through a callback. AGAIN: the connection's send queue is
+  // full (backpressure); retry after progress().
+  Status submit(ComchSendTask* t);
+  Status free(ComchSendTask* t);
+
+  // Fast path. A consumer receives into buffers posted from map, which must allow
+  // export read-write; it is announced to the peer at once (AGAIN if the socket
+  // is full). Valid until destroy_consumer() or its connection's disconnect.
+  Status create_consumer(ComchConnection* c, Mmap* map, uint32_t queue_size,
+                         FastPathConsumer** out);
+  // Flushes its posted buffers (SHUTDOWN) and tells the peer it expired.
+  Status destroy_consumer(FastPathConsumer* consumer);
+  // Producer: copies src's data into the next buffer the peer's consumer posted,
+  // with imm_len bytes of immediate data. Synchronous: SUCCESS means the message
+  // is in the peer's memory and published. AGAIN: no buffer posted (or completions
+  // not drained yet). NOT_FOUND: no such consumer. TOO_BIG: src larger than the
+  // posted buffer or imm_len > kMaxImmData.
+  Status producer_send(ComchConnection* c, uint64_t consumer_id, const Buf* src, const void* imm,
+                       uint32_t imm_len);
+
+  const ComchOptions& options() const { return opts_; }
+  size_t num_connections() const { return num_open_; }
+
+  // Counters, for tests and metrics.
+  struct Counters {
+    uint64_t msgs_sent = 0, msgs_received = 0, bytes_received = 0;
+    uint64_t protocol_errors = 0, heartbeat_timeouts = 0, connections_closed = 0;
+    uint64_t imports = 0, imports_released = 0;
+    uint64_t fp_sent = 0, fp_received = 0, fp_doorbells = 0;
+  };
+  const Counters& counters() const { return counters_; }
+
+ protected:
+  ComchBase(ProgressEngine* pe, const ComchOptions& opts);
+
+  // Subclass hooks.
+  virtual void on_handshake_msg(ComchConnection* c, const comch::MsgHeader& h,
+                                const uint8_t* payload) = 0;
+  virtual void on_connection_closed(ComchConnection* c) = 0;
+
+  ComchConnection* new_connection(int fd, uint64_t id);
+  // Sends a control message now, or AGAIN. Bypasses the task pool and send queue.
+  Status send_ctrl(ComchConnection* c, comch::MsgType type, const void* payload, uint32_t len,
+                   const int* fds = nullptr, int nfds = 0);
+  void open_connection(ComchConnection* c);
+  void close_connection(ComchConnection* c, Status reason, const char* why);
+  void heartbeat_tick(ComchConnection* c, uint64_t now);
+  Status start_timer(uint32_t period_ms);
+  void stop_timer();
+  virtual void on_timer() = 0;
+  size_t poll() override;
+  bool arm_notification() override;
+  bool drained() override;
+  void reap();
+
+  ComchOptions opts_;
+  ComchCallbacks cb_;
+  Counters counters_;
+  size_t num_open_ = 0;
+
+ private:
+  friend class ComchConnection;
+  friend class FastPathConsumer;
+  friend class FastPathProducer;
+  void on_conn_ready(ComchConnection* c, uint32_t events);
+  void handle_record(ComchConnection* c, size_t n, int* fds, int nfds);
+  void flush_pending(ComchConnection* c);
+  Status write_task(ComchConnection* c, ComchSendTask* t);
+  void finish_task(ComchSendTask* t, Status st);
+
+  struct Timer final : FdWatcher {
+    ComchBase* owner = nullptr;
+    int fd = -1;
+    void on_fd_ready(uint32_t) override;
+  } timer_;
+  TaskPool<ComchSendTask> pool_;
+  std::unique_ptr<SpscRing<ComchSendTask*>> done_;  // completed, to deliver
+  std::unique_ptr<uint8_t[]> rx_;                   // one record
+  std::vector<ComchConnection*> graveyard_;
+  std::vector<std::unique_ptr<Mmap>> dead_maps_;  // released with live buffers
+  std::vector<std::unique_ptr<FastPathConsumer>> consumers_;
+  uint64_t next_consumer_id_ = 1;
+  void flush_consumer(FastPathConsumer* fc, Status why);
+  void drop_consumers_of(ComchConnection* c, Status why);
+};
+
+uint64_t monotonic_ns();
+
+}  // namespace dpukv

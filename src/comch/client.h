@@ -1,0 +1,52 @@
+// Host-side end of the control channel (doca_comch_client). start() returns
+// IN_PROGRESS and the context stays STARTING until the server answers HELLO; it
+// retries the connection every retry_interval_ms until connect_timeout_ms (0 =
+// forever). When the connection ends (server gone, heartbeat silence, protocol
+// error) the context fails its in-flight sends with CONNECTION_RESET, reports
+// on_disconnect, and returns to IDLE; start() again reconnects.
+#pragma once
+
+#include <string>
+
+#include "comch/channel.h"
+
+namespace dpukv {
+
+struct ComchClientOptions : ComchOptions {
+  std::string path;                 // server socket path or "@name"
+  uint32_t connect_timeout_ms = 0;  // 0: keep trying until stop()
+  uint32_t retry_interval_ms = 50;
+};
+
+class ComchClient final : public ComchBase {
+ public:
+  static Status create(ProgressEngine* pe, const ComchClientOptions& opts,
+                       std::unique_ptr<ComchClient>* out);
+  ~ComchClient() override;
+
+  // The connection while RUNNING, else nullptr.
+  ComchConnection* connection() const {
+    return conn_ != nullptr && conn_->open() ? conn_ : nullptr;
+  }
+  // Why the last connection attempt or connection ended.
+  Status last_error() const { return last_error_; }
+
+ private:
+  ComchClient(ProgressEngine* pe, const ComchClientOptions& opts);
+  Status do_start() override;
+  void do_stop() override;
+  void on_handshake_msg(ComchConnection* c, const comch::MsgHeader& h,
+                        const uint8_t* payload) override;
+  void on_connection_closed(ComchConnection* c) override;
+  void on_timer() override;
+  Status try_connect();
+
+  ComchClientOptions copts_;
+  ComchConnection* conn_ = nullptr;
+  uint64_t start_ns_ = 0;
+  uint64_t last_try_ns_ = 0;
+  Status last_error_;
+  bool closing_ = false;
+};
+
+}  // namespace dpukv
