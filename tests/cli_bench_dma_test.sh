@@ -6,7 +6,7 @@ bin=$1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-"$bin" bench dma --help | grep -q -- "--queue-depth"
+"$bin" bench dma --help | grep -- "--queue-depth" > /dev/null
 
 out=$("$bin" bench dma --sizes 64,256K --queue-depth 16 --duration 0.05 --warmup 0.01 \
       --pool-size 64M --mode both --json --csv-output-file "$tmp/dma.csv" \

@@ -502,6 +502,10 @@ size_t ComchBase::poll() {
   return events;
 }
 
+void ComchBase::disarm_notification() {
+  for (auto& fc : consumers_) fc->disarm();
+}
+
 bool ComchBase::arm_notification() {
   bool pending = done_ && !done_->empty();
   for (auto& fc : consumers_) pending |= fc->arm();

@@ -215,6 +215,7 @@ class ComchBase : public Context {
   virtual void on_timer() = 0;
   size_t poll() override;
   bool arm_notification() override;
+  void disarm_notification() override;
   bool drained() override;
   void reap();
 

@@ -48,10 +48,6 @@ Status FastPathConsumer::post_recv(Buf* buf, UserData ud) {
 }
 
 size_t FastPathConsumer::poll() {
-  if (sleeping_) {
-    ring_->consumer_sleeping.store(0, std::memory_order_relaxed);
-    sleeping_ = false;
-  }
   const uint64_t tail = ring_->comp_tail.load(std::memory_order_acquire);
   if (tail == comp_head_) return 0;
   if (tail - comp_head_ > q_) {
@@ -84,6 +80,12 @@ size_t FastPathConsumer::poll() {
     if (!conn_->open()) break;  // the callback may have closed things
   }
   return n;
+}
+
+void FastPathConsumer::disarm() {
+  if (!sleeping_) return;
+  ring_->consumer_sleeping.store(0, std::memory_order_relaxed);
+  sleeping_ = false;
 }
 
 bool FastPathConsumer::arm() {

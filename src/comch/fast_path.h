@@ -95,6 +95,7 @@ class FastPathConsumer final : public FdWatcher {
   FastPathConsumer() = default;
   size_t poll();
   bool arm();
+  void disarm();
 
   ComchBase* owner_ = nullptr;
   ComchConnection* conn_ = nullptr;

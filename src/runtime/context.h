@@ -62,8 +62,10 @@ class Context {
   virtual bool drained() = 0;
   // Delivers completions; returns the number of events handled.
   virtual size_t poll() = 0;
-  // Arms wake-ups; returns true if work is already pending.
+  // Arms wake-ups; returns true if work is already pending. The arm holds until
+  // disarm_notification(), which ProgressEngine::clear_notification() calls.
   virtual bool arm_notification() = 0;
+  virtual void disarm_notification() {}
 
   void set_state(CtxState next);
   Status require_idle() const { return state_ == CtxState::kIdle ? Status() : Code::kBadState; }

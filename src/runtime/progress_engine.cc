@@ -87,6 +87,7 @@ Status ProgressEngine::request_notification() {
 }
 
 Status ProgressEngine::clear_notification() {
+  for (Context* c : ctxs_) c->disarm_notification();
   uint64_t v;
   ssize_t r = ::read(efd_, &v, sizeof(v));
   (void)r;  // EAGAIN when nothing was signalled

@@ -3,11 +3,15 @@
 // inside progress(), on that thread.
 //
 // Sleeping instead of spinning, the doca_pe notification protocol:
-//   pe.request_notification();      // arm every context
-//   if (!pe.progress()) epoll/poll on pe.notification_handle();
-//   pe.clear_notification();
-// Arming re-checks the contexts' completion queues, so a completion that lands
-// between the last progress() and the arm still wakes the sleeper.
+//   if (!pe.progress()) {               // nothing to do right now
+//     pe.request_notification();      // arm every context
+//     epoll_wait/poll on pe.notification_handle();
+//     pe.clear_notification();        // disarm; then progress() again
+//   }
+// Arming re-checks the contexts' queues and signals the handle at once if work is
+// already there, so a completion that lands between the last progress() and the
+// arm still wakes the sleeper. Do not call progress() between arm and wait: a
+// peer that sees us awake will not ring our doorbell.
 //
 // Contexts driven by file descriptors (sockets, timers, doorbell eventfds) register
 // them with watch_fd(); notification_handle() is an epoll fd over all of them plus

@@ -1,6 +1,7 @@
 #include "tools/bench_common.h"
 
 #include <sched.h>
+#include <spawn.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,8 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+
+extern char** environ;
 
 namespace dpukv::bench {
 
@@ -196,6 +199,21 @@ void print_json(const std::string& name, const std::vector<Json>& rows) {
 
 bool progress_enabled() {
   return isatty(STDERR_FILENO) != 0;
+}
+
+pid_t spawn_self(const std::vector<std::string>& args, int child_fd) {
+  std::vector<char*> argv;
+  static char self[] = "/proc/self/exe";
+  argv.push_back(self);
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (child_fd >= 0) posix_spawn_file_actions_adddup2(&fa, child_fd, 3);  // clears CLOEXEC
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, self, &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0 ? pid : -1;
 }
 
 }  // namespace dpukv::bench

@@ -3,6 +3,8 @@
 // --csv-output-file rows).
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -71,5 +73,9 @@ void print_json(const std::string& name, const std::vector<Json>& rows);
 
 // True if stderr is a terminal (progress lines go there).
 bool progress_enabled();
+
+// Starts this executable again with args; child_fd (if >= 0) becomes fd 3 in the
+// child. Returns the pid or -1.
+pid_t spawn_self(const std::vector<std::string>& args, int child_fd);
 
 }  // namespace dpukv::bench

@@ -1,6 +1,5 @@
 #include "tools/bench_dma.h"
 
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,8 +16,6 @@
 #include "runtime/mem_region.h"
 #include "runtime/mmap.h"
 #include "tools/bench_common.h"
-
-extern char** environ;
 
 namespace dpukv {
 namespace {
@@ -224,20 +221,11 @@ struct Peer {
 Status spawn_peer(uint64_t pool, Peer* p) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return Code::kDriver;
-  std::string pool_arg = std::to_string(pool);
-  const char* argv[] = {"/proc/self/exe", "bench",          "dma-peer", "--fd", "3",
-                        "--pool-bytes",   pool_arg.c_str(), nullptr};
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, sv[1], 3);  // dup2 clears CLOEXEC on fd 3
-  int rc = posix_spawn(&p->pid, "/proc/self/exe", &fa, nullptr, const_cast<char**>(argv), environ);
-  posix_spawn_file_actions_destroy(&fa);
+  p->pid = bench::spawn_self(
+      {"bench", "dma-peer", "--fd", "3", "--pool-bytes", std::to_string(pool)}, sv[1]);
   close(sv[1]);
   p->sock = sv[0];
-  if (rc != 0) {
-    p->pid = -1;
-    return Code::kDriver;
-  }
+  if (p->pid < 0) return Code::kDriver;
   ExportDescriptor desc{};
   size_t len = 0;
   int fd = -1;

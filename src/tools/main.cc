@@ -5,6 +5,7 @@
 #include <string>
 
 #include "runtime/log.h"
+#include "tools/bench_comch.h"
 #include "tools/bench_dma.h"
 
 int main(int argc, char** argv) {
@@ -23,6 +24,7 @@ int main(int argc, char** argv) {
       app.add_subcommand("bench", "Benchmark an engine against its same-run baseline");
   bench->require_subcommand(1);
   dpukv::add_bench_dma_command(bench, &exit_code);
+  dpukv::add_bench_comch_command(bench, &exit_code);
 
   app.parse_complete_callback([&] {
     dpukv::LogLevel lvl;
