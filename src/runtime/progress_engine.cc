@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <ctime>
 
 #include "runtime/context.h"
 #include "runtime/log.h"
@@ -98,6 +99,27 @@ void ProgressEngine::notify() {
   const uint64_t one = 1;
   ssize_t r = ::write(efd_, &one, sizeof(one));
   (void)r;  // cannot overflow in practice: the reader clears it
+}
+
+bool ProgressEngine::wait(uint64_t spin_ns, int timeout_ms) {
+  if (progress()) return true;
+  timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (uint32_t i = 0;; ++i) {
+    if (progress()) return true;
+    if ((i & 63) == 63) {
+      timespec t1;
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+      uint64_t ns = static_cast<uint64_t>(t1.tv_sec - t0.tv_sec) * 1000000000ull +
+                    static_cast<uint64_t>(t1.tv_nsec) - static_cast<uint64_t>(t0.tv_nsec);
+      if (ns >= spin_ns) break;
+    }
+  }
+  (void)request_notification();
+  epoll_event ev;
+  (void)epoll_wait(epfd_, &ev, 1, timeout_ms);
+  (void)clear_notification();
+  return progress();
 }
 
 void ProgressEngine::connect(Context* ctx) {

@@ -63,6 +63,12 @@ class ProgressEngine {
   // Called by contexts (engine threads included) to wake an armed sleeper.
   void notify();
 
+  // Adaptive spin-then-sleep: calls progress() until it does work, spinning for up
+  // to spin_ns of idleness, then sleeps in epoll for up to timeout_ms (-1: forever).
+  // A busy owner never makes a syscall per event; an idle one does not burn a core.
+  // Returns true if progress() did work.
+  bool wait(uint64_t spin_ns, int timeout_ms);
+
   size_t num_contexts() const { return ctxs_.size(); }
 
   // Level-triggered epoll registration (EPOLLIN/EPOLLOUT...).

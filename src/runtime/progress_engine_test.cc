@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/resource.h>
+
+#include <chrono>
 
 #include <atomic>
 #include <thread>
@@ -140,6 +143,38 @@ TEST(ProgressEngine, NotificationWakesSleeperAndArmSeesPendingWork) {
   EXPECT_EQ(poll(&pfd, 1, 0), 1);
   ASSERT_TRUE(pe->clear_notification().ok());
   EXPECT_TRUE(pe->progress());
+  ASSERT_TRUE(ctx.stop().ok());
+}
+
+TEST(ProgressEngine, AdaptiveWaitSleepsWhenIdleAndWakesOnWork) {
+  std::unique_ptr<ProgressEngine> pe;
+  ASSERT_TRUE(ProgressEngine::create(&pe).ok());
+  ManualContext ctx(pe.get());
+  ctx.async_start = false;
+  ASSERT_TRUE(ctx.start().ok());
+  // Idle: 50 us of spinning, then a 200 ms sleep that costs almost no CPU.
+  rusage r0{}, r1{};
+  getrusage(RUSAGE_THREAD, &r0);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(pe->wait(50'000, 200));
+  auto slept = std::chrono::steady_clock::now() - t0;
+  getrusage(RUSAGE_THREAD, &r1);
+  EXPECT_GE(slept, std::chrono::milliseconds(190));
+  auto cpu_us = (r1.ru_utime.tv_sec - r0.ru_utime.tv_sec) * 1000000L +
+                (r1.ru_utime.tv_usec - r0.ru_utime.tv_usec) +
+                (r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) * 1000000L +
+                (r1.ru_stime.tv_usec - r0.ru_stime.tv_usec);
+  EXPECT_LT(cpu_us, 20'000) << "an idle wait burned CPU";
+  // Work from another thread ends the sleep early.
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ctx.pending_events = 1;
+    pe->notify();
+  });
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(pe->wait(0, 5000));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(2000));
+  t.join();
   ASSERT_TRUE(ctx.stop().ok());
 }
 
