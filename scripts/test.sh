@@ -28,7 +28,7 @@ for target in build/fuzz/fuzz_*; do
   [ -d "$corpus" ] && seeds=("$corpus")
   "$target" -max_total_time="$FUZZ_SECONDS" -print_final_stats=0 "$work" "${seeds[@]}" 2>"$work.log" || {
     tail -40 "$work.log"; echo "fuzz target $name failed"; exit 1; }
-  grep -E "^#[0-9]+ +DONE" "$work.log" | sed "s/^/$name: /" || true
+  grep -E "^#[0-9]+[[:space:]]+DONE" "$work.log" | sed "s/^/$name: /" || true
   rm -rf "$work" "$work.log"
 done
 echo "== all tests passed"

@@ -1,40 +1,9 @@
 #include "engines/dma/dma_engine.h"
 
-#include <immintrin.h>
-#include <sched.h>
-
-#include <chrono>
-
 #include "runtime/log.h"
 #include "runtime/mmap.h"
 
 namespace dpukv {
-
-// One software engine thread: the stand-in for a hardware DMA queue.
-struct DmaWorker {
-  DmaWorker(size_t sq_slots, size_t cq_slots) : sq(sq_slots), cq(cq_slots) {}
-
-  SpscRing<DmaMemcpyTask*> sq;  // progress thread → worker
-  SpscRing<DmaMemcpyTask*> cq;  // worker → progress thread
-  // Doorbell: 1 while the worker sleeps (or is about to). The producer publishes its
-  // ring entry, then reads this; the worker sets it, then re-reads the ring. With a
-  // seq_cst fence on both sides one of them always sees the other (Dekker).
-  std::atomic<uint32_t> sleeping{0};
-  std::atomic<bool> quit{false};
-  std::thread thread;
-
-  void ring_doorbell() {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (sleeping.load(std::memory_order_relaxed) != 0) {
-      sleeping.store(0, std::memory_order_relaxed);
-      sleeping.notify_one();
-    }
-  }
-
-  void run(const DmaOptions& opts, int cpu, std::atomic<bool>* flushing, std::atomic<bool>* armed,
-           ProgressEngine* pe);
-  static Status execute(const DmaMemcpyTask* t, const CopyPolicy& copy);
-};
 
 namespace {
 
@@ -59,7 +28,12 @@ bool overlaps(const Extent& a, const Extent& b) {
 
 }  // namespace
 
-Status DmaWorker::execute(const DmaMemcpyTask* t, const CopyPolicy& copy) {
+void DmaEngine::execute(DmaMemcpyTask* t, bool flushing, void* self) {
+  if (flushing) {
+    t->status_ = Code::kShutdown;
+    return;
+  }
+  const CopyPolicy& copy = static_cast<DmaEngine*>(self)->opts_.copy;
   const Buf* s = t->src();
   Buf* d = t->dst();
   size_t s_off = 0;
@@ -76,53 +50,7 @@ Status DmaWorker::execute(const DmaMemcpyTask* t, const CopyPolicy& copy) {
     (void)d->set_data_len(d->data_len() + n);
     s_off += n;
   }
-  return Code::kSuccess;
-}
-
-void DmaWorker::run(const DmaOptions& opts, int cpu, std::atomic<bool>* flushing,
-                    std::atomic<bool>* armed, ProgressEngine* pe) {
-  constexpr size_t kBatch = 32;
-  DmaMemcpyTask* batch[kBatch];
-  if (cpu >= 0) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    if (sched_setaffinity(0, sizeof(set), &set) != 0)
-      LOG_WARN("cannot pin DMA thread to CPU %d", cpu);
-  }
-  const auto spin = std::chrono::microseconds(opts.spin_us);
-  auto idle_since = std::chrono::steady_clock::now();
-  bool idle = false;
-  while (!quit.load(std::memory_order_acquire)) {
-    size_t n = sq.pop_bulk(batch, kBatch);
-    if (n == 0) {
-      if (!idle) {
-        idle = true;
-        idle_since = std::chrono::steady_clock::now();
-      }
-      _mm_pause();
-      if (std::chrono::steady_clock::now() - idle_since < spin) continue;
-      sleeping.store(1, std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (!sq.empty() || quit.load(std::memory_order_acquire)) {
-        sleeping.store(0, std::memory_order_relaxed);
-        continue;
-      }
-      sleeping.wait(1, std::memory_order_acquire);
-      idle = false;
-      continue;
-    }
-    idle = false;
-    const bool flush = flushing->load(std::memory_order_acquire);
-    for (size_t i = 0; i < n; ++i) {
-      DmaMemcpyTask* t = batch[i];
-      t->status_ = flush ? Status(Code::kShutdown) : execute(t, opts.copy);
-      // cq holds as many slots as the pool has tasks, so the push cannot fail.
-      (void)cq.push(t);
-    }
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (armed->load(std::memory_order_relaxed) && armed->exchange(false)) pe->notify();
-  }
+  t->status_ = Code::kSuccess;
 }
 
 DmaEngine::DmaEngine(ProgressEngine* pe, const DmaOptions& opts) : Context(pe), opts_(opts) {
@@ -141,7 +69,7 @@ Status DmaEngine::create(ProgressEngine* pe, const DmaOptions& opts,
 }
 
 DmaEngine::~DmaEngine() {
-  stop_workers();
+  workers_.stop();
 }
 
 DmaCaps DmaEngine::caps() const {
@@ -159,36 +87,23 @@ Status DmaEngine::set_memcpy_conf(DmaMemcpyCb on_done, DmaMemcpyCb on_error, uin
 
 Status DmaEngine::do_start() {
   if (pool_.size() == 0) return Code::kBadState;  // not configured
-  flushing_.store(false);
   rejected_ = std::make_unique<SpscRing<DmaMemcpyTask*>>(pool_.size());
-  for (uint32_t i = 0; i < opts_.num_threads; ++i) {
-    workers_.push_back(std::make_unique<DmaWorker>(opts_.queue_depth, pool_.size()));
-    DmaWorker* w = workers_.back().get();
-    int cpu = opts_.first_cpu < 0 ? -1 : opts_.first_cpu + static_cast<int>(i);
-    w->thread = std::thread([this, w, cpu] { w->run(opts_, cpu, &flushing_, &armed_, pe()); });
-  }
-  return Code::kSuccess;
+  EngineWorkersOptions wo;
+  wo.num_threads = opts_.num_threads;
+  wo.sq_depth = opts_.queue_depth;
+  wo.cq_depth = pool_.size();
+  wo.spin_us = opts_.spin_us;
+  wo.first_cpu = opts_.first_cpu;
+  return workers_.start(wo, &DmaEngine::execute, this, pe());
 }
 
 void DmaEngine::do_stop() {
-  flushing_.store(true, std::memory_order_release);
-  for (auto& w : workers_) w->ring_doorbell();
-}
-
-void DmaEngine::stop_workers() {
-  for (auto& w : workers_) {
-    w->quit.store(true, std::memory_order_release);
-    w->sleeping.store(0);
-    w->sleeping.notify_one();
-  }
-  for (auto& w : workers_)
-    if (w->thread.joinable()) w->thread.join();
-  workers_.clear();
+  workers_.flush();
 }
 
 bool DmaEngine::drained() {
   if (inflight_ != 0 || pool_.outstanding() != 0) return false;
-  stop_workers();
+  workers_.stop();
   rejected_.reset();
   return true;
 }
@@ -263,19 +178,13 @@ Status DmaEngine::submit(DmaMemcpyTask* t) {
     ++inflight_;
     return Code::kSuccess;
   }
-  const uint32_t nw = static_cast<uint32_t>(workers_.size());
-  for (uint32_t i = 0; i < nw; ++i) {
-    DmaWorker* w = workers_[next_worker_].get();
-    next_worker_ = next_worker_ + 1 == nw ? 0 : next_worker_ + 1;
-    t->state_ = DmaMemcpyTask::State::kInFlight;
-    if (w->sq.push(t)) {
-      ++inflight_;
-      w->ring_doorbell();
-      return Code::kSuccess;
-    }
+  t->state_ = DmaMemcpyTask::State::kInFlight;
+  if (!workers_.submit(t)) {
+    t->state_ = DmaMemcpyTask::State::kAllocated;
+    return Code::kAgain;
   }
-  t->state_ = DmaMemcpyTask::State::kAllocated;
-  return Code::kAgain;
+  ++inflight_;
+  return Code::kSuccess;
 }
 
 void DmaEngine::complete(DmaMemcpyTask* t) {
@@ -300,8 +209,8 @@ size_t DmaEngine::poll() {
       events += n;
     }
   }
-  for (size_t w = 0; w < workers_.size(); ++w) {
-    size_t n = workers_[w]->cq.pop_bulk(batch, kBatch);
+  size_t n;
+  while ((n = workers_.poll(batch, kBatch)) != 0) {
     for (size_t i = 0; i < n; ++i) complete(batch[i]);
     events += n;
   }
@@ -309,12 +218,8 @@ size_t DmaEngine::poll() {
 }
 
 bool DmaEngine::arm_notification() {
-  armed_.store(true, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (rejected_ && !rejected_->empty()) return true;
-  for (auto& w : workers_)
-    if (!w->cq.empty()) return true;
-  return false;
+  bool pending = workers_.arm();
+  return pending || (rejected_ && !rejected_->empty());
 }
 
 }  // namespace dpukv

@@ -24,6 +24,7 @@
 #include "engines/dma/copy_kernels.h"
 #include "runtime/buf.h"
 #include "runtime/context.h"
+#include "runtime/engine_workers.h"
 #include "runtime/spsc_ring.h"
 #include "runtime/task_pool.h"
 
@@ -60,7 +61,6 @@ class DmaMemcpyTask {
 
  private:
   friend class DmaEngine;
-  friend struct DmaWorker;
   enum class State : uint8_t { kFree, kAllocated, kInFlight };
   Buf* src_ = nullptr;
   Buf* dst_ = nullptr;
@@ -70,8 +70,6 @@ class DmaMemcpyTask {
 };
 
 using DmaMemcpyCb = void (*)(DmaMemcpyTask* task, UserData task_ud, UserData ctx_ud);
-
-struct DmaWorker;
 
 class DmaEngine final : public Context {
  public:
@@ -104,18 +102,15 @@ class DmaEngine final : public Context {
   size_t poll() override;
   bool arm_notification() override;
   void complete(DmaMemcpyTask* t);
-  void stop_workers();
+  static void execute(DmaMemcpyTask* t, bool flushing, void* self);
 
   DmaOptions opts_;
   DmaMemcpyCb on_done_ = nullptr;
   DmaMemcpyCb on_error_ = nullptr;
   TaskPool<DmaMemcpyTask> pool_;
   std::unique_ptr<SpscRing<DmaMemcpyTask*>> rejected_;  // failed validation, completed next poll
-  std::vector<std::unique_ptr<DmaWorker>> workers_;
-  uint32_t next_worker_ = 0;
+  EngineWorkers<DmaMemcpyTask> workers_;
   uint32_t inflight_ = 0;
-  std::atomic<bool> flushing_{false};
-  std::atomic<bool> armed_{false};
 };
 
 }  // namespace dpukv

@@ -1,0 +1,293 @@
+#include <gtest/gtest.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engines/compress/checksum.h"
+#include "engines/compress/fp16.h"
+#include "engines/compress/huffman.h"
+#include "engines/compress/kv_codec.h"
+#include "engines/compress/kv_synth.h"
+
+namespace dpukv {
+namespace {
+
+TEST(Checksum, KnownValues) {
+  const char* s = "123456789";
+  EXPECT_EQ(crc32_gzip(s, 9), 0xCBF43926u);
+  EXPECT_EQ(crc32c(s, 9), 0xE3069283u);
+  EXPECT_EQ(adler32("Wikipedia", 9), 0x11E60398u);
+  EXPECT_EQ(xxh32("", 0), 0x02CC5D05u);
+  EXPECT_EQ(xxh3_64("", 0), 0x2D06800538D394C2ull);
+  // Incremental equals one shot.
+  EXPECT_EQ(crc32c(s + 4, 5, crc32c(s, 4)), crc32c(s, 9));
+  EXPECT_EQ(crc32_gzip(s + 4, 5, crc32_gzip(s, 4)), crc32_gzip(s, 9));
+}
+
+__attribute__((target("f16c"))) uint16_t hw_f32_to_fp16(float f) {
+  return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+}
+__attribute__((target("f16c"))) float hw_fp16_to_f32(uint16_t h) {
+  return _cvtsh_ss(h);
+}
+
+TEST(Fp16, SoftwareConversionsMatchHardware) {
+  if (!__builtin_cpu_supports("f16c")) GTEST_SKIP() << "no F16C to compare with";
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float a = fp16_to_f32(static_cast<uint16_t>(h)),
+                b = hw_fp16_to_f32(static_cast<uint16_t>(h));
+    if (std::isnan(b)) {
+      ASSERT_TRUE(std::isnan(a));
+      continue;
+    }
+    ASSERT_EQ(f32_to_bits(a), f32_to_bits(b)) << h;
+  }
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000000; ++i) {
+    float f = bits_to_f32(rng());
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(f32_to_fp16(f), hw_f32_to_fp16(f)) << f;
+  }
+  // bf16 rounds to nearest even.
+  EXPECT_EQ(f32_to_bf16(bits_to_f32(0x3f808000u)), 0x3f80);  // tie to even (down)
+  EXPECT_EQ(f32_to_bf16(bits_to_f32(0x3f818000u)), 0x3f82);  // tie to even (up)
+}
+
+std::vector<uint8_t> huff_roundtrip(const std::vector<uint8_t>& in) {
+  std::vector<uint8_t> enc(huffman::bound(in.size()) + 8), dec(in.size());
+  size_t n = 0, used = 0;
+  EXPECT_TRUE(huffman::compress(in.data(), in.size(), enc.data(), enc.size(), &n).ok());
+  enc.resize(n);
+  EXPECT_TRUE(huffman::decompress(enc.data(), enc.size(), dec.data(), dec.size(), &used).ok());
+  EXPECT_EQ(used, n);
+  EXPECT_EQ(dec, in);
+  return enc;
+}
+
+TEST(Huffman, RoundTripsEveryShape) {
+  std::mt19937 rng(1);
+  for (size_t n : {0ul, 1ul, 3ul, 4ul, 5ul, 17ul, 1000ul, 65535ul, 65536ul, 65537ul, 300000ul}) {
+    std::vector<uint8_t> skewed(n), uniform(n), single(n, 42), two(n);
+    std::geometric_distribution<int> g(0.3);
+    for (size_t i = 0; i < n; ++i) {
+      skewed[i] = static_cast<uint8_t>(std::min(g(rng), 255));
+      uniform[i] = static_cast<uint8_t>(rng());
+      two[i] = (rng() & 1) ? 7 : 9;
+    }
+    huff_roundtrip(skewed);
+    huff_roundtrip(uniform);
+    huff_roundtrip(single);
+    huff_roundtrip(two);
+  }
+  // Very skewed frequencies force the 11-bit length limit.
+  std::vector<uint8_t> fib;
+  for (int s = 0, f = 1, f2 = 1; s < 20; ++s) {
+    fib.insert(fib.end(), static_cast<size_t>(f), static_cast<uint8_t>(s));
+    int t = f + f2;
+    f = f2, f2 = t;
+  }
+  huff_roundtrip(fib);
+}
+
+TEST(Huffman, CompressesSkewedDataAndRejectsBadInput) {
+  std::mt19937 rng(2);
+  std::geometric_distribution<int> g(0.5);
+  std::vector<uint8_t> in(200000);
+  for (auto& x : in) x = static_cast<uint8_t>(std::min(g(rng), 255));
+  auto enc = huff_roundtrip(in);
+  EXPECT_LT(enc.size(), in.size() / 3);
+  std::vector<uint8_t> out(in.size());
+  size_t used;
+  // Truncated input.
+  EXPECT_EQ(huffman::decompress(enc.data(), enc.size() / 2, out.data(), out.size(), &used),
+            Code::kCorrupted);
+  // Random corruption: an error or wrong bytes, never a crash (ASan watches).
+  for (int i = 0; i < 2000; ++i) {
+    auto bad = enc;
+    bad[rng() % bad.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+    (void)huffman::decompress(bad.data(), bad.size(), out.data(), out.size(), &used);
+  }
+  // Too small a destination.
+  size_t n;
+  std::vector<uint8_t> small(100);
+  EXPECT_EQ(huffman::compress(in.data(), in.size(), small.data(), small.size(), &n), Code::kTooBig);
+}
+
+struct KvCase {
+  KvDataset ds;
+  KvDtype dt;
+};
+
+std::vector<uint16_t> make_kv(KvDataset ds, KvDtype dt, const KvShape& sh, uint64_t seed = 5) {
+  std::vector<uint16_t> v;
+  kv_synth(ds, dt, sh, seed, &v);
+  return v;
+}
+
+TEST(KvCodec, LosslessRoundTripsAndCompressesRealisticKv) {
+  const KvShape sh{4, 256, 1024};
+  KvScratch scratch(sh.elements() * 2);
+  for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp16}) {
+    for (KvDataset ds : {KvDataset::kRealistic, KvDataset::kIid}) {
+      auto v = make_kv(ds, dt, sh);
+      const size_t len = v.size() * 2;
+      for (KvCodec c : {KvCodec::kRaw, KvCodec::kLossless, KvCodec::kLosslessDelta}) {
+        KvCodecParams p{c, dt, sh, 0};
+        std::vector<uint8_t> enc(kv_encode_bound(p, len)), dec(len);
+        size_t n = 0, m = 0;
+        ASSERT_TRUE(kv_encode(p, reinterpret_cast<uint8_t*>(v.data()), len, enc.data(), enc.size(),
+                              &scratch, &n, nullptr)
+                        .ok());
+        ASSERT_TRUE(kv_decode(enc.data(), n, dec.data(), dec.size(), &scratch, &m).ok());
+        ASSERT_EQ(m, len);
+        ASSERT_EQ(std::memcmp(dec.data(), v.data(), len), 0) << kv_codec_name(c);
+        if (ds == KvDataset::kRealistic && dt == KvDtype::kBf16 && c == KvCodec::kLosslessDelta) {
+          EXPECT_GE(static_cast<double>(len) / n, 1.45) << "ratio on realistic bf16 KV";
+        }
+      }
+    }
+  }
+}
+
+TEST(KvCodec, LosslessOddSizesAndShapelessBuffers) {
+  KvScratch scratch(1 << 20);
+  std::mt19937 rng(3);
+  for (size_t len : {0ul, 1ul, 2ul, 3ul, 999ul, 65537ul, 200001ul}) {
+    std::vector<uint8_t> in(len);
+    for (auto& x : in) x = static_cast<uint8_t>(rng() & 0x1f);
+    KvCodecParams p{KvCodec::kLossless, KvDtype::kBf16, KvShape{1, 1, 0}, 0};
+    std::vector<uint8_t> enc(kv_encode_bound(p, len)), dec(len + 1);
+    size_t n = 0, m = 0;
+    ASSERT_TRUE(kv_encode(p, in.data(), len, enc.data(), enc.size(), &scratch, &n, nullptr).ok())
+        << len;
+    ASSERT_TRUE(kv_decode(enc.data(), n, dec.data(), dec.size(), &scratch, &m).ok()) << len;
+    ASSERT_EQ(m, len);
+    ASSERT_EQ(std::memcmp(dec.data(), in.data(), len), 0);
+  }
+  // Delta needs a shape that describes the bytes.
+  std::vector<uint8_t> in(1000), enc(4096);
+  size_t n;
+  KvCodecParams p{KvCodec::kLosslessDelta, KvDtype::kBf16, KvShape{1, 10, 10}, 0};
+  EXPECT_EQ(kv_encode(p, in.data(), in.size(), enc.data(), enc.size(), &scratch, &n, nullptr),
+            Code::kInvalidValue);
+}
+
+double measured_rel_rmse(const std::vector<uint16_t>& a, const uint8_t* b, KvDtype dt) {
+  double se = 0, sx = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    uint16_t y;
+    std::memcpy(&y, b + 2 * i, 2);
+    const double x = dt == KvDtype::kBf16 ? bf16_to_f32(a[i]) : fp16_to_f32(a[i]);
+    const double z = dt == KvDtype::kBf16 ? bf16_to_f32(y) : fp16_to_f32(y);
+    se += (x - z) * (x - z), sx += x * x;
+  }
+  return std::sqrt(se / sx);
+}
+
+TEST(KvCodec, LossyMeetsErrorBoundsAndRatios) {
+  const KvShape sh{4, 256, 1024};
+  KvScratch scratch(sh.elements() * 2);
+  for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp16}) {
+    auto v = make_kv(KvDataset::kRealistic, dt, sh);
+    const size_t len = v.size() * 2;
+    for (KvCodec c : {KvCodec::kInt8, KvCodec::kInt4}) {
+      KvCodecParams p{c, dt, sh, 0};
+      std::vector<uint8_t> enc(kv_encode_bound(p, len)), dec(len);
+      size_t n = 0, m = 0;
+      KvCodecError err;
+      ASSERT_TRUE(kv_encode(p, reinterpret_cast<uint8_t*>(v.data()), len, enc.data(), enc.size(),
+                            &scratch, &n, &err)
+                      .ok());
+      ASSERT_TRUE(kv_decode(enc.data(), n, dec.data(), dec.size(), &scratch, &m).ok());
+      const double ratio = static_cast<double>(len) / n;
+      const double rmse = measured_rel_rmse(v, dec.data(), dt);
+      if (c == KvCodec::kInt8) {
+        EXPECT_GE(ratio, 1.9);
+        EXPECT_LE(err.rel_rmse, 1e-2);
+      } else {
+        EXPECT_GE(ratio, 3.5);
+        EXPECT_LE(err.rel_rmse, 1e-1);
+      }
+      // The reported error is the error of what decode returns (up to output rounding).
+      EXPECT_NEAR(rmse, err.rel_rmse, 0.2 * err.rel_rmse + 2e-3) << kv_codec_name(c);
+      EXPECT_GT(err.max_abs_err, 0.0);
+    }
+  }
+}
+
+TEST(KvCodec, SimdPathsAreBitIdenticalToScalar) {
+  const SimdLevel best = kv_simd_level();
+  // 1000 channels: not a multiple of 16, so the scalar tail runs next to SIMD.
+  const KvShape sh{2, 200, 1000};
+  KvScratch scratch(sh.elements() * 2);
+  for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp16}) {
+    auto v = make_kv(KvDataset::kRealistic, dt, sh, 11);
+    const size_t len = v.size() * 2;
+    for (KvCodec c : {KvCodec::kInt8, KvCodec::kInt4, KvCodec::kLosslessDelta}) {
+      KvCodecParams p{c, dt, sh, 32};
+      std::vector<std::vector<uint8_t>> encs, decs;
+      for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+        kv_force_simd_level(l);
+        std::vector<uint8_t> enc(kv_encode_bound(p, len)), dec(len);
+        size_t n = 0, m = 0;
+        ASSERT_TRUE(kv_encode(p, reinterpret_cast<uint8_t*>(v.data()), len, enc.data(), enc.size(),
+                              &scratch, &n, nullptr)
+                        .ok());
+        enc.resize(n);
+        ASSERT_TRUE(kv_decode(enc.data(), n, dec.data(), dec.size(), &scratch, &m).ok());
+        encs.push_back(enc);
+        decs.push_back(dec);
+      }
+      for (size_t i = 1; i < encs.size(); ++i) {
+        EXPECT_EQ(encs[i], encs[0]) << kv_codec_name(c) << " encode differs at level " << i;
+        EXPECT_EQ(decs[i], decs[0]) << kv_codec_name(c) << " decode differs at level " << i;
+      }
+    }
+  }
+  kv_force_simd_level(best);
+}
+
+TEST(KvCodec, CorruptionIsDetectedNeverReturned) {
+  const KvShape sh{1, 256, 512};
+  KvScratch scratch(sh.elements() * 2);
+  auto v = make_kv(KvDataset::kRealistic, KvDtype::kBf16, sh);
+  const size_t len = v.size() * 2;
+  std::mt19937 rng(9);
+  for (KvCodec c : {KvCodec::kRaw, KvCodec::kLosslessDelta, KvCodec::kInt8, KvCodec::kInt4}) {
+    KvCodecParams p{c, KvDtype::kBf16, sh, 0};
+    std::vector<uint8_t> enc(kv_encode_bound(p, len)), dec(len);
+    size_t n = 0, m = 0;
+    ASSERT_TRUE(kv_encode(p, reinterpret_cast<uint8_t*>(v.data()), len, enc.data(), enc.size(),
+                          &scratch, &n, nullptr)
+                    .ok());
+    enc.resize(n);
+    for (int i = 0; i < 300; ++i) {
+      auto bad = enc;
+      bad[rng() % bad.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+      EXPECT_NE(kv_decode(bad.data(), bad.size(), dec.data(), dec.size(), &scratch, &m),
+                Code::kSuccess)
+          << kv_codec_name(c) << " returned corrupted bytes as good";
+    }
+    EXPECT_EQ(kv_decode(enc.data(), n - 1, dec.data(), dec.size(), &scratch, &m), Code::kCorrupted);
+    EXPECT_EQ(kv_decode(enc.data(), n, dec.data(), len - 1, &scratch, &m), Code::kTooBig);
+    size_t k;
+    std::vector<uint8_t> tiny(100);
+    EXPECT_EQ(kv_encode(p, reinterpret_cast<uint8_t*>(v.data()), len, tiny.data(), tiny.size(),
+                        &scratch, &k, nullptr),
+              Code::kTooBig);
+  }
+  // Non-finite input cannot be quantized.
+  v[77] = 0x7f80;  // +inf in bf16
+  KvCodecParams p{KvCodec::kInt8, KvDtype::kBf16, sh, 0};
+  std::vector<uint8_t> enc(kv_encode_bound(p, len));
+  size_t n;
+  EXPECT_EQ(kv_encode(p, reinterpret_cast<uint8_t*>(v.data()), len, enc.data(), enc.size(),
+                      &scratch, &n, nullptr),
+            Code::kInvalidValue);
+}
+
+}  // namespace
+}  // namespace dpukv

@@ -1,0 +1,32 @@
+// Order-0 Huffman coder for byte streams, built for the high-byte plane of KV
+// tensors: canonical codes limited to 11 bits, four interleaved bit streams per
+// block so that the decoder's table lookups overlap, and branch-light bit I/O.
+//
+// Block format (blocks of up to kBlockSymbols input bytes, back to back):
+//   u8 mode: 0 = raw (u32 n, then n bytes), 1 = single symbol (u32 n, u8 symbol),
+//            2 = Huffman (u32 n, 128 bytes of 4-bit code lengths, u32 sizes of
+//            streams 0..2, then the four streams; stream k codes the k-th quarter)
+// The decoder checks every length, size and code against its buffers: corrupt
+// input gives CORRUPTED, never a read or write out of bounds.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/status.h"
+
+namespace dpukv::huffman {
+
+inline constexpr size_t kBlockSymbols = 64 * 1024;
+inline constexpr int kMaxCodeLen = 11;
+
+// Worst-case output size for n input bytes.
+size_t bound(size_t n);
+
+// Encodes n bytes. TOO_BIG if cap is below what the data needs (bound(n) always fits).
+Status compress(const uint8_t* src, size_t n, uint8_t* dst, size_t cap, size_t* out_len);
+
+// Decodes exactly n bytes from src_len bytes; *consumed gets the bytes of src used.
+Status decompress(const uint8_t* src, size_t src_len, uint8_t* dst, size_t n, size_t* consumed);
+
+}  // namespace dpukv::huffman

@@ -1,0 +1,732 @@
+#include "engines/compress/kv_codec.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engines/compress/checksum.h"
+#include "engines/compress/fp16.h"
+#include "engines/compress/huffman.h"
+
+namespace dpukv {
+
+const char* kv_codec_name(KvCodec c) {
+  switch (c) {
+    case KvCodec::kRaw:
+      return "raw";
+    case KvCodec::kLossless:
+      return "kv-lossless";
+    case KvCodec::kLosslessDelta:
+      return "kv-lossless-delta";
+    case KvCodec::kInt8:
+      return "kv-int8";
+    case KvCodec::kInt4:
+      return "kv-int4";
+  }
+  return "?";
+}
+
+bool kv_codec_lossy(KvCodec c) {
+  return c == KvCodec::kInt8 || c == KvCodec::kInt4;
+}
+
+const char* simd_level_name(SimdLevel l) {
+  return l == SimdLevel::kAvx512 ? "avx512" : l == SimdLevel::kAvx2 ? "avx2" : "scalar";
+}
+
+namespace {
+
+SimdLevel detect_simd() {
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+    return SimdLevel::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return SimdLevel::kAvx2;
+  return SimdLevel::kScalar;
+}
+SimdLevel g_simd = detect_simd();
+
+// ------------------------------------------------------------ byte planes
+
+// Splits one row of n values into the high plane (XORed with the previous row's
+// high bytes when prev is set) and the low plane.
+void split_scalar(const uint16_t* cur, const uint16_t* prev, size_t n, uint8_t* hi, uint8_t* lo) {
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t h = static_cast<uint8_t>(cur[i] >> 8);
+    if (prev) h ^= static_cast<uint8_t>(prev[i] >> 8);
+    hi[i] = h;
+    lo[i] = static_cast<uint8_t>(cur[i]);
+  }
+}
+
+__attribute__((target("avx2"))) void split_avx2(const uint16_t* cur, const uint16_t* prev, size_t n,
+                                                uint8_t* hi, uint8_t* lo) {
+  const __m256i mask = _mm256_set1_epi16(0xff);
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cur + i));
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cur + i + 16));
+    __m256i ha = _mm256_srli_epi16(a, 8), hb = _mm256_srli_epi16(b, 8);
+    if (prev) {
+      __m256i pa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(prev + i));
+      __m256i pb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(prev + i + 16));
+      ha = _mm256_xor_si256(ha, _mm256_srli_epi16(pa, 8));
+      hb = _mm256_xor_si256(hb, _mm256_srli_epi16(pb, 8));
+    }
+    __m256i h = _mm256_permute4x64_epi64(_mm256_packus_epi16(ha, hb), 0xd8);
+    __m256i l = _mm256_permute4x64_epi64(
+        _mm256_packus_epi16(_mm256_and_si256(a, mask), _mm256_and_si256(b, mask)), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + i), h);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + i), l);
+  }
+  split_scalar(cur + i, prev ? prev + i : nullptr, n - i, hi + i, lo + i);
+}
+
+// Inverse: out = lo | (hi ^ prev_hi) << 8, where prev is the previous output row.
+void merge_scalar(const uint8_t* hi, const uint8_t* lo, const uint16_t* prev, size_t n,
+                  uint16_t* out) {
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t h = hi[i];
+    if (prev) h ^= static_cast<uint8_t>(prev[i] >> 8);
+    out[i] = static_cast<uint16_t>(lo[i] | (h << 8));
+  }
+}
+
+__attribute__((target("avx2"))) void merge_avx2(const uint8_t* hi, const uint8_t* lo,
+                                                const uint16_t* prev, size_t n, uint16_t* out) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + i));
+    __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + i));
+    if (prev) {
+      __m256i pa =
+          _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(prev + i)), 8);
+      __m256i pb =
+          _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(prev + i + 16)), 8);
+      h = _mm256_xor_si256(h, _mm256_permute4x64_epi64(_mm256_packus_epi16(pa, pb), 0xd8));
+    }
+    // Interleave per 128-bit lane, then put the lanes back in order.
+    __m256i x = _mm256_unpacklo_epi8(l, h), y = _mm256_unpackhi_epi8(l, h);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute2x128_si256(x, y, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 16),
+                        _mm256_permute2x128_si256(x, y, 0x31));
+  }
+  merge_scalar(hi + i, lo + i, prev ? prev + i : nullptr, n - i, out + i);
+}
+
+using SplitFn = void (*)(const uint16_t*, const uint16_t*, size_t, uint8_t*, uint8_t*);
+using MergeFn = void (*)(const uint8_t*, const uint8_t*, const uint16_t*, size_t, uint16_t*);
+
+// ------------------------------------------------------------ quantization
+
+inline float load_f32(const uint16_t* p, KvDtype dt) {
+  return dt == KvDtype::kBf16 ? bf16_to_f32(*p) : fp16_to_f32(*p);
+}
+inline uint16_t store_16(float f, KvDtype dt) {
+  return dt == KvDtype::kBf16 ? f32_to_bf16(f) : f32_to_fp16(f);
+}
+inline bool nonfinite16(uint16_t v, KvDtype dt) {
+  return dt == KvDtype::kBf16 ? (v & 0x7f80u) == 0x7f80u : (v & 0x7c00u) == 0x7c00u;
+}
+
+uint16_t fp16_next_down(uint16_t h) {
+  if ((h & 0x7fffu) == 0) return 0x8001u;
+  return (h & 0x8000u) ? static_cast<uint16_t>(h + 1) : static_cast<uint16_t>(h - 1);
+}
+uint16_t fp16_next_up(uint16_t h) {
+  if ((h & 0x7fffu) == 0) return 0x0001u;
+  return (h & 0x8000u) ? static_cast<uint16_t>(h - 1) : static_cast<uint16_t>(h + 1);
+}
+
+struct Params {
+  float scale, zero, inv;
+};
+
+// From a group's min and max: fp16 zero <= min, fp16 scale with (max - zero) / scale
+// <= qmax. False if they do not fit fp16.
+bool make_params(float mn, float mx, float qmax, uint16_t* zh, uint16_t* sh, Params* p) {
+  uint16_t z = f32_to_fp16(mn);
+  if (fp16_to_f32(z) > mn) z = fp16_next_down(z);
+  const float zero = fp16_to_f32(z);
+  if (!std::isfinite(zero)) return false;
+  const float range = mx - zero;
+  uint16_t s = f32_to_fp16(range / qmax);
+  if (fp16_to_f32(s) * qmax < range) s = fp16_next_up(s);
+  const float scale = fp16_to_f32(s);
+  if (!std::isfinite(scale)) return false;
+  *zh = z;
+  *sh = s;
+  p->zero = zero;
+  p->scale = scale;
+  p->inv = scale > 0 ? 1.0f / scale : 0.0f;
+  return true;
+}
+
+struct QuantJob {
+  const uint16_t* src;  // slab base, [tokens][C]
+  uint32_t C;
+  uint32_t r0, r1;  // rows of the group
+  KvDtype dt;
+  float qmax;
+  uint8_t* codes;        // [tokens][C] one byte per value
+  const Params* params;  // per channel
+};
+
+struct ErrAcc {
+  double se = 0, sx = 0, maxe = 0;
+};
+
+// Scalar reference for channels [c0, c1).
+bool minmax_scalar(const QuantJob& j, uint32_t c0, uint32_t c1, float* mn, float* mx) {
+  bool bad = false;
+  for (uint32_t c = c0; c < c1; ++c) mn[c] = INFINITY, mx[c] = -INFINITY;
+  for (uint32_t r = j.r0; r < j.r1; ++r) {
+    const uint16_t* row = j.src + static_cast<size_t>(r) * j.C;
+    for (uint32_t c = c0; c < c1; ++c) {
+      bad |= nonfinite16(row[c], j.dt);
+      const float x = load_f32(row + c, j.dt);
+      mn[c] = std::min(mn[c], x);
+      mx[c] = std::max(mx[c], x);
+    }
+  }
+  return !bad;
+}
+
+void quant_scalar(const QuantJob& j, uint32_t c0, uint32_t c1, ErrAcc* e) {
+  for (uint32_t r = j.r0; r < j.r1; ++r) {
+    const uint16_t* row = j.src + static_cast<size_t>(r) * j.C;
+    uint8_t* out = j.codes + static_cast<size_t>(r) * j.C;
+    for (uint32_t c = c0; c < c1; ++c) {
+      const Params& p = j.params[c];
+      const float x = load_f32(row + c, j.dt);
+      float t = std::nearbyint((x - p.zero) * p.inv);
+      t = std::min(std::max(t, 0.0f), j.qmax);
+      out[c] = static_cast<uint8_t>(t);
+      const float y = t * p.scale + p.zero;
+      const double d = static_cast<double>(x) - static_cast<double>(y);
+      e->se += d * d;
+      e->sx += static_cast<double>(x) * x;
+      e->maxe = std::max(e->maxe, std::fabs(d));
+    }
+  }
+}
+
+void dequant_scalar(const uint8_t* codes, uint32_t C, uint32_t r0, uint32_t r1, uint32_t c0,
+                    uint32_t c1, const Params* params, KvDtype dt, uint16_t* out) {
+  for (uint32_t r = r0; r < r1; ++r)
+    for (uint32_t c = c0; c < c1; ++c) {
+      const float q = static_cast<float>(codes[static_cast<size_t>(r) * C + c]);
+      out[static_cast<size_t>(r) * C + c] = store_16(q * params[c].scale + params[c].zero, dt);
+    }
+}
+
+// AVX-512: 16 channels per vector.
+__attribute__((target("avx512f,avx512bw,f16c"))) inline __m512 load16_512(const uint16_t* p,
+                                                                          KvDtype dt) {
+  __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if (dt == KvDtype::kBf16)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+  return _mm512_cvtph_ps(v);
+}
+
+__attribute__((target("avx512f,avx512bw,f16c"))) bool minmax_avx512(const QuantJob& j, uint32_t c0,
+                                                                    uint32_t c1, float* mn,
+                                                                    float* mx) {
+  const __m256i expm = _mm256_set1_epi16(j.dt == KvDtype::kBf16 ? 0x7f80 : 0x7c00);
+  __m256i bad = _mm256_setzero_si256();
+  for (uint32_t c = c0; c + 16 <= c1; c += 16) {
+    __m512 vmn = _mm512_set1_ps(INFINITY), vmx = _mm512_set1_ps(-INFINITY);
+    for (uint32_t r = j.r0; r < j.r1; ++r) {
+      const uint16_t* p = j.src + static_cast<size_t>(r) * j.C + c;
+      __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(raw, expm), expm));
+      __m512 x = load16_512(p, j.dt);
+      vmn = _mm512_min_ps(vmn, x);
+      vmx = _mm512_max_ps(vmx, x);
+    }
+    _mm512_storeu_ps(mn + c, vmn);
+    _mm512_storeu_ps(mx + c, vmx);
+  }
+  return _mm256_testz_si256(bad, bad);
+}
+
+__attribute__((target("avx512f,avx512bw,f16c"))) void quant_avx512(const QuantJob& j, uint32_t c0,
+                                                                   uint32_t c1, ErrAcc* e) {
+  const __m512i zero_i = _mm512_setzero_si512(),
+                qmax_i = _mm512_set1_epi32(static_cast<int>(j.qmax));
+  __m512 se = _mm512_setzero_ps(), sx = _mm512_setzero_ps(), mxe = _mm512_setzero_ps();
+  for (uint32_t c = c0; c + 16 <= c1; c += 16) {
+    alignas(64) float zs[16], ss[16], is[16];
+    for (int k = 0; k < 16; ++k)
+      zs[k] = j.params[c + k].zero, ss[k] = j.params[c + k].scale, is[k] = j.params[c + k].inv;
+    const __m512 vz = _mm512_load_ps(zs), vs = _mm512_load_ps(ss), vi = _mm512_load_ps(is);
+    for (uint32_t r = j.r0; r < j.r1; ++r) {
+      const size_t off = static_cast<size_t>(r) * j.C + c;
+      const __m512 x = load16_512(j.src + off, j.dt);
+      __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(x, vz), vi));  // RNE
+      q = _mm512_min_epi32(_mm512_max_epi32(q, zero_i), qmax_i);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(j.codes + off), _mm512_cvtepi32_epi8(q));
+      const __m512 y = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), vs), vz);
+      const __m512 d = _mm512_sub_ps(x, y);
+      se = _mm512_add_ps(se, _mm512_mul_ps(d, d));
+      sx = _mm512_add_ps(sx, _mm512_mul_ps(x, x));
+      mxe = _mm512_max_ps(mxe, _mm512_abs_ps(d));
+    }
+  }
+  e->se += _mm512_reduce_add_ps(se);
+  e->sx += _mm512_reduce_add_ps(sx);
+  e->maxe = std::max<double>(e->maxe, _mm512_reduce_max_ps(mxe));
+}
+
+__attribute__((target("avx512f,avx512bw,f16c"))) void dequant_avx512(
+    const uint8_t* codes, uint32_t C, uint32_t r0, uint32_t r1, uint32_t c0, uint32_t c1,
+    const Params* params, KvDtype dt, uint16_t* out) {
+  for (uint32_t c = c0; c + 16 <= c1; c += 16) {
+    alignas(64) float zs[16], ss[16];
+    for (int k = 0; k < 16; ++k) zs[k] = params[c + k].zero, ss[k] = params[c + k].scale;
+    const __m512 vz = _mm512_load_ps(zs), vs = _mm512_load_ps(ss);
+    for (uint32_t r = r0; r < r1; ++r) {
+      const size_t off = static_cast<size_t>(r) * C + c;
+      const __m512i q =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + off)));
+      const __m512 y = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), vs), vz);
+      __m256i h;
+      if (dt == KvDtype::kBf16) {
+        // Round to nearest even in integer arithmetic, as f32_to_bf16 does (no NaN here).
+        __m512i b = _mm512_castps_si512(y);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+        b = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+        h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
+      } else {
+        h = _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + off), h);
+    }
+  }
+}
+
+// AVX2: 8 channels per vector.
+__attribute__((target("avx2,f16c"))) inline __m256 load8_256(const uint16_t* p, KvDtype dt) {
+  __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if (dt == KvDtype::kBf16)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+  return _mm256_cvtph_ps(v);
+}
+
+__attribute__((target("avx2,f16c"))) bool minmax_avx2(const QuantJob& j, uint32_t c0, uint32_t c1,
+                                                      float* mn, float* mx) {
+  const __m128i expm = _mm_set1_epi16(j.dt == KvDtype::kBf16 ? 0x7f80 : 0x7c00);
+  __m128i bad = _mm_setzero_si128();
+  for (uint32_t c = c0; c + 8 <= c1; c += 8) {
+    __m256 vmn = _mm256_set1_ps(INFINITY), vmx = _mm256_set1_ps(-INFINITY);
+    for (uint32_t r = j.r0; r < j.r1; ++r) {
+      const uint16_t* p = j.src + static_cast<size_t>(r) * j.C + c;
+      __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      bad = _mm_or_si128(bad, _mm_cmpeq_epi16(_mm_and_si128(raw, expm), expm));
+      __m256 x = load8_256(p, j.dt);
+      vmn = _mm256_min_ps(vmn, x);
+      vmx = _mm256_max_ps(vmx, x);
+    }
+    _mm256_storeu_ps(mn + c, vmn);
+    _mm256_storeu_ps(mx + c, vmx);
+  }
+  return _mm_testz_si128(bad, bad);
+}
+
+__attribute__((target("avx2,f16c"))) inline void store8_codes(uint8_t* dst, __m256i q) {
+  const __m256i p16 = _mm256_packus_epi32(q, q);
+  const __m256i p8 = _mm256_packus_epi16(p16, p16);
+  const uint32_t lo = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_castsi256_si128(p8)));
+  const uint32_t hi = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_extracti128_si256(p8, 1)));
+  const uint64_t v = lo | (static_cast<uint64_t>(hi) << 32);
+  std::memcpy(dst, &v, 8);
+}
+
+__attribute__((target("avx2,f16c"))) void quant_avx2(const QuantJob& j, uint32_t c0, uint32_t c1,
+                                                     ErrAcc* e) {
+  const __m256i zero_i = _mm256_setzero_si256(),
+                qmax_i = _mm256_set1_epi32(static_cast<int>(j.qmax));
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 se = _mm256_setzero_ps(), sx = _mm256_setzero_ps(), mxe = _mm256_setzero_ps();
+  for (uint32_t c = c0; c + 8 <= c1; c += 8) {
+    alignas(32) float zs[8], ss[8], is[8];
+    for (int k = 0; k < 8; ++k)
+      zs[k] = j.params[c + k].zero, ss[k] = j.params[c + k].scale, is[k] = j.params[c + k].inv;
+    const __m256 vz = _mm256_load_ps(zs), vs = _mm256_load_ps(ss), vi = _mm256_load_ps(is);
+    for (uint32_t r = j.r0; r < j.r1; ++r) {
+      const size_t off = static_cast<size_t>(r) * j.C + c;
+      const __m256 x = load8_256(j.src + off, j.dt);
+      __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(x, vz), vi));
+      q = _mm256_min_epi32(_mm256_max_epi32(q, zero_i), qmax_i);
+      store8_codes(j.codes + off, q);
+      const __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), vs), vz);
+      const __m256 d = _mm256_sub_ps(x, y);
+      se = _mm256_add_ps(se, _mm256_mul_ps(d, d));
+      sx = _mm256_add_ps(sx, _mm256_mul_ps(x, x));
+      mxe = _mm256_max_ps(mxe, _mm256_and_ps(d, absmask));
+    }
+  }
+  alignas(32) float a[8], b[8], m[8];
+  _mm256_store_ps(a, se);
+  _mm256_store_ps(b, sx);
+  _mm256_store_ps(m, mxe);
+  for (int k = 0; k < 8; ++k)
+    e->se += a[k], e->sx += b[k], e->maxe = std::max<double>(e->maxe, m[k]);
+}
+
+__attribute__((target("avx2,f16c"))) void dequant_avx2(const uint8_t* codes, uint32_t C,
+                                                       uint32_t r0, uint32_t r1, uint32_t c0,
+                                                       uint32_t c1, const Params* params,
+                                                       KvDtype dt, uint16_t* out) {
+  for (uint32_t c = c0; c + 8 <= c1; c += 8) {
+    alignas(32) float zs[8], ss[8];
+    for (int k = 0; k < 8; ++k) zs[k] = params[c + k].zero, ss[k] = params[c + k].scale;
+    const __m256 vz = _mm256_load_ps(zs), vs = _mm256_load_ps(ss);
+    for (uint32_t r = r0; r < r1; ++r) {
+      const size_t off = static_cast<size_t>(r) * C + c;
+      uint64_t raw;
+      std::memcpy(&raw, codes + off, 8);
+      const __m256i q = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(raw)));
+      const __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), vs), vz);
+      __m128i h;
+      if (dt == KvDtype::kBf16) {
+        __m256i b = _mm256_castps_si256(y);
+        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+        b = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)),
+                              16);
+        h = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+      } else {
+        h = _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + off), h);
+    }
+  }
+}
+
+// Channels [0, simd_channels) go through the SIMD kernels, the rest through scalar.
+uint32_t simd_channels(SimdLevel l, uint32_t C) {
+  const uint32_t w = l == SimdLevel::kAvx512 ? 16 : l == SimdLevel::kAvx2 ? 8 : 0;
+  return w ? C / w * w : 0;
+}
+
+}  // namespace
+
+// Glue with access to KvScratch.
+struct KvCodecImpl {
+  static uint8_t* plane(KvScratch* s) { return s->plane_.data(); }
+  static uint8_t* row(KvScratch* s) { return s->row_.data(); }
+  // The lossy paths keep min, max (floats) and Params per channel in the row scratch.
+  static bool row_fits(KvScratch* s, uint32_t channels) {
+    return s->row_.size() >= static_cast<size_t>(channels) * (8 + sizeof(Params)) + 64;
+  }
+};
+
+SimdLevel kv_simd_level() {
+  return g_simd;
+}
+void kv_force_simd_level(SimdLevel l) {
+  SimdLevel best = detect_simd();
+  g_simd = static_cast<int>(l) <= static_cast<int>(best) ? l : best;
+}
+
+namespace {
+
+uint32_t default_group(KvCodec c) {
+  return c == KvCodec::kInt8 ? 128 : 64;
+}
+
+void seal_header(KvChunkHeader* h) {
+  h->header_crc = crc32c(h, offsetof(KvChunkHeader, header_crc));
+}
+
+bool shape_matches(const KvShape& s, size_t len) {
+  return s.tokens != 0 && s.channels != 0 && s.slabs != 0 && s.elements() * 2 == len;
+}
+
+Status encode_lossless(const KvCodecParams& p, const uint8_t* src, size_t len, uint8_t* dst,
+                       size_t cap, KvScratch* scratch, size_t* out_len) {
+  const bool delta = p.codec == KvCodec::kLosslessDelta;
+  KvShape shape = p.shape;
+  if (delta || shape.channels != 0) {
+    if (!shape_matches(shape, len)) return Code::kInvalidValue;
+  } else {
+    shape = {1, 1, static_cast<uint32_t>(len / 2)};
+    if (len / 2 > UINT32_MAX) return Code::kTooBig;
+  }
+  const size_t n = len / 2;
+  if (scratch->capacity() < len) return Code::kTooBig;
+  if (cap < sizeof(KvChunkHeader) + huffman::bound(n) + n + 1) return Code::kTooBig;
+  uint8_t* hi = KvCodecImpl::plane(scratch);
+  uint8_t* lo_out = dst + sizeof(KvChunkHeader);  // placed after the coded plane below
+  // The low plane goes to its final place after the Huffman section, whose size we
+  // learn only after coding; stage it in the row scratch.
+  uint8_t* lo = KvCodecImpl::row(scratch);
+  (void)lo_out;
+  const SplitFn split = g_simd != SimdLevel::kScalar ? split_avx2 : split_scalar;
+  const uint16_t* v = reinterpret_cast<const uint16_t*>(src);
+  const size_t C = shape.channels;
+  for (uint64_t s = 0; s < shape.slabs; ++s) {
+    for (uint64_t t = 0; t < shape.tokens; ++t) {
+      const size_t off = (s * shape.tokens + t) * C;
+      split(v + off, delta && t > 0 ? v + off - C : nullptr, C, hi + off, lo + off);
+    }
+  }
+  size_t hlen = 0;
+  uint8_t* body = dst + sizeof(KvChunkHeader);
+  DPUKV_RETURN_IF_ERROR(huffman::compress(hi, n, body, cap - sizeof(KvChunkHeader), &hlen));
+  std::memcpy(body + hlen, lo, n);
+  size_t payload = hlen + n;
+  if (len & 1) body[payload++] = src[len - 1];
+  KvChunkHeader h{};
+  h.magic = KvChunkHeader::kMagic;
+  h.version = KvChunkHeader::kVersion;
+  h.codec = static_cast<uint8_t>(p.codec);
+  h.dtype = static_cast<uint8_t>(p.dtype);
+  h.slabs = shape.slabs, h.tokens = shape.tokens, h.channels = shape.channels;
+  h.original_len = len;
+  h.payload_len = payload;
+  h.section_len = hlen;
+  h.checksum = xxh3_64(src, len);
+  seal_header(&h);
+  std::memcpy(dst, &h, sizeof(h));
+  *out_len = sizeof(h) + payload;
+  return Code::kSuccess;
+}
+
+Status encode_lossy(const KvCodecParams& p, const uint8_t* src, size_t len, uint8_t* dst,
+                    size_t cap, KvScratch* scratch, size_t* out_len, KvCodecError* err) {
+  const KvShape& sh = p.shape;
+  if (!shape_matches(sh, len)) return Code::kInvalidValue;
+  const bool int4 = p.codec == KvCodec::kInt4;
+  if (int4 && (sh.channels & 1)) return Code::kInvalidValue;
+  const uint32_t G = p.group_size ? p.group_size : default_group(p.codec);
+  const uint32_t C = sh.channels, T = sh.tokens;
+  const uint32_t groups = (T + G - 1) / G;
+  const size_t params_len = static_cast<size_t>(sh.slabs) * groups * C * 4;
+  const size_t n = sh.elements();
+  const size_t codes_len = int4 ? n / 2 : n;
+  if (cap < sizeof(KvChunkHeader) + params_len + codes_len) return Code::kTooBig;
+  if (scratch->capacity() < len || !KvCodecImpl::row_fits(scratch, C)) return Code::kTooBig;
+  uint8_t* out_params = dst + sizeof(KvChunkHeader);
+  uint8_t* out_codes = out_params + params_len;
+  // int8 codes go straight to the output; int4 codes are staged, then packed.
+  uint8_t* codes_base = int4 ? KvCodecImpl::plane(scratch) : out_codes;
+  // Per-channel staging: min, max, params.
+  auto* mn = reinterpret_cast<float*>(KvCodecImpl::row(scratch));
+  float* mx = mn + C;
+  Params* prm = reinterpret_cast<Params*>(mx + C);
+  const SimdLevel lvl = g_simd;
+  const uint32_t cv = simd_channels(lvl, C);
+  const float qmax = int4 ? 15.0f : 255.0f;
+  ErrAcc acc;
+  const auto* v = reinterpret_cast<const uint16_t*>(src);
+  for (uint32_t s = 0; s < sh.slabs; ++s) {
+    const uint16_t* slab = v + static_cast<size_t>(s) * T * C;
+    uint8_t* codes = codes_base + (int4 ? 0 : static_cast<size_t>(s) * T * C);
+    for (uint32_t g = 0; g < groups; ++g) {
+      QuantJob j{slab, C, g * G, std::min(T, (g + 1) * G), p.dtype, qmax, codes, prm};
+      bool ok = true;
+      if (lvl == SimdLevel::kAvx512) ok &= minmax_avx512(j, 0, cv, mn, mx);
+      if (lvl == SimdLevel::kAvx2) ok &= minmax_avx2(j, 0, cv, mn, mx);
+      ok &= minmax_scalar(j, cv, C, mn, mx);
+      if (!ok) return Code::kInvalidValue;  // NaN or infinity in the input
+      uint8_t* pp = out_params + ((static_cast<size_t>(s) * groups + g) * C) * 4;
+      for (uint32_t c = 0; c < C; ++c) {
+        uint16_t zh, shh;
+        if (!make_params(mn[c], mx[c], qmax, &zh, &shh, &prm[c])) return Code::kInvalidValue;
+        std::memcpy(pp + 4 * c, &shh, 2);
+        std::memcpy(pp + 4 * c + 2, &zh, 2);
+      }
+      if (lvl == SimdLevel::kAvx512) quant_avx512(j, 0, cv, &acc);
+      if (lvl == SimdLevel::kAvx2) quant_avx2(j, 0, cv, &acc);
+      quant_scalar(j, cv, C, &acc);
+    }
+    if (int4) {
+      uint8_t* o = out_codes + static_cast<size_t>(s) * T * C / 2;
+      for (size_t i = 0; i < static_cast<size_t>(T) * C; i += 2)
+        o[i / 2] = static_cast<uint8_t>(codes[i] | (codes[i + 1] << 4));
+    }
+  }
+  KvChunkHeader h{};
+  h.magic = KvChunkHeader::kMagic;
+  h.version = KvChunkHeader::kVersion;
+  h.codec = static_cast<uint8_t>(p.codec);
+  h.dtype = static_cast<uint8_t>(p.dtype);
+  h.slabs = sh.slabs, h.tokens = T, h.channels = C;
+  h.group_size = G;
+  h.original_len = len;
+  h.payload_len = params_len + codes_len;
+  h.section_len = params_len;
+  h.checksum = xxh3_64(out_params, params_len + codes_len);
+  seal_header(&h);
+  std::memcpy(dst, &h, sizeof(h));
+  *out_len = sizeof(h) + params_len + codes_len;
+  if (err) {
+    err->rel_rmse = acc.sx > 0 ? std::sqrt(acc.se / acc.sx) : 0.0;
+    err->max_abs_err = acc.maxe;
+  }
+  return Code::kSuccess;
+}
+
+}  // namespace
+
+size_t kv_encode_bound(const KvCodecParams& p, size_t len) {
+  if (kv_codec_lossy(p.codec)) {
+    const uint32_t G = p.group_size ? p.group_size : default_group(p.codec);
+    const uint64_t groups = (p.shape.tokens + G - 1) / G;
+    return sizeof(KvChunkHeader) + p.shape.slabs * groups * p.shape.channels * 4 + len / 2 + 1;
+  }
+  return sizeof(KvChunkHeader) + huffman::bound(len / 2) + len / 2 + 1 + 8;
+}
+
+Status kv_encode(const KvCodecParams& p, const uint8_t* src, size_t len, uint8_t* dst, size_t cap,
+                 KvScratch* scratch, size_t* out_len, KvCodecError* err) {
+  if ((src == nullptr && len) || dst == nullptr || scratch == nullptr || out_len == nullptr)
+    return Code::kInvalidValue;
+  if (p.dtype != KvDtype::kBf16 && p.dtype != KvDtype::kFp16) return Code::kInvalidValue;
+  if (err) *err = {};
+  switch (p.codec) {
+    case KvCodec::kLossless:
+    case KvCodec::kLosslessDelta:
+      return encode_lossless(p, src, len, dst, cap, scratch, out_len);
+    case KvCodec::kInt8:
+    case KvCodec::kInt4:
+      return encode_lossy(p, src, len, dst, cap, scratch, out_len, err);
+    case KvCodec::kRaw: {
+      if (cap < sizeof(KvChunkHeader) + len) return Code::kTooBig;
+      KvChunkHeader h{};
+      h.magic = KvChunkHeader::kMagic;
+      h.version = KvChunkHeader::kVersion;
+      h.codec = static_cast<uint8_t>(KvCodec::kRaw);
+      h.dtype = static_cast<uint8_t>(p.dtype);
+      h.slabs = h.tokens = 1;
+      h.channels = static_cast<uint32_t>(len / 2);
+      h.original_len = h.payload_len = len;
+      h.checksum = xxh3_64(src, len);
+      seal_header(&h);
+      std::memcpy(dst, &h, sizeof(h));
+      std::memcpy(dst + sizeof(h), src, len);
+      *out_len = sizeof(h) + len;
+      return Code::kSuccess;
+    }
+  }
+  return Code::kInvalidValue;
+}
+
+Status kv_read_header(const uint8_t* src, size_t len, KvChunkHeader* out) {
+  if (src == nullptr || len < sizeof(KvChunkHeader)) return Code::kCorrupted;
+  KvChunkHeader h;
+  std::memcpy(&h, src, sizeof(h));
+  if (h.magic != KvChunkHeader::kMagic || h.version != KvChunkHeader::kVersion || h.flags != 0 ||
+      h.reserved != 0 || h.header_crc != crc32c(&h, offsetof(KvChunkHeader, header_crc)))
+    return Code::kCorrupted;
+  if (h.dtype != static_cast<uint8_t>(KvDtype::kBf16) &&
+      h.dtype != static_cast<uint8_t>(KvDtype::kFp16))
+    return Code::kCorrupted;
+  if (h.payload_len != len - sizeof(KvChunkHeader) || h.section_len > h.payload_len)
+    return Code::kCorrupted;
+  const auto codec = static_cast<KvCodec>(h.codec);
+  const uint64_t n = static_cast<uint64_t>(h.slabs) * h.tokens * h.channels;
+  switch (codec) {
+    case KvCodec::kRaw:
+      if (h.payload_len != h.original_len) return Code::kCorrupted;
+      break;
+    case KvCodec::kLossless:
+    case KvCodec::kLosslessDelta:
+      if (n != h.original_len / 2 || h.payload_len != h.section_len + n + (h.original_len & 1))
+        return Code::kCorrupted;
+      break;
+    case KvCodec::kInt8:
+    case KvCodec::kInt4: {
+      if (h.group_size == 0 || h.tokens == 0 || h.channels == 0 || n * 2 != h.original_len ||
+          (codec == KvCodec::kInt4 && (h.channels & 1)))
+        return Code::kCorrupted;
+      const uint64_t groups = (h.tokens + h.group_size - 1) / h.group_size;
+      const uint64_t params = static_cast<uint64_t>(h.slabs) * groups * h.channels * 4;
+      const uint64_t codes = codec == KvCodec::kInt4 ? n / 2 : n;
+      if (h.section_len != params || h.payload_len != params + codes) return Code::kCorrupted;
+      break;
+    }
+    default:
+      return Code::kCorrupted;
+  }
+  *out = h;
+  return Code::kSuccess;
+}
+
+Status kv_decode(const uint8_t* src, size_t len, uint8_t* dst, size_t cap, KvScratch* scratch,
+                 size_t* out_len) {
+  KvChunkHeader h;
+  DPUKV_RETURN_IF_ERROR(kv_read_header(src, len, &h));
+  if (cap < h.original_len) return Code::kTooBig;
+  const uint8_t* body = src + sizeof(KvChunkHeader);
+  const auto codec = static_cast<KvCodec>(h.codec);
+  const auto dt = static_cast<KvDtype>(h.dtype);
+  const size_t n = static_cast<size_t>(h.slabs) * h.tokens * h.channels;
+  if (codec == KvCodec::kRaw) {
+    std::memcpy(dst, body, h.original_len);
+  } else if (codec == KvCodec::kLossless || codec == KvCodec::kLosslessDelta) {
+    if (scratch->capacity() < h.original_len) return Code::kTooBig;
+    uint8_t* hi = KvCodecImpl::plane(scratch);
+    size_t used = 0;
+    DPUKV_RETURN_IF_ERROR(huffman::decompress(body, h.section_len, hi, n, &used));
+    if (used != h.section_len) return Code::kCorrupted;
+    const uint8_t* lo = body + h.section_len;
+    const MergeFn merge = g_simd != SimdLevel::kScalar ? merge_avx2 : merge_scalar;
+    auto* out = reinterpret_cast<uint16_t*>(dst);
+    const bool delta = codec == KvCodec::kLosslessDelta;
+    const size_t C = h.channels;
+    for (uint64_t s = 0; s < h.slabs; ++s)
+      for (uint64_t t = 0; t < h.tokens; ++t) {
+        const size_t off = (s * h.tokens + t) * C;
+        merge(hi + off, lo + off, delta && t > 0 ? out + off - C : nullptr, C, out + off);
+      }
+    if (h.original_len & 1) dst[h.original_len - 1] = body[h.payload_len - 1];
+  } else {
+    // Lossy: verify the payload first, then dequantize.
+    if (xxh3_64(body, h.payload_len) != h.checksum) return Code::kCorrupted;
+    const bool int4 = codec == KvCodec::kInt4;
+    const uint32_t C = h.channels, T = h.tokens, G = h.group_size;
+    const uint32_t groups = (T + G - 1) / G;
+    if ((int4 && scratch->capacity() < h.original_len) || !KvCodecImpl::row_fits(scratch, C))
+      return Code::kTooBig;
+    const uint8_t* params = body;
+    const uint8_t* codes_in = body + h.section_len;
+    Params* prm = reinterpret_cast<Params*>(KvCodecImpl::row(scratch));
+    const SimdLevel lvl = g_simd;
+    const uint32_t cv = simd_channels(lvl, C);
+    auto* out = reinterpret_cast<uint16_t*>(dst);
+    for (uint32_t s = 0; s < h.slabs; ++s) {
+      const uint8_t* codes = codes_in + static_cast<size_t>(s) * T * C;
+      if (int4) {
+        uint8_t* un = KvCodecImpl::plane(scratch);
+        const uint8_t* packed = codes_in + static_cast<size_t>(s) * T * C / 2;
+        for (size_t i = 0; i < static_cast<size_t>(T) * C / 2; ++i)
+          un[2 * i] = packed[i] & 15, un[2 * i + 1] = packed[i] >> 4;
+        codes = un;
+      }
+      uint16_t* o = out + static_cast<size_t>(s) * T * C;
+      for (uint32_t g = 0; g < groups; ++g) {
+        const uint8_t* pp = params + ((static_cast<size_t>(s) * groups + g) * C) * 4;
+        for (uint32_t c = 0; c < C; ++c) {
+          uint16_t sh, zh;
+          std::memcpy(&sh, pp + 4 * c, 2);
+          std::memcpy(&zh, pp + 4 * c + 2, 2);
+          prm[c].scale = fp16_to_f32(sh);
+          prm[c].zero = fp16_to_f32(zh);
+        }
+        const uint32_t r0 = g * G, r1 = std::min(T, (g + 1) * G);
+        if (lvl == SimdLevel::kAvx512) dequant_avx512(codes, C, r0, r1, 0, cv, prm, dt, o);
+        if (lvl == SimdLevel::kAvx2) dequant_avx2(codes, C, r0, r1, 0, cv, prm, dt, o);
+        dequant_scalar(codes, C, r0, r1, cv, C, prm, dt, o);
+      }
+    }
+    *out_len = h.original_len;
+    return Code::kSuccess;
+  }
+  if (xxh3_64(dst, h.original_len) != h.checksum) return Code::kCorrupted;
+  *out_len = h.original_len;
+  return Code::kSuccess;
+}
+
+}  // namespace dpukv
