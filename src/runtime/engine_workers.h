@@ -39,9 +39,9 @@ struct EngineWorkersOptions {
 template <typename Task>
 class EngineWorkers {
  public:
-  // Runs on a worker thread. flushing: the context is stopping; complete the task
-  // without doing its work (its status should say SHUTDOWN).
-  using ExecFn = void (*)(Task* task, bool flushing, void* ctx);
+  // Runs on worker thread `worker`. flushing: the context is stopping; complete the
+  // task without doing its work (its status should say SHUTDOWN).
+  using ExecFn = void (*)(Task* task, bool flushing, void* ctx, uint32_t worker);
 
   EngineWorkers() = default;
   EngineWorkers(const EngineWorkers&) = delete;
@@ -55,7 +55,8 @@ class EngineWorkers {
       workers_.push_back(std::make_unique<Worker>(o.sq_depth, o.cq_depth));
       Worker* w = workers_.back().get();
       int cpu = o.first_cpu < 0 ? -1 : o.first_cpu + static_cast<int>(i);
-      w->thread = std::thread([this, w, o, exec, ctx, pe, cpu] { run(w, o, exec, ctx, pe, cpu); });
+      w->thread =
+          std::thread([this, w, o, exec, ctx, pe, cpu, i] { run(w, o, exec, ctx, pe, cpu, i); });
     }
     return Code::kSuccess;
   }
@@ -130,7 +131,8 @@ class EngineWorkers {
     }
   };
 
-  void run(Worker* w, EngineWorkersOptions o, ExecFn exec, void* ctx, ProgressEngine* pe, int cpu) {
+  void run(Worker* w, EngineWorkersOptions o, ExecFn exec, void* ctx, ProgressEngine* pe, int cpu,
+           uint32_t index) {
     if (cpu >= 0) {
       cpu_set_t set;
       CPU_ZERO(&set);
@@ -165,7 +167,7 @@ class EngineWorkers {
       idle = false;
       const bool flush = flushing_.load(std::memory_order_acquire);
       for (size_t i = 0; i < n; ++i) {
-        exec(batch[i], flush, ctx);
+        exec(batch[i], flush, ctx, index);
         (void)w->cq.push(batch[i]);  // cq_depth >= tasks in flight: cannot fail
       }
       std::atomic_thread_fence(std::memory_order_seq_cst);

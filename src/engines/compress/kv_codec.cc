@@ -1,5 +1,6 @@
 #include "engines/compress/kv_codec.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -38,10 +39,17 @@ const char* simd_level_name(SimdLevel l) {
 
 namespace {
 
+bool cpu_has_f16c() {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+
 SimdLevel detect_simd() {
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+  // The AVX-512 kernels also use F16C forms (fp16 chunks).
+  const bool f16c = cpu_has_f16c();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && f16c)
     return SimdLevel::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return SimdLevel::kAvx2;
+  if (__builtin_cpu_supports("avx2") && f16c) return SimdLevel::kAvx2;
   return SimdLevel::kScalar;
 }
 SimdLevel g_simd = detect_simd();

@@ -1,34 +1,12 @@
 #include "engines/dma/dma_engine.h"
 
+#include "runtime/buf_checks.h"
 #include "runtime/log.h"
 #include "runtime/mmap.h"
 
 namespace dpukv {
 
-namespace {
-
-// A range in the address space of its backing pages, so aliases compare equal.
-struct Extent {
-  uint64_t dev, ino, begin, end;
-};
-
-Extent extent_of(const Mmap* m, const uint8_t* p, size_t n) {
-  const Mmap::Backing& b = m->backing();
-  if (b.ino == 0) {
-    auto a = reinterpret_cast<uint64_t>(p);
-    return {0, 0, a, a + n};
-  }
-  uint64_t off = b.offset + static_cast<uint64_t>(p - m->addr());
-  return {b.dev, b.ino, off, off + n};
-}
-
-bool overlaps(const Extent& a, const Extent& b) {
-  return a.dev == b.dev && a.ino == b.ino && a.begin < b.end && b.begin < a.end;
-}
-
-}  // namespace
-
-void DmaEngine::execute(DmaMemcpyTask* t, bool flushing, void* self) {
+void DmaEngine::execute(DmaMemcpyTask* t, bool flushing, void* self, uint32_t /*worker*/) {
   if (flushing) {
     t->status_ = Code::kShutdown;
     return;
@@ -129,42 +107,7 @@ Status DmaEngine::free(DmaMemcpyTask* t) {
 }
 
 Status DmaEngine::validate(const Buf* src, const Buf* dst) const {
-  if (src == nullptr || dst == nullptr || src->refcount() == 0 || dst->refcount() == 0)
-    return Code::kInvalidValue;
-  if (src->list_len() > opts_.max_list_len || dst->list_len() > opts_.max_list_len)
-    return Code::kTooBig;
-  uint64_t src_total = 0;
-  for (const Buf* s = src; s != nullptr; s = s->next()) {
-    const Mmap* m = s->mmap();
-    if (m == nullptr || !m->started()) return Code::kBadState;
-    if (!m->readable()) return Code::kNotPermitted;
-    if (!m->contains(s->data(), s->data_len())) return Code::kInvalidValue;
-    src_total += s->data_len();
-  }
-  if (src_total > opts_.max_buf_size) return Code::kTooBig;
-  uint64_t room = 0;
-  for (const Buf* d = dst; d != nullptr; d = d->next()) {
-    const Mmap* m = d->mmap();
-    if (m == nullptr || !m->started()) return Code::kBadState;
-    if (!m->writable()) return Code::kNotPermitted;
-    if (!m->contains(d->data(), d->data_len() + d->tail_room())) return Code::kInvalidValue;
-    room += d->tail_room();
-  }
-  if (room < src_total) return Code::kTooBig;
-  // Overlap: compare each source segment with the bytes each destination segment
-  // will actually receive. Lists are bounded by max_list_len.
-  uint64_t left = src_total;
-  for (const Buf* d = dst; d != nullptr && left != 0; d = d->next()) {
-    size_t n = d->tail_room() < left ? d->tail_room() : static_cast<size_t>(left);
-    if (n == 0) continue;
-    left -= n;
-    Extent de = extent_of(d->mmap(), d->data() + d->data_len(), n);
-    for (const Buf* s = src; s != nullptr; s = s->next()) {
-      if (s->data_len() != 0 && overlaps(de, extent_of(s->mmap(), s->data(), s->data_len())))
-        return Code::kInvalidValue;
-    }
-  }
-  return Code::kSuccess;
+  return check_transfer(src, dst, opts_.max_list_len, opts_.max_buf_size, true);
 }
 
 Status DmaEngine::submit(DmaMemcpyTask* t) {

@@ -102,7 +102,7 @@ class DmaEngine final : public Context {
   size_t poll() override;
   bool arm_notification() override;
   void complete(DmaMemcpyTask* t);
-  static void execute(DmaMemcpyTask* t, bool flushing, void* self);
+  static void execute(DmaMemcpyTask* t, bool flushing, void* self, uint32_t worker);
 
   DmaOptions opts_;
   DmaMemcpyCb on_done_ = nullptr;
