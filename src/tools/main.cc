@@ -6,6 +6,7 @@
 
 #include "runtime/log.h"
 #include "tools/bench_comch.h"
+#include "tools/bench_compress.h"
 #include "tools/bench_dma.h"
 
 int main(int argc, char** argv) {
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   dpukv::add_bench_dma_command(bench, &exit_code);
   dpukv::add_bench_comch_command(bench, &exit_code);
+  dpukv::add_bench_compress_command(bench, &exit_code);
 
   app.parse_complete_callback([&] {
     dpukv::LogLevel lvl;

@@ -116,7 +116,9 @@ struct BitWriter {
 };
 
 // Encodes src[0..n) into p (which has n_bytes + 8 bytes of room); returns the end.
-uint8_t* encode_stream(const uint8_t* src, size_t n, const uint32_t* enc, uint8_t* p) {
+// Built twice: for x86-64-v3 (BMI2 shifts) and the baseline, chosen at load time.
+__attribute__((target_clones("arch=x86-64-v3", "default"))) uint8_t* encode_stream(
+    const uint8_t* src, size_t n, const uint32_t* enc, uint8_t* p) {
   BitWriter w{p};
   size_t i = 0;
   for (; i + 5 <= n; i += 5) {
@@ -229,8 +231,8 @@ struct StreamReader {
 
 // src: the block ([src, src + block_len)); buf_end: end of readable input, which
 // the fast path may read up to (never past).
-bool decode_block(const uint8_t* src, size_t block_len, const uint8_t* buf_end, uint8_t* dst,
-                  size_t n) {
+__attribute__((target_clones("arch=x86-64-v3", "default"))) bool decode_block(
+    const uint8_t* src, size_t block_len, const uint8_t* buf_end, uint8_t* dst, size_t n) {
   uint8_t len[256];
   for (int s = 0; s < 256; s += 2) {
     len[s] = src[5 + s / 2] & 15;

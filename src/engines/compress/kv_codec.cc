@@ -464,12 +464,10 @@ Status encode_lossless(const KvCodecParams& p, const uint8_t* src, size_t len, u
   const size_t n = len / 2;
   if (scratch->capacity() < len) return Code::kTooBig;
   if (cap < sizeof(KvChunkHeader) + huffman::bound(n) + n + 1) return Code::kTooBig;
+  // Payload: the low plane first, written in place by the split, then the coded
+  // high plane, then the odd trailing byte if any.
   uint8_t* hi = KvCodecImpl::plane(scratch);
-  uint8_t* lo_out = dst + sizeof(KvChunkHeader);  // placed after the coded plane below
-  // The low plane goes to its final place after the Huffman section, whose size we
-  // learn only after coding; stage it in the row scratch.
-  uint8_t* lo = KvCodecImpl::row(scratch);
-  (void)lo_out;
+  uint8_t* lo = dst + sizeof(KvChunkHeader);
   const SplitFn split = g_simd != SimdLevel::kScalar ? split_avx2 : split_scalar;
   const uint16_t* v = reinterpret_cast<const uint16_t*>(src);
   const size_t C = shape.channels;
@@ -480,11 +478,10 @@ Status encode_lossless(const KvCodecParams& p, const uint8_t* src, size_t len, u
     }
   }
   size_t hlen = 0;
-  uint8_t* body = dst + sizeof(KvChunkHeader);
-  DPUKV_RETURN_IF_ERROR(huffman::compress(hi, n, body, cap - sizeof(KvChunkHeader), &hlen));
-  std::memcpy(body + hlen, lo, n);
-  size_t payload = hlen + n;
-  if (len & 1) body[payload++] = src[len - 1];
+  uint8_t* coded = lo + n;
+  DPUKV_RETURN_IF_ERROR(huffman::compress(hi, n, coded, cap - sizeof(KvChunkHeader) - n, &hlen));
+  size_t payload = n + hlen;
+  if (len & 1) lo[payload++] = src[len - 1];
   KvChunkHeader h{};
   h.magic = KvChunkHeader::kMagic;
   h.version = KvChunkHeader::kVersion;
@@ -677,9 +674,9 @@ Status kv_decode(const uint8_t* src, size_t len, uint8_t* dst, size_t cap, KvScr
     if (scratch->capacity() < h.original_len) return Code::kTooBig;
     uint8_t* hi = KvCodecImpl::plane(scratch);
     size_t used = 0;
-    DPUKV_RETURN_IF_ERROR(huffman::decompress(body, h.section_len, hi, n, &used));
+    const uint8_t* lo = body;
+    DPUKV_RETURN_IF_ERROR(huffman::decompress(body + n, h.section_len, hi, n, &used));
     if (used != h.section_len) return Code::kCorrupted;
-    const uint8_t* lo = body + h.section_len;
     const MergeFn merge = g_simd != SimdLevel::kScalar ? merge_avx2 : merge_scalar;
     auto* out = reinterpret_cast<uint16_t*>(dst);
     const bool delta = codec == KvCodec::kLosslessDelta;

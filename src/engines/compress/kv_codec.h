@@ -14,7 +14,7 @@
 // paths (AVX-512, AVX2) give bit-identical codes to the scalar path.
 //
 // Layout: KvChunkHeader (64 bytes) then the payload.
-//   lossless: Huffman(high plane) [section_len bytes], low plane [n bytes], odd byte
+//   lossless: low plane [n bytes], Huffman(high plane) [section_len bytes], odd byte
 //   lossy:    params [section_len bytes: per slab, per group, per channel: fp16
 //             scale, fp16 zero], codes (int8: one byte per value; int4: two
 //             channels per byte, low nibble first)

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# `dpukv bench compress --json`: every row carries its same-run baseline; lossy rows
+# carry their error.
+set -euo pipefail
+bin=$1
+out=$("$bin" bench compress --layers 1 --reps 1 --json)
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+echo "$out" | "$py" -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["bench"] == "compress"
+rows = d["results"]
+assert {r["dataset"] for r in rows} == {"kv_bf16", "kv_fp16", "iid_bf16"}
+for r in rows:
+    for k in ("dataset", "codec", "ratio", "compress_gbps", "decompress_gbps", "baseline_codec",
+              "baseline_ratio", "baseline_compress_gbps"):
+        assert k in r, (k, r)
+    assert r["ratio"] > 0 and r["compress_gbps"] > 0 and r["baseline_compress_gbps"] > 0, r
+    if r["codec"] in ("kv-int8", "kv-int4"):
+        assert 0 < r["rel_rmse"] < 0.1, r
+codecs = {r["codec"] for r in rows}
+assert {"kv-lossless-delta", "kv-int8", "kv-int4", "lz4", "zstd-1", "zstd-1+shuffle"} <= codecs, codecs
+'
+set +e
+"$bin" bench compress --codecs nosuch > /dev/null 2>&1; rc=$?
+set -e
+[ "$rc" -eq 2 ]
+echo "cli bench compress: ok"
