@@ -165,7 +165,9 @@ TEST(KvCodec, LosslessOddSizesAndShapelessBuffers) {
         << len;
     ASSERT_TRUE(kv_decode(enc.data(), n, dec.data(), dec.size(), &scratch, &m).ok()) << len;
     ASSERT_EQ(m, len);
-    ASSERT_EQ(std::memcmp(dec.data(), in.data(), len), 0);
+    if (len) {
+      ASSERT_EQ(std::memcmp(dec.data(), in.data(), len), 0);
+    }
   }
   // Delta needs a shape that describes the bytes.
   std::vector<uint8_t> in(1000), enc(4096);

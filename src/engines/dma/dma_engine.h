@@ -58,6 +58,10 @@ class DmaMemcpyTask {
   void set_src(Buf* b) { src_ = b; }
   void set_dst(Buf* b) { dst_ = b; }
   void set_user_data(UserData ud) { ud_ = ud; }
+  // Also compute xxh3-64 of the bytes moved (as a DMA engine with a CRC offload
+  // would); read it with checksum() on completion.
+  void set_checksum(bool on) { want_checksum_ = on; }
+  uint64_t checksum() const { return checksum_; }
 
  private:
   friend class DmaEngine;
@@ -67,6 +71,8 @@ class DmaMemcpyTask {
   UserData ud_{};
   Status status_;
   State state_ = State::kFree;
+  bool want_checksum_ = false;
+  uint64_t checksum_ = 0;
 };
 
 using DmaMemcpyCb = void (*)(DmaMemcpyTask* task, UserData task_ud, UserData ctx_ud);

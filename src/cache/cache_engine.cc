@@ -1,0 +1,737 @@
+#include "cache/cache_engine.h"
+
+#include <sys/epoll.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <ctime>
+
+#include "runtime/log.h"
+
+namespace dpukv {
+
+namespace {
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+constexpr int32_t kEmpty = -1, kTomb = -2;
+}  // namespace
+
+struct CacheEngine::Entry {
+  ChunkKey key;
+  uint64_t size = 0, checksum = 0;
+  uint64_t mem_off = 0, disk_off = 0;
+  uint64_t pin_deadline = 0;
+  int32_t prev = -1, next = -1;  // LRU links (memory-resident only)
+  uint32_t hits = 0;
+  uint16_t pins = 0;     // lookup pins
+  uint16_t readers = 0;  // DMA or disk writes reading the memory copy
+  bool used = false;
+  bool in_mem = false;     // holds memory (maybe still being filled)
+  bool mem_ready = false;  // memory copy complete and valid
+  bool on_disk = false;    // a complete copy is on disk and logged
+  bool spilling = false, loading = false;
+  bool evict_when_clean = false;  // drop the memory copy once the spill lands
+};
+
+// One store, retrieve, prefetch or spill in flight: an explicit state machine.
+struct CacheEngine::Request {
+  enum class Kind : uint8_t { kStore, kRetrieve, kPrefetch, kSpill };
+  enum class State : uint8_t {
+    kFree,
+    kWaitRoom,   // waiting for a spill to free memory
+    kDma,        // a DMA (with checksum) is moving the bytes
+    kDiskRead,   // reloading from disk into the arena
+    kDiskWrite,  // spilling from the arena to disk
+    kDone,       // finished; callback pending in the done list
+  };
+  Kind kind = Kind::kStore;
+  State state = State::kFree;
+  int32_t entry = -1;
+  ChunkKey key;
+  Buf* user = nullptr;
+  Buf* arena_buf = nullptr;
+  DoneCb cb = nullptr;
+  void* arg = nullptr;
+  uint64_t disk_off = 0;
+  Status status;
+  uint32_t index = 0;
+};
+
+CacheEngine::CacheEngine(ProgressEngine* pe, const CacheOptions& o) : Context(pe), opts_(o) {
+  disk_watch_.owner = this;
+}
+
+Status CacheEngine::create(ProgressEngine* pe, const CacheOptions& o,
+                           std::unique_ptr<CacheEngine>* out) {
+  if (pe == nullptr || out == nullptr || o.memory_bytes == 0 || o.max_chunk_bytes == 0 ||
+      o.max_chunk_bytes > o.memory_bytes || o.max_chunks == 0 || o.max_requests == 0 ||
+      (!o.disk_dir.empty() && o.disk_bytes < o.max_chunk_bytes))
+    return Code::kInvalidValue;
+  std::unique_ptr<CacheEngine> c(new CacheEngine(pe, o));
+  DPUKV_RETURN_IF_ERROR(c->init());
+  *out = std::move(c);
+  return Code::kSuccess;
+}
+
+Status CacheEngine::init() {
+  MemRegionOptions mo;
+  mo.name = "dpukv-memory-tier";
+  DPUKV_RETURN_IF_ERROR(MemRegion::create(opts_.memory_bytes, mo, &arena_));
+  DPUKV_RETURN_IF_ERROR(Mmap::create(arena_->data(), arena_->size(),
+                                     kAccessLocalReadWrite | kAccessExportReadWrite, arena_->fd(),
+                                     0, &arena_map_));
+  DPUKV_RETURN_IF_ERROR(arena_map_->start());
+  DPUKV_RETURN_IF_ERROR(mem_alloc_.init(arena_->size(), opts_.max_chunk_bytes));
+  DPUKV_RETURN_IF_ERROR(BufInventory::create(2 * opts_.max_requests + 16, &inv_));
+  DmaOptions dopt = opts_.dma;
+  dopt.max_buf_size = std::max<uint64_t>(dopt.max_buf_size, opts_.max_chunk_bytes);
+  DPUKV_RETURN_IF_ERROR(DmaEngine::create(pe(), dopt, &dma_));
+  UserData ud;
+  ud.ptr = this;
+  DPUKV_RETURN_IF_ERROR(dma_->set_user_data(ud));
+  DPUKV_RETURN_IF_ERROR(
+      dma_->set_memcpy_conf(&CacheEngine::dma_done, &CacheEngine::dma_done, opts_.max_requests));
+
+  entries_.resize(opts_.max_chunks);
+  free_entries_.reserve(opts_.max_chunks);
+  for (uint32_t i = opts_.max_chunks; i-- > 0;) free_entries_.push_back(static_cast<int32_t>(i));
+  uint64_t tsize = 1;
+  while (tsize < 2ull * opts_.max_chunks) tsize <<= 1;
+  table_.assign(tsize, kEmpty);
+  table_mask_ = tsize - 1;
+  requests_.resize(opts_.max_requests);
+  for (uint32_t i = 0; i < opts_.max_requests; ++i) {
+    requests_[i].index = i;
+    free_requests_.push_back(&requests_[opts_.max_requests - 1 - i]);
+  }
+  waiting_.reserve(opts_.max_requests);
+  st_.memory_capacity = mem_alloc_.capacity();
+
+  if (!opts_.disk_dir.empty()) {
+    DiskTierOptions dopts;
+    dopts.dir = opts_.disk_dir;
+    dopts.capacity = opts_.disk_bytes;
+    dopts.page_size = opts_.max_chunk_bytes;
+    std::vector<DiskTier::Recovered> rec;
+    DPUKV_RETURN_IF_ERROR(DiskTier::open(dopts, {{arena_->data(), arena_->size()}}, &rec, &disk_));
+    for (const auto& r : rec) {
+      int32_t e = insert(r.key);
+      if (e < 0) break;
+      Entry& en = entries_[static_cast<size_t>(e)];
+      en.size = r.len;
+      en.checksum = r.checksum;
+      en.disk_off = r.offset;
+      en.on_disk = true;
+    }
+    st_.recovered = rec.size();
+    st_.disk_capacity = disk_->allocator().capacity();
+  }
+  return Code::kSuccess;
+}
+
+CacheEngine::~CacheEngine() {
+  if (disk_ && disk_watch_.owner != nullptr && state() != CtxState::kIdle)
+    pe()->unwatch_fd(disk_->event_fd(), &disk_watch_);
+  // Return every internal buffer before the map and inventory go.
+  for (Request& r : requests_)
+    if (r.arena_buf != nullptr) (void)r.arena_buf->dec_refcount(), r.arena_buf = nullptr;
+  dma_.reset();
+  if (arena_map_) (void)arena_map_->stop();
+}
+
+Status CacheEngine::do_start() {
+  DPUKV_RETURN_IF_ERROR(dma_->start());
+  if (disk_) DPUKV_RETURN_IF_ERROR(pe()->watch_fd(disk_->event_fd(), EPOLLIN, &disk_watch_));
+  return Code::kSuccess;
+}
+
+void CacheEngine::do_stop() {
+  for (Request* r : waiting_) finish(r, Code::kShutdown);
+  waiting_.clear();
+  (void)dma_->stop();
+}
+
+bool CacheEngine::drained() {
+  if (free_requests_.size() != requests_.size() || dma_->state() != CtxState::kIdle) return false;
+  if (disk_ && disk_->inflight() != 0) return false;
+  if (disk_) {
+    pe()->unwatch_fd(disk_->event_fd(), &disk_watch_);
+    (void)disk_->sync();
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- index
+
+int32_t CacheEngine::find(const ChunkKey& k) const {
+  for (uint64_t i = k.hash() & table_mask_;; i = (i + 1) & table_mask_) {
+    const int32_t e = table_[i];
+    if (e == kEmpty) return -1;
+    if (e >= 0 && entries_[static_cast<size_t>(e)].key == k) return e;
+  }
+}
+
+int32_t CacheEngine::insert(const ChunkKey& k) {
+  if (free_entries_.empty()) return -1;
+  uint64_t i = k.hash() & table_mask_;
+  while (table_[i] >= 0) i = (i + 1) & table_mask_;
+  const int32_t e = free_entries_.back();
+  free_entries_.pop_back();
+  table_[i] = e;
+  Entry& en = entries_[static_cast<size_t>(e)];
+  en = Entry{};
+  en.key = k;
+  en.used = true;
+  ++st_.chunks;
+  return e;
+}
+
+void CacheEngine::erase(int32_t e) {
+  const ChunkKey& k = entries_[static_cast<size_t>(e)].key;
+  for (uint64_t i = k.hash() & table_mask_;; i = (i + 1) & table_mask_) {
+    if (table_[i] == e) {
+      table_[i] = kTomb;
+      break;
+    }
+  }
+  entries_[static_cast<size_t>(e)].used = false;
+  free_entries_.push_back(e);
+  --st_.chunks;
+  // Too many tombstones make misses slow: rebuild in place.
+  if (free_entries_.size() == entries_.size()) std::fill(table_.begin(), table_.end(), kEmpty);
+}
+
+void CacheEngine::lru_push_front(int32_t e) {
+  Entry& en = entries_[static_cast<size_t>(e)];
+  en.prev = -1;
+  en.next = lru_head_;
+  if (lru_head_ >= 0) entries_[static_cast<size_t>(lru_head_)].prev = e;
+  lru_head_ = e;
+  if (lru_tail_ < 0) lru_tail_ = e;
+}
+
+void CacheEngine::lru_unlink(int32_t e) {
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (en.prev >= 0)
+    entries_[static_cast<size_t>(en.prev)].next = en.next;
+  else if (lru_head_ == e)
+    lru_head_ = en.next;
+  else
+    return;  // not linked
+  if (en.next >= 0)
+    entries_[static_cast<size_t>(en.next)].prev = en.prev;
+  else
+    lru_tail_ = en.prev;
+  en.prev = en.next = -1;
+}
+
+void CacheEngine::touch(int32_t e) {
+  if (entries_[static_cast<size_t>(e)].mem_ready && lru_head_ != e) {
+    lru_unlink(e);
+    lru_push_front(e);
+  }
+}
+
+bool CacheEngine::evictable(int32_t e) const {
+  const Entry& en = entries_[static_cast<size_t>(e)];
+  const bool pinned = en.pins != 0 && now_ns() < en.pin_deadline;
+  return en.in_mem && en.mem_ready && !pinned && en.readers == 0 && !en.spilling && !en.loading;
+}
+
+void CacheEngine::drop_memory(int32_t e) {
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (en.in_mem) {
+    mem_alloc_.free(en.mem_off);
+    lru_unlink(e);
+    en.in_mem = en.mem_ready = false;
+  }
+  if (!en.on_disk) erase(e);
+}
+
+void CacheEngine::drop_entry(int32_t e) {
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (en.on_disk) {
+    disk_->allocator().free(en.disk_off);
+    (void)disk_->log_del(en.key);
+    en.on_disk = false;
+  }
+  if (en.in_mem) {
+    drop_memory(e);
+  } else {
+    erase(e);
+  }
+}
+
+bool CacheEngine::make_room(uint64_t size, uint64_t* off) {
+  for (;;) {
+    if (mem_alloc_.alloc(size, off)) return true;
+    int32_t v = lru_tail_;
+    while (v >= 0 && !evictable(v)) v = entries_[static_cast<size_t>(v)].prev;
+    if (v < 0) return false;
+    Entry& en = entries_[static_cast<size_t>(v)];
+    if (disk_ && !en.on_disk && en.hits >= opts_.disk_admit_hits) {
+      // Write back: the memory goes when the copy has landed on disk.
+      en.evict_when_clean = true;
+      start_spill(v);
+      if (en.spilling) continue;
+    }
+    ++st_.evictions;
+    drop_memory(v);
+  }
+}
+
+// ---------------------------------------------------------------- requests
+
+CacheEngine::Request* CacheEngine::new_request() {
+  if (free_requests_.empty()) return nullptr;
+  Request* r = free_requests_.back();
+  free_requests_.pop_back();
+  r->state = Request::State::kFree;
+  r->entry = -1;
+  r->user = r->arena_buf = nullptr;
+  r->cb = nullptr;
+  r->arg = nullptr;
+  r->status = Code::kSuccess;
+  return r;
+}
+
+void CacheEngine::finish(Request* r, Status st) {
+  if (r->arena_buf != nullptr) {
+    (void)r->arena_buf->dec_refcount();
+    r->arena_buf = nullptr;
+  }
+  r->status = st;
+  r->state = Request::State::kDone;
+  DoneCb cb = r->cb;
+  void* arg = r->arg;
+  free_requests_.push_back(r);
+  if (cb != nullptr) cb(arg, st);
+}
+
+Status CacheEngine::start_dma(Request* r, Buf* src, Buf* dst) {
+  DmaMemcpyTask* t = nullptr;
+  UserData ud;
+  ud.u64 = r->index;
+  DPUKV_RETURN_IF_ERROR(dma_->memcpy_alloc_init(src, dst, ud, &t));
+  t->set_checksum(true);
+  Status st = dma_->submit(t);
+  if (!st.ok()) {
+    (void)dma_->free(t);
+    return st;
+  }
+  r->state = Request::State::kDma;
+  return Code::kSuccess;
+}
+
+void CacheEngine::dma_done(DmaMemcpyTask* t, UserData task_ud, UserData ctx_ud) {
+  auto* self = static_cast<CacheEngine*>(ctx_ud.ptr);
+  Request* r = &self->requests_[task_ud.u64];
+  const Status st = t->status();
+  const uint64_t cs = t->checksum();
+  (void)self->dma_->free(t);
+  self->after_dma(r, st, cs);
+}
+
+Status CacheEngine::store(const ChunkKey& key, Buf* src, DoneCb cb, void* arg) {
+  if (src == nullptr || src->data_len() == 0) return Code::kInvalidValue;
+  if (src->data_len() > opts_.max_chunk_bytes) return Code::kTooBig;
+  if (state() != CtxState::kRunning) return Code::kBadState;
+  Request* r = new_request();
+  if (r == nullptr) return Code::kAgain;
+  r->kind = Request::Kind::kStore;
+  r->key = key;
+  r->user = src;
+  r->cb = cb;
+  r->arg = arg;
+  const int32_t existing = find(key);
+  if (existing >= 0) {  // chunks are immutable: an existing key is a success
+    finish(r, Code::kSuccess);
+    return Code::kSuccess;
+  }
+  const int32_t e = insert(key);
+  if (e < 0) {
+    ++st_.store_rejects;
+    finish(r, Code::kNoMemory);
+    return Code::kSuccess;
+  }
+  r->entry = e;
+  entries_[static_cast<size_t>(e)].size = src->data_len();
+  entries_[static_cast<size_t>(e)].loading = true;  // not evictable, not yet present
+  uint64_t off;
+  if (!make_room(src->data_len(), &off)) {
+    if (disk_ && disk_->inflight() > 0) {
+      r->state = Request::State::kWaitRoom;
+      waiting_.push_back(r);
+      return Code::kSuccess;
+    }
+    erase(e);
+    ++st_.store_rejects;
+    finish(r, Code::kNoMemory);
+    return Code::kSuccess;
+  }
+  Entry& en = entries_[static_cast<size_t>(e)];
+  en.mem_off = off;
+  en.in_mem = true;
+  Status st = inv_->get_by_addr(
+      arena_map_.get(), arena_->data() ? static_cast<uint8_t*>(arena_->data()) + off : nullptr,
+      src->data_len(), &r->arena_buf);
+  if (st.ok()) st = start_dma(r, src, r->arena_buf);
+  if (!st.ok()) {
+    mem_alloc_.free(off);
+    erase(e);
+    finish(r, st);
+  }
+  return Code::kSuccess;
+}
+
+Status CacheEngine::retrieve(const ChunkKey& key, Buf* dst, DoneCb cb, void* arg) {
+  if (dst == nullptr) return Code::kInvalidValue;
+  if (state() != CtxState::kRunning) return Code::kBadState;
+  Request* r = new_request();
+  if (r == nullptr) return Code::kAgain;
+  r->kind = Request::Kind::kRetrieve;
+  r->key = key;
+  r->user = dst;
+  r->cb = cb;
+  r->arg = arg;
+  const int32_t e = find(key);
+  if (e < 0 ||
+      !(entries_[static_cast<size_t>(e)].mem_ready || entries_[static_cast<size_t>(e)].on_disk)) {
+    ++st_.misses;
+    finish(r, Code::kNotFound);
+    return Code::kSuccess;
+  }
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (dst->tail_room() < en.size) {
+    finish(r, Code::kTooBig);
+    return Code::kSuccess;
+  }
+  r->entry = e;
+  ++en.hits;
+  if (en.mem_ready) {
+    ++en.readers;
+    Status st =
+        inv_->get_by_data(arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + en.mem_off,
+                          en.size, &r->arena_buf);
+    if (st.ok()) st = start_dma(r, r->arena_buf, dst);
+    if (!st.ok()) {
+      --en.readers;
+      finish(r, st);
+    }
+    return Code::kSuccess;
+  }
+  Status st = start_reload(r);
+  if (!st.ok()) finish(r, st);
+  return Code::kSuccess;
+}
+
+Status CacheEngine::prefetch(const ChunkKey& key, DoneCb cb, void* arg) {
+  if (state() != CtxState::kRunning) return Code::kBadState;
+  Request* r = new_request();
+  if (r == nullptr) return Code::kAgain;
+  r->kind = Request::Kind::kPrefetch;
+  r->key = key;
+  r->cb = cb;
+  r->arg = arg;
+  const int32_t e = find(key);
+  if (e < 0 ||
+      !(entries_[static_cast<size_t>(e)].mem_ready || entries_[static_cast<size_t>(e)].on_disk)) {
+    finish(r, Code::kNotFound);
+    return Code::kSuccess;
+  }
+  if (entries_[static_cast<size_t>(e)].mem_ready) {
+    finish(r, Code::kSuccess);
+    return Code::kSuccess;
+  }
+  r->entry = e;
+  Status st = start_reload(r);
+  if (!st.ok()) finish(r, st);
+  return Code::kSuccess;
+}
+
+Status CacheEngine::start_reload(Request* r) {
+  Entry& en = entries_[static_cast<size_t>(r->entry)];
+  if (en.loading || en.spilling) {  // another request is moving it; try again later
+    r->state = Request::State::kWaitRoom;
+    waiting_.push_back(r);
+    return Code::kSuccess;
+  }
+  uint64_t off;
+  if (!make_room(en.size, &off)) {
+    if (disk_->inflight() > 0) {
+      r->state = Request::State::kWaitRoom;
+      waiting_.push_back(r);
+      return Code::kSuccess;
+    }
+    return Code::kNoMemory;
+  }
+  en.mem_off = off;
+  en.in_mem = true;
+  en.loading = true;
+  Status st =
+      disk_->read(en.disk_off, static_cast<uint8_t*>(arena_->data()) + off, en.size, r->index);
+  if (!st.ok()) {
+    mem_alloc_.free(off);
+    en.in_mem = en.loading = false;
+    return st;
+  }
+  r->state = Request::State::kDiskRead;
+  return Code::kSuccess;
+}
+
+void CacheEngine::start_spill(int32_t e) {
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (!disk_ || en.on_disk || en.spilling || !en.mem_ready) return;
+  Request* r = new_request();
+  if (r == nullptr) return;
+  uint64_t off;
+  if (!disk_->allocator().alloc(en.size, &off)) {  // disk tier full: stays in memory only
+    free_requests_.push_back(r);
+    return;
+  }
+  r->kind = Request::Kind::kSpill;
+  r->entry = e;
+  r->key = en.key;
+  r->disk_off = off;
+  Status st =
+      disk_->write(off, static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.size, r->index);
+  if (!st.ok()) {
+    disk_->allocator().free(off);
+    free_requests_.push_back(r);
+    return;
+  }
+  en.spilling = true;
+  ++en.readers;
+  r->state = Request::State::kDiskWrite;
+}
+
+void CacheEngine::after_dma(Request* r, Status st, uint64_t cs) {
+  Entry& en = entries_[static_cast<size_t>(r->entry)];
+  if (r->kind == Request::Kind::kStore) {
+    en.loading = false;
+    if (!st.ok() || state() == CtxState::kStopping) {
+      drop_memory(r->entry);
+      finish(r, st.ok() ? Status(Code::kShutdown) : st);
+      return;
+    }
+    en.checksum = cs;
+    en.mem_ready = true;
+    lru_push_front(r->entry);
+    ++st_.stores;
+    st_.store_bytes += en.size;
+    const int32_t e = r->entry;
+    finish(r, Code::kSuccess);
+    if (opts_.write_through && entries_[static_cast<size_t>(e)].hits >= opts_.disk_admit_hits)
+      start_spill(e);
+    return;
+  }
+  // Retrieve: the bytes the DMA read must be the bytes that were stored.
+  --en.readers;
+  if (st.ok() && cs != en.checksum) {
+    ++st_.checksum_failures;
+    LOG_WARN("cache: chunk failed its checksum on read; dropped");
+    if (en.readers == 0 && !en.spilling && !en.loading) drop_entry(r->entry);
+    ++st_.misses;
+    finish(r, Code::kNotFound);
+    return;
+  }
+  if (!st.ok()) {
+    finish(r, st);
+    return;
+  }
+  ++st_.hits;
+  ++st_.retrieves;
+  st_.retrieve_bytes += en.size;
+  touch(r->entry);
+  finish(r, Code::kSuccess);
+}
+
+void CacheEngine::after_io(Request* r, Status st) {
+  const int32_t e = r->entry;
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (r->kind == Request::Kind::kSpill) {
+    en.spilling = false;
+    --en.readers;
+    if (st.ok() && disk_->log_put(en.key, r->disk_off, en.size, en.checksum)) {
+      en.on_disk = true;
+      en.disk_off = r->disk_off;
+      ++st_.spills;
+    } else {
+      ++st_.io_errors;
+      disk_->allocator().free(r->disk_off);
+    }
+    r->state = Request::State::kDone;
+    free_requests_.push_back(r);
+    if (en.evict_when_clean) {
+      en.evict_when_clean = false;
+      if (evictable(e)) {
+        ++st_.evictions;
+        drop_memory(e);  // without a disk copy (I/O failed) the chunk is dropped here
+      }
+    }
+    retry_waiting();
+    return;
+  }
+  // Reload finished.
+  en.loading = false;
+  if (!st.ok()) {
+    ++st_.io_errors;
+    mem_alloc_.free(en.mem_off);
+    en.in_mem = false;
+    finish(r, Code::kIoFailed);
+    retry_waiting();
+    return;
+  }
+  en.mem_ready = true;
+  lru_push_front(e);
+  ++st_.reloads;
+  if (r->kind == Request::Kind::kPrefetch) {
+    // No DMA follows to check the bytes: hash them here.
+    if (XXH3_64bits(static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.size) != en.checksum) {
+      ++st_.checksum_failures;
+      drop_entry(e);
+      finish(r, Code::kNotFound);
+    } else {
+      finish(r, Code::kSuccess);
+    }
+    return;
+  }
+  ++en.readers;
+  Status ds = inv_->get_by_data(
+      arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.size, &r->arena_buf);
+  if (ds.ok()) ds = start_dma(r, r->arena_buf, r->user);
+  if (!ds.ok()) {
+    --en.readers;
+    finish(r, ds);
+  }
+}
+
+void CacheEngine::retry_waiting() {
+  if (waiting_.empty()) return;
+  std::vector<Request*> again;
+  again.swap(waiting_);
+  waiting_.reserve(opts_.max_requests);
+  for (Request* r : again) {
+    Entry& en = entries_[static_cast<size_t>(r->entry)];
+    if (r->kind == Request::Kind::kStore) {
+      uint64_t off;
+      if (!make_room(en.size, &off)) {
+        if (disk_->inflight() > 0) {
+          waiting_.push_back(r);
+        } else {
+          erase(r->entry);
+          ++st_.store_rejects;
+          finish(r, Code::kNoMemory);
+        }
+        continue;
+      }
+      en.mem_off = off;
+      en.in_mem = true;
+      Status st = inv_->get_by_addr(arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + off,
+                                    en.size, &r->arena_buf);
+      if (st.ok()) st = start_dma(r, r->user, r->arena_buf);
+      if (!st.ok()) {
+        mem_alloc_.free(off);
+        erase(r->entry);
+        finish(r, st);
+      }
+    } else {
+      Status st = start_reload(r);
+      if (!st.ok()) finish(r, st);
+    }
+  }
+}
+
+size_t CacheEngine::poll() {
+  if (!disk_) return 0;
+  DiskTier::Completion c[32];
+  size_t n = disk_->poll(c, 32);
+  for (size_t i = 0; i < n; ++i) after_io(&requests_[c[i].tag], c[i].status);
+  return n;
+}
+
+bool CacheEngine::arm_notification() {
+  return false;
+}  // the ring's eventfd is watched
+
+// ---------------------------------------------------------------- queries
+
+uint32_t CacheEngine::lookup(const ChunkKey* keys, uint32_t n, bool pin) {
+  uint32_t i = 0;
+  const uint64_t deadline = now_ns() + static_cast<uint64_t>(opts_.pin_timeout_ms) * 1000000ull;
+  for (; i < n; ++i) {
+    const int32_t e = find(keys[i]);
+    if (e < 0) break;
+    Entry& en = entries_[static_cast<size_t>(e)];
+    if (!en.mem_ready && !en.on_disk) break;
+    if (pin) {
+      if (en.pins == 0 || now_ns() >= en.pin_deadline) en.pins = 0;
+      ++en.pins;
+      en.pin_deadline = deadline;
+    }
+  }
+  return i;
+}
+
+void CacheEngine::unpin(const ChunkKey* keys, uint32_t n) {
+  for (uint32_t i = 0; i < n; ++i) {
+    const int32_t e = find(keys[i]);
+    if (e >= 0 && entries_[static_cast<size_t>(e)].pins > 0)
+      --entries_[static_cast<size_t>(e)].pins;
+  }
+}
+
+bool CacheEngine::contains(const ChunkKey& key) const {
+  const int32_t e = find(key);
+  return e >= 0 &&
+         (entries_[static_cast<size_t>(e)].mem_ready || entries_[static_cast<size_t>(e)].on_disk);
+}
+
+uint64_t CacheEngine::chunk_size(const ChunkKey& key) const {
+  const int32_t e = find(key);
+  return e >= 0 ? entries_[static_cast<size_t>(e)].size : 0;
+}
+
+Status CacheEngine::remove(const ChunkKey& key) {
+  const int32_t e = find(key);
+  if (e < 0) return Code::kNotFound;
+  const Entry& en = entries_[static_cast<size_t>(e)];
+  if (en.readers || en.spilling || en.loading || (en.pins && now_ns() < en.pin_deadline))
+    return Code::kBadState;
+  drop_entry(e);
+  return Code::kSuccess;
+}
+
+void CacheEngine::clear() {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& en = entries_[i];
+    if (en.used && !en.readers && !en.spilling && !en.loading) drop_entry(static_cast<int32_t>(i));
+  }
+}
+
+CacheStats CacheEngine::stats() const {
+  CacheStats s = st_;
+  s.memory_used = mem_alloc_.used_bytes();
+  s.memory_chunks = s.disk_chunks = 0;
+  for (const Entry& en : entries_) {
+    if (!en.used) continue;
+    s.memory_chunks += en.mem_ready;
+    s.disk_chunks += en.on_disk;
+  }
+  if (disk_) s.disk_used = disk_->allocator().used_bytes();
+  return s;
+}
+
+uint64_t CacheEngine::index_bytes_per_chunk() const {
+  return sizeof(Entry) + sizeof(int32_t) * table_.size() / entries_.size() + sizeof(int32_t);
+}
+
+Status CacheEngine::sync() {
+  return disk_ ? disk_->sync() : Status();
+}
+
+}  // namespace dpukv

@@ -1,0 +1,145 @@
+// The KV cache engine: an index of chunks over a memory tier (one exportable,
+// pre-faulted arena) and an optional disk tier (disk_tier.h), with LRU eviction,
+// pinning, checksums verified on every read, and store/retrieve pipelines that move
+// bytes only through the DMA engine (so a hardware backend can take over).
+//
+//   store:    caller's buffer --DMA(+xxh3)--> arena            [--io_uring--> disk]
+//   retrieve: arena --DMA(+xxh3, verified)--> caller's buffer
+//             disk --io_uring--> arena, then as above            (reload)
+//
+// A chunk whose bytes fail their checksum is dropped, counted, and reported as a
+// miss (NOT_FOUND): never wrong bytes. Pinned chunks and chunks with I/O in flight
+// are never evicted; the memory tier never holds more than its capacity.
+//
+// Threading: a Context on one progress engine; every call and callback on its thread.
+// lookup/contains/remove/unpin answer at once (index operations); store, retrieve
+// and prefetch complete through their callback.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/chunk_key.h"
+#include "cache/disk_tier.h"
+#include "cache/slab_allocator.h"
+#include "engines/dma/dma_engine.h"
+#include "runtime/context.h"
+#include "runtime/mem_region.h"
+#include "runtime/mmap.h"
+
+namespace dpukv {
+
+struct CacheOptions {
+  uint64_t memory_bytes = 1ull << 30;      // memory tier capacity
+  uint64_t max_chunk_bytes = 64ull << 20;  // largest chunk (allocator page size)
+  uint32_t max_chunks = 1u << 20;          // index capacity
+  uint32_t max_requests = 1024;            // store/retrieve/prefetch in flight
+  std::string disk_dir;                    // empty: no disk tier
+  uint64_t disk_bytes = 0;
+  bool write_through = false;    // disk tier: write every stored chunk at once (else on eviction)
+  uint32_t disk_admit_hits = 0;  // only chunks hit at least this often go to disk
+  uint32_t pin_timeout_ms = 30000;  // lookup pins expire after this
+  DmaOptions dma;                   // the engine's DMA context
+};
+
+struct CacheStats {
+  uint64_t chunks = 0, memory_chunks = 0, disk_chunks = 0;
+  uint64_t memory_used = 0, memory_capacity = 0, disk_used = 0, disk_capacity = 0;
+  uint64_t stores = 0, store_bytes = 0, retrieves = 0, retrieve_bytes = 0;
+  uint64_t hits = 0, misses = 0, evictions = 0, spills = 0, reloads = 0;
+  uint64_t checksum_failures = 0, io_errors = 0, recovered = 0, store_rejects = 0;
+};
+
+class CacheEngine final : public Context {
+ public:
+  using DoneCb = void (*)(void* arg, Status st);
+
+  static Status create(ProgressEngine* pe, const CacheOptions& o,
+                       std::unique_ptr<CacheEngine>* out);
+  ~CacheEngine() override;
+
+  // Stores src's data section under key. SUCCESS through cb once the bytes are in
+  // the memory tier (the index then serves them); NO_MEMORY if nothing can be
+  // evicted; an existing key completes at once with SUCCESS (chunks are immutable).
+  // src is owned by the engine until cb.
+  Status store(const ChunkKey& key, Buf* src, DoneCb cb, void* arg);
+  // Copies the chunk after dst's data. NOT_FOUND for a miss or a chunk that failed
+  // its checksum; TOO_BIG if dst has less room than the chunk.
+  Status retrieve(const ChunkKey& key, Buf* dst, DoneCb cb, void* arg);
+  // Brings a disk-only chunk into memory ahead of a retrieve.
+  Status prefetch(const ChunkKey& key, DoneCb cb, void* arg);
+
+  // Number of leading keys present (memory or disk). With pin, those chunks stay
+  // until unpin() or pin_timeout_ms.
+  uint32_t lookup(const ChunkKey* keys, uint32_t n, bool pin);
+  void unpin(const ChunkKey* keys, uint32_t n);
+  bool contains(const ChunkKey& key) const;
+  Status remove(const ChunkKey& key);  // BAD_STATE while in use
+  void clear();                        // everything not in use
+  // Size of a stored chunk, or 0.
+  uint64_t chunk_size(const ChunkKey& key) const;
+
+  CacheStats stats() const;
+  Mmap* memory_map() const { return arena_map_.get(); }
+  uint64_t index_bytes_per_chunk() const;
+  Status sync();  // flushes the disk log
+
+ private:
+  struct Entry;
+  struct Request;
+  CacheEngine(ProgressEngine* pe, const CacheOptions& o);
+  Status init();
+  Status do_start() override;
+  void do_stop() override;
+  bool drained() override;
+  size_t poll() override;
+  bool arm_notification() override;
+
+  // Index.
+  int32_t find(const ChunkKey& k) const;
+  int32_t insert(const ChunkKey& k);
+  void erase(int32_t e);
+  void lru_push_front(int32_t e);
+  void lru_unlink(int32_t e);
+  void touch(int32_t e);
+
+  bool make_room(uint64_t size, uint64_t* off);
+  void drop_memory(int32_t e);
+  void drop_entry(int32_t e);
+  bool evictable(int32_t e) const;
+  void start_spill(int32_t e);
+  Request* new_request();
+  void finish(Request* r, Status st);
+  Status start_dma(Request* r, Buf* src, Buf* dst);
+  Status start_reload(Request* r);
+  void after_dma(Request* r, Status st, uint64_t checksum);
+  void after_io(Request* r, Status st);
+  void retry_waiting();
+  static void dma_done(DmaMemcpyTask* t, UserData task_ud, UserData ctx_ud);
+
+  CacheOptions opts_;
+  std::unique_ptr<MemRegion> arena_;
+  std::unique_ptr<Mmap> arena_map_;
+  SlabAllocator mem_alloc_;
+  std::unique_ptr<DiskTier> disk_;
+  std::unique_ptr<DmaEngine> dma_;
+  std::unique_ptr<BufInventory> inv_;
+  struct DiskWatcher final : FdWatcher {
+    CacheEngine* owner = nullptr;
+    void on_fd_ready(uint32_t) override {}
+  } disk_watch_;
+
+  std::vector<Entry> entries_;
+  std::vector<int32_t> free_entries_;
+  std::vector<int32_t> table_;  // open addressing: -1 empty, -2 tombstone, else entry
+  uint64_t table_mask_ = 0;
+  int32_t lru_head_ = -1, lru_tail_ = -1;  // memory-resident chunks, most recent first
+  std::vector<Request> requests_;
+  std::vector<Request*> free_requests_;
+  std::vector<Request*> waiting_;  // stores waiting for a spill to free memory
+  CacheStats st_;
+};
+
+}  // namespace dpukv

@@ -1,0 +1,397 @@
+#include "cache/cache_engine.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <list>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "cache/slab_allocator.h"
+#include "runtime/log.h"
+
+namespace dpukv {
+namespace {
+
+TEST(ChunkKey, GoldenValuesAndPrefixChaining) {
+  KeyContext ctx{model_id("meta-llama/Llama-3.1-8B"), 1, 0,
+                 kv_layout_fingerprint("bf16", 32, 8, 128)};
+  EXPECT_EQ(ctx.model, 0x0e40671a050495a5ull);
+  EXPECT_EQ(ctx.layout, 0x1e9c088bfe612b7dull);
+  std::vector<int32_t> t(600);
+  for (int i = 0; i < 600; ++i) t[static_cast<size_t>(i)] = i * 7 + 1;
+  std::vector<ChunkKey> k;
+  chunk_keys(ctx, t.data(), t.size(), 256, true, &k);
+  ASSERT_EQ(k.size(), 3u);
+  EXPECT_EQ(k[0].prefix_hash, 0x1cebeeeb1ce8b399ull);
+  EXPECT_EQ(k[1].prefix_hash, 0xc5134755e1824fe3ull);
+  EXPECT_EQ(k[2].prefix_hash, 0xddf9eb429a488a23ull);  // the partial last chunk
+  EXPECT_EQ(key_from_block_id(ctx, 46).prefix_hash, 0x198544bdb1c10beaull);
+  chunk_keys(ctx, t.data(), t.size(), 256, false, &k);
+  EXPECT_EQ(k.size(), 2u);
+  // A different token in chunk 0 changes every later key; one in chunk 1 keeps chunk 0's.
+  std::vector<ChunkKey> k2;
+  t[300] = -5;
+  chunk_keys(ctx, t.data(), t.size(), 256, false, &k2);
+  EXPECT_EQ(k2[0], k[0]);
+  EXPECT_NE(k2[1].prefix_hash, k[1].prefix_hash);
+  // Rank and model are part of the key.
+  KeyContext other = ctx;
+  other.rank = 1;
+  chunk_keys(other, t.data(), 256, 256, false, &k2);
+  EXPECT_FALSE(k2[0] == k[0]);
+}
+
+TEST(SlabAllocator, ClassesBoundWasteAndPagesComeBack) {
+  SlabAllocator a;
+  ASSERT_TRUE(a.init(64 << 20, 4 << 20).ok());
+  EXPECT_EQ(a.class_size(1), 4096u);
+  EXPECT_EQ(a.class_size(5000), 5120u);
+  EXPECT_EQ(a.class_size(256 << 10), 256u << 10);
+  for (uint64_t s : {4097ull, 70000ull, 300000ull, 3000000ull})
+    EXPECT_LE(a.class_size(s), s + s / 4 + 4096);
+  EXPECT_EQ(a.class_size((4 << 20) + 1), 0u);
+  std::vector<uint64_t> offs;
+  uint64_t off;
+  while (a.alloc(1 << 20, &off)) offs.push_back(off);
+  EXPECT_EQ(offs.size(), 64u);
+  EXPECT_EQ(a.used_bytes(), 64u << 20);
+  EXPECT_FALSE(a.alloc(4096, &off));
+  for (uint64_t o : offs) a.free(o);
+  EXPECT_EQ(a.pages_in_use(), 0u);
+  EXPECT_TRUE(a.alloc(4096, &off));
+  EXPECT_TRUE(a.alloc_at(8 << 20, 1 << 20));
+  EXPECT_FALSE(a.alloc_at(8 << 20, 1 << 20));           // taken
+  EXPECT_FALSE(a.alloc_at((8 << 20) + 4096, 1 << 20));  // misaligned for its class
+}
+
+// ---------------------------------------------------------------- engine fixture
+
+uint8_t byte_of(const ChunkKey& k, size_t i) {
+  return static_cast<uint8_t>((k.prefix_hash >> (i % 7 * 8)) + i * 131);
+}
+
+class CacheHarness {
+ public:
+  explicit CacheHarness(const CacheOptions& o) {
+    EXPECT_TRUE(ProgressEngine::create(&pe_).ok());
+    EXPECT_TRUE(CacheEngine::create(pe_.get(), o, &cache_).ok());
+    EXPECT_TRUE(cache_->start().ok());
+    EXPECT_TRUE(MemRegion::create(64 << 20, MemRegionOptions{}, &mem_).ok());
+    EXPECT_TRUE(
+        Mmap::create(mem_->data(), mem_->size(), kAccessLocalReadWrite, mem_->fd(), 0, &map_).ok());
+    EXPECT_TRUE(map_->start().ok());
+    EXPECT_TRUE(BufInventory::create(64, &inv_).ok());
+  }
+  ~CacheHarness() {
+    if (cache_->state() != CtxState::kIdle) {
+      (void)cache_->stop();
+      while (cache_->state() != CtxState::kIdle) pe_->progress();
+    }
+    cache_.reset();
+    (void)map_->stop();
+  }
+  uint8_t* staging() { return static_cast<uint8_t*>(mem_->data()); }
+
+  static void done(void* arg, Status st) { *static_cast<Status*>(arg) = st; }
+  Status wait(Status* slot) {
+    while (*slot == Code::kInProgress) pe_->progress();
+    return *slot;
+  }
+  Status store(const ChunkKey& k, size_t len) {
+    for (size_t i = 0; i < len; ++i) staging()[i] = byte_of(k, i);
+    Buf* b;
+    EXPECT_TRUE(inv_->get_by_data(map_.get(), staging(), len, &b).ok());
+    Status st = Code::kInProgress;
+    Status r = cache_->store(k, b, &CacheHarness::done, &st);
+    if (!r.ok())
+      st = r;
+    else
+      (void)wait(&st);
+    (void)b->dec_refcount();
+    return st;
+  }
+  // Retrieves into staging + 32 MiB and checks every byte.
+  Status retrieve(const ChunkKey& k, size_t len) {
+    uint8_t* dst = staging() + (32 << 20);
+    std::memset(dst, 0, len);
+    Buf* b;
+    EXPECT_TRUE(inv_->get_by_addr(map_.get(), dst, 32 << 20, &b).ok());
+    Status st = Code::kInProgress;
+    Status r = cache_->retrieve(k, b, &CacheHarness::done, &st);
+    if (!r.ok())
+      st = r;
+    else
+      (void)wait(&st);
+    if (st.ok()) {
+      EXPECT_EQ(b->data_len(), len);
+      for (size_t i = 0; i < len; ++i)
+        if (dst[i] != byte_of(k, i)) {
+          ADD_FAILURE() << "wrong byte " << i;
+          break;
+        }
+    }
+    (void)b->dec_refcount();
+    return st;
+  }
+  Status prefetch(const ChunkKey& k) {
+    Status st = Code::kInProgress;
+    Status r = cache_->prefetch(k, &CacheHarness::done, &st);
+    return r.ok() ? wait(&st) : r;
+  }
+
+  std::unique_ptr<ProgressEngine> pe_;
+  std::unique_ptr<CacheEngine> cache_;
+  std::unique_ptr<MemRegion> mem_;
+  std::unique_ptr<Mmap> map_;
+  std::unique_ptr<BufInventory> inv_;
+};
+
+ChunkKey key(uint64_t id) {
+  return key_from_block_id(KeyContext{1, 1, 0, 2}, id);
+}
+
+CacheOptions small_memory(uint64_t chunks, uint64_t chunk_bytes) {
+  CacheOptions o;
+  o.memory_bytes = chunks * chunk_bytes;
+  o.max_chunk_bytes = chunk_bytes;
+  o.max_chunks = 4096;
+  o.max_requests = 64;
+  return o;
+}
+
+TEST(CacheEngine, StoreRetrieveLookupAndMisses) {
+  CacheHarness h(small_memory(16, 1 << 20));
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(h.store(key(i), 1000 + i * 100000).ok());
+  EXPECT_TRUE(h.store(key(3), 1000 + 3 * 100000).ok());  // existing key: a success
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(h.retrieve(key(i), 1000 + i * 100000).ok());
+  EXPECT_EQ(h.retrieve(key(99), 10), Code::kNotFound);
+  // Lookup counts the leading chunks present; a hole stops it.
+  std::vector<ChunkKey> ks = {key(0), key(1), key(2), key(50), key(3)};
+  EXPECT_EQ(h.cache_->lookup(ks.data(), 5, false), 3u);
+  ASSERT_TRUE(h.cache_->remove(key(1)).ok());
+  EXPECT_EQ(h.cache_->lookup(ks.data(), 5, false), 1u);
+  EXPECT_FALSE(h.cache_->contains(key(1)));
+  EXPECT_EQ(h.cache_->remove(key(1)), Code::kNotFound);
+  EXPECT_EQ(h.cache_->store(key(200), nullptr, nullptr, nullptr), Code::kInvalidValue);
+  // A destination smaller than the chunk.
+  Buf* b;
+  ASSERT_TRUE(h.inv_->get_by_addr(h.map_.get(), h.staging(), 100, &b).ok());
+  Status st = Code::kInProgress;
+  ASSERT_TRUE(h.cache_->retrieve(key(2), b, &CacheHarness::done, &st).ok());
+  EXPECT_EQ(h.wait(&st), Code::kTooBig);
+  (void)b->dec_refcount();
+  const CacheStats s = h.cache_->stats();
+  EXPECT_EQ(s.stores, 8u);
+  EXPECT_GE(s.misses, 1u);
+  EXPECT_GT(h.cache_->index_bytes_per_chunk(), 0u);
+}
+
+TEST(CacheEngine, LruEvictsLeastRecentlyUsedAndPinsHold) {
+  CacheHarness h(small_memory(4, 1 << 20));
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(h.store(key(i), 1 << 20).ok());
+  ASSERT_TRUE(h.retrieve(key(0), 1 << 20).ok());  // 0 is now the most recent; 1 the LRU
+  ASSERT_TRUE(h.store(key(4), 1 << 20).ok());
+  EXPECT_FALSE(h.cache_->contains(key(1)));
+  EXPECT_TRUE(h.cache_->contains(key(0)));
+  // Pin everything present: a new store cannot evict anything.
+  std::vector<ChunkKey> present = {key(0), key(2), key(3), key(4)};
+  ASSERT_EQ(h.cache_->lookup(present.data(), 4, true), 4u);
+  EXPECT_EQ(h.store(key(5), 1 << 20), Code::kNoMemory);
+  EXPECT_EQ(h.cache_->remove(key(2)), Code::kBadState);
+  h.cache_->unpin(present.data(), 4);
+  ASSERT_TRUE(h.store(key(5), 1 << 20).ok());
+  EXPECT_EQ(h.cache_->stats().evictions, 2u);
+}
+
+// Random stores, retrieves and removes against a reference LRU model: capacity
+// always holds, contents are always right, and membership matches the model.
+TEST(CacheEngine, PropertyCapacityAndContentsMatchReferenceLru) {
+  const uint64_t chunk = 256 << 10, slots = 12;
+  CacheHarness h(small_memory(slots, chunk));
+  std::list<uint64_t> lru;  // front = most recent
+  std::mt19937_64 rng(17);
+  for (int op = 0; op < 3000; ++op) {
+    const uint64_t id = rng() % 40;
+    const int kind = static_cast<int>(rng() % 10);
+    auto it = std::find(lru.begin(), lru.end(), id);
+    if (kind < 5) {
+      ASSERT_TRUE(h.store(key(id), chunk).ok());
+      if (it == lru.end()) {
+        if (lru.size() == slots) lru.pop_back();
+        lru.push_front(id);
+      }
+    } else if (kind < 9) {
+      Status st = h.retrieve(key(id), chunk);
+      ASSERT_EQ(st.ok(), it != lru.end()) << "op " << op;
+      if (it != lru.end()) lru.splice(lru.begin(), lru, it);
+    } else if (it != lru.end()) {
+      ASSERT_TRUE(h.cache_->remove(key(id)).ok());
+      lru.erase(it);
+    }
+    const CacheStats s = h.cache_->stats();
+    ASSERT_LE(s.memory_used, s.memory_capacity);
+    ASSERT_EQ(s.memory_chunks, lru.size());
+  }
+  for (uint64_t id : lru) EXPECT_TRUE(h.cache_->contains(key(id)));
+}
+
+std::string temp_dir(const char* tag) {
+  std::string d = "/tmp/dpukv-cache-" + std::string(tag) + "-" + std::to_string(getpid());
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+CacheOptions with_disk(const std::string& dir, uint64_t mem_chunks, uint64_t disk_chunks,
+                       uint64_t chunk) {
+  CacheOptions o = small_memory(mem_chunks, chunk);
+  o.disk_dir = dir;
+  o.disk_bytes = disk_chunks * chunk;
+  return o;
+}
+
+TEST(CacheEngine, SpillToDiskAndReload) {
+  const std::string dir = temp_dir("spill");
+  const uint64_t chunk = 1 << 20;
+  {
+    CacheHarness h(with_disk(dir, 4, 32, chunk));
+    for (uint64_t i = 0; i < 12; ++i) ASSERT_TRUE(h.store(key(i), chunk - i * 1000).ok());
+    const CacheStats s = h.cache_->stats();
+    EXPECT_GE(s.spills, 8u);
+    EXPECT_LE(s.memory_used, s.memory_capacity);
+    for (uint64_t i = 0; i < 12; ++i) ASSERT_TRUE(h.retrieve(key(i), chunk - i * 1000).ok()) << i;
+    EXPECT_GT(h.cache_->stats().reloads, 0u);
+    // Prefetch brings a disk-only chunk up.
+    ASSERT_TRUE(h.store(key(100), chunk).ok());
+    ASSERT_TRUE(h.store(key(101), chunk).ok());
+    ASSERT_TRUE(h.store(key(102), chunk).ok());
+    ASSERT_TRUE(h.store(key(103), chunk).ok());
+    ASSERT_TRUE(h.prefetch(key(0)).ok());
+    std::vector<ChunkKey> k0 = {key(0)};
+    EXPECT_EQ(h.cache_->lookup(k0.data(), 1, false), 1u);
+  }
+  // Reopen: the disk tier comes back.
+  {
+    CacheHarness h(with_disk(dir, 4, 32, chunk));
+    EXPECT_GE(h.cache_->stats().recovered, 8u);
+    for (uint64_t i = 0; i < 12; ++i) {
+      Status st = h.retrieve(key(i), chunk - i * 1000);
+      EXPECT_TRUE(st.ok() || st == Code::kNotFound) << st.name();
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(CacheEngine, CorruptedBytesOnDiskAreDetectedNotReturned) {
+  const std::string dir = temp_dir("corrupt");
+  const uint64_t chunk = 256 << 10;
+  CacheOptions o = with_disk(dir, 4, 16, chunk);
+  o.write_through = true;
+  {
+    CacheHarness h(o);
+    for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(h.store(key(i), chunk).ok());
+    while (h.cache_->stats().spills < 3) h.pe_->progress();
+  }
+  // Flip one byte in each chunk's data on disk.
+  int fd = ::open((dir + "/dpukv-data").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  for (uint64_t off = 0; off < 16 * chunk; off += chunk) {
+    uint8_t b;
+    ASSERT_EQ(pread(fd, &b, 1, static_cast<off_t>(off + 1234)), 1);
+    b ^= 0x40;
+    ASSERT_EQ(pwrite(fd, &b, 1, static_cast<off_t>(off + 1234)), 1);
+  }
+  ::close(fd);
+  {
+    CacheHarness h(o);
+    EXPECT_EQ(h.cache_->stats().recovered, 3u);
+    for (uint64_t i = 0; i < 3; ++i) EXPECT_EQ(h.retrieve(key(i), chunk), Code::kNotFound);
+    EXPECT_EQ(h.prefetch(key(0)), Code::kNotFound);
+    EXPECT_EQ(h.cache_->stats().checksum_failures, 3u);
+    EXPECT_FALSE(h.cache_->contains(key(0)));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A child process stores chunks with write-through and is killed at a random
+// moment; the reopened cache returns every recovered chunk exactly, or a miss.
+TEST(CacheEngine, CrashMidSpillRecoversOnlyWholeChunks) {
+  log_set_level(LogSource::kLib, LogLevel::kError);
+  const uint64_t chunk = 512 << 10;
+  std::mt19937 rng(static_cast<unsigned>(getpid()));
+  for (int round = 0; round < 3; ++round) {
+    const std::string dir = temp_dir(("crash" + std::to_string(round)).c_str());
+    CacheOptions o = with_disk(dir, 8, 64, chunk);
+    o.write_through = true;
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      close(p[0]);
+      CacheHarness h(o);
+      for (uint64_t i = 0;; ++i) {
+        if (!h.store(key(i % 60), chunk).ok()) _exit(3);
+        if (i == 10) (void)!write(p[1], "x", 1);
+      }
+    }
+    close(p[1]);
+    char c;
+    ASSERT_EQ(read(p[0], &c, 1), 1);
+    close(p[0]);
+    usleep(static_cast<useconds_t>(rng() % 20000));
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    CacheHarness h(o);
+    const uint64_t recovered = h.cache_->stats().recovered;
+    EXPECT_GT(recovered, 0u);
+    uint64_t good = 0;
+    for (uint64_t i = 0; i < 60; ++i) {
+      Status st = h.retrieve(key(i), chunk);  // checks every byte when it succeeds
+      ASSERT_TRUE(st.ok() || st == Code::kNotFound) << st.name();
+      good += st.ok();
+    }
+    EXPECT_GE(good + h.cache_->stats().checksum_failures, recovered);
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// Writes past a file-size limit fail like a full disk: counted, and the chunks
+// stay served from memory.
+TEST(CacheEngine, DiskFullKeepsServingFromMemory) {
+  const std::string dir = temp_dir("full");
+  const uint64_t chunk = 256 << 10;
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    CacheOptions o = with_disk(dir, 32, 16, chunk);
+    o.write_through = true;
+    CacheHarness h(o);
+    rlimit rl{4 * chunk, 4 * chunk};  // only the first 4 slots can be written
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(10);
+    for (uint64_t i = 0; i < 12; ++i)
+      if (!h.store(key(i), chunk).ok()) _exit(11);
+    while (h.cache_->stats().spills + h.cache_->stats().io_errors < 12) h.pe_->progress();
+    const CacheStats s = h.cache_->stats();
+    if (s.io_errors == 0 || s.spills == 0) _exit(12);
+    for (uint64_t i = 0; i < 12; ++i)
+      if (!h.retrieve(key(i), chunk).ok()) _exit(13);
+    _exit(::testing::Test::HasFailure() ? 14 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace dpukv

@@ -1,0 +1,268 @@
+#include "cache/disk_tier.h"
+
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <unordered_map>
+
+#include "engines/compress/checksum.h"
+#include "runtime/log.h"
+
+namespace dpukv {
+namespace {
+
+struct LogRecord {
+  static constexpr uint32_t kMagic = 0x474c4b44;  // "DKLG"
+  uint32_t magic;
+  uint16_t type;  // 1 put, 2 delete
+  uint16_t reserved;
+  ChunkKey key;
+  uint64_t offset;
+  uint64_t len;
+  uint64_t checksum;
+  uint64_t seq;
+  uint32_t pad;
+  uint32_t crc;  // crc32c of everything before it
+};
+static_assert(sizeof(LogRecord) == 80);
+
+struct KeyHash {
+  size_t operator()(const ChunkKey& k) const { return k.hash(); }
+};
+
+uint64_t round_up(uint64_t v) {
+  return (v + SlabAllocator::kAlign - 1) / SlabAllocator::kAlign * SlabAllocator::kAlign;
+}
+
+bool write_all(int fd, const void* p, size_t n) {
+  auto* c = static_cast<const uint8_t*>(p);
+  while (n > 0) {
+    ssize_t w = ::write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w, n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+Status DiskTier::open(const DiskTierOptions& o,
+                      const std::vector<std::pair<void*, size_t>>& buffers,
+                      std::vector<Recovered>* recovered, std::unique_ptr<DiskTier>* out) {
+  std::unique_ptr<DiskTier> t(new DiskTier());
+  t->dir_ = o.dir;
+  if (::mkdir(o.dir.c_str(), 0750) != 0 && errno != EEXIST) {
+    LOG_ERR("disk tier: mkdir %s: %s", o.dir.c_str(), std::strerror(errno));
+    return Code::kIoFailed;
+  }
+  DPUKV_RETURN_IF_ERROR(t->alloc_.init(o.capacity, o.page_size));
+  const std::string data = o.dir + "/dpukv-data";
+  const std::string log = o.dir + "/dpukv-index.log";
+  t->data_fd_ = ::open(data.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0640);
+  if (t->data_fd_ < 0 && errno == EINVAL) {  // no O_DIRECT here (tmpfs): buffered I/O
+    t->direct_ = false;
+    t->data_fd_ = ::open(data.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+  }
+  if (t->data_fd_ < 0) return Code::kIoFailed;
+  // Reserve the space now, so a full disk shows at start, not mid-write.
+  const int fr = posix_fallocate(t->data_fd_, 0, static_cast<off_t>(t->alloc_.capacity()));
+  if (fr != 0) {
+    LOG_ERR("disk tier: cannot reserve %llu bytes in %s: %s",
+            static_cast<unsigned long long>(t->alloc_.capacity()), data.c_str(), std::strerror(fr));
+    return fr == ENOSPC || fr == EFBIG ? Code::kNoMemory : Code::kIoFailed;
+  }
+
+  // Replay the log.
+  std::unordered_map<ChunkKey, Recovered, KeyHash> live;
+  uint64_t records = 0, dropped = 0;
+  int lfd = ::open(log.c_str(), O_RDONLY | O_CLOEXEC);
+  if (lfd >= 0) {
+    LogRecord r;
+    for (;;) {
+      ssize_t n = ::read(lfd, &r, sizeof(r));
+      if (n != static_cast<ssize_t>(sizeof(r))) break;  // end, or a torn tail
+      if (r.magic != LogRecord::kMagic || r.crc != crc32c(&r, offsetof(LogRecord, crc))) {
+        ++dropped;
+        break;  // nothing after a corrupt record is trusted
+      }
+      ++records;
+      t->seq_ = std::max(t->seq_, r.seq + 1);
+      if (r.type == 1)
+        live[r.key] = Recovered{r.key, r.offset, r.len, r.checksum};
+      else
+        live.erase(r.key);
+    }
+    ::close(lfd);
+  }
+  for (auto& [k, r] : live) {
+    if (t->alloc_.alloc_at(r.offset, r.len))
+      recovered->push_back(r);
+    else
+      ++dropped;  // does not fit this configuration
+  }
+  // Compact: write the live set to a new log and rename it into place.
+  const std::string tmp = log + ".tmp";
+  int nfd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (nfd < 0) return Code::kIoFailed;
+  for (const Recovered& r : *recovered) {
+    LogRecord rec{};
+    rec.magic = LogRecord::kMagic;
+    rec.type = 1;
+    rec.key = r.key;
+    rec.offset = r.offset;
+    rec.len = r.len;
+    rec.checksum = r.checksum;
+    rec.seq = t->seq_++;
+    rec.crc = crc32c(&rec, offsetof(LogRecord, crc));
+    if (!write_all(nfd, &rec, sizeof(rec))) {
+      ::close(nfd);
+      return Code::kNoMemory;
+    }
+  }
+  if (::fdatasync(nfd) != 0 || ::close(nfd) != 0 || ::rename(tmp.c_str(), log.c_str()) != 0)
+    return Code::kIoFailed;
+  t->log_fd_ = ::open(log.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (t->log_fd_ < 0) return Code::kIoFailed;
+  t->log_size_ = recovered->size() * sizeof(LogRecord);
+  if (records || dropped)
+    LOG_INFO("disk tier %s: recovered %zu chunks from %llu log records (%llu dropped)",
+             o.dir.c_str(), recovered->size(), static_cast<unsigned long long>(records),
+             static_cast<unsigned long long>(dropped));
+
+  if (io_uring_queue_init(o.queue_depth, &t->ring_, 0) != 0) return Code::kDriver;
+  t->ring_ok_ = true;
+  t->efd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (t->efd_ < 0 || io_uring_register_eventfd(&t->ring_, t->efd_) != 0) return Code::kDriver;
+  // Fixed buffers: the arena in pieces of at most 1 GiB (the kernel's limit per iovec).
+  std::vector<iovec> iov;
+  for (auto [p, n] : buffers) {
+    auto* c = static_cast<uint8_t*>(p);
+    for (size_t off = 0; off < n; off += (1ull << 30)) {
+      const size_t len = std::min<size_t>(n - off, 1ull << 30);
+      iov.push_back({c + off, len});
+      t->bufs_.push_back({c + off, len});
+    }
+  }
+  if (!iov.empty() &&
+      io_uring_register_buffers(&t->ring_, iov.data(), static_cast<unsigned>(iov.size())) != 0) {
+    LOG_WARN("disk tier: cannot register fixed buffers; using plain I/O");
+    t->bufs_.clear();
+  }
+  *out = std::move(t);
+  return Code::kSuccess;
+}
+
+DiskTier::~DiskTier() {
+  if (ring_ok_) io_uring_queue_exit(&ring_);
+  if (log_fd_ >= 0) {
+    (void)::fdatasync(log_fd_);
+    ::close(log_fd_);
+  }
+  if (data_fd_ >= 0) ::close(data_fd_);
+  if (efd_ >= 0) ::close(efd_);
+}
+
+int DiskTier::buf_index(const void* p, uint64_t len) const {
+  auto a = reinterpret_cast<uintptr_t>(p);
+  for (size_t i = 0; i < bufs_.size(); ++i) {
+    auto b = reinterpret_cast<uintptr_t>(bufs_[i].first);
+    if (a >= b && a + len <= b + bufs_[i].second) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+Status DiskTier::write(uint64_t offset, const void* buf, uint64_t len, uint64_t tag) {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (sqe == nullptr) return Code::kAgain;
+  const uint64_t n = direct_ ? round_up(len) : len;
+  const int bi = buf_index(buf, n);
+  if (bi >= 0)
+    io_uring_prep_write_fixed(sqe, data_fd_, buf, static_cast<unsigned>(n), offset, bi);
+  else
+    io_uring_prep_write(sqe, data_fd_, buf, static_cast<unsigned>(n), offset);
+  io_uring_sqe_set_data64(sqe, tag);
+  ++inflight_;
+  return io_uring_submit(&ring_) >= 0 ? Status() : Status(Code::kIoFailed);
+}
+
+Status DiskTier::read(uint64_t offset, void* buf, uint64_t len, uint64_t tag) {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (sqe == nullptr) return Code::kAgain;
+  const uint64_t n = direct_ ? round_up(len) : len;
+  const int bi = buf_index(buf, n);
+  if (bi >= 0)
+    io_uring_prep_read_fixed(sqe, data_fd_, buf, static_cast<unsigned>(n), offset, bi);
+  else
+    io_uring_prep_read(sqe, data_fd_, buf, static_cast<unsigned>(n), offset);
+  io_uring_sqe_set_data64(sqe, tag);
+  ++inflight_;
+  return io_uring_submit(&ring_) >= 0 ? Status() : Status(Code::kIoFailed);
+}
+
+size_t DiskTier::poll(Completion* out, size_t max) {
+  size_t n = 0;
+  io_uring_cqe* cqe;
+  while (n < max && io_uring_peek_cqe(&ring_, &cqe) == 0) {
+    out[n].tag = io_uring_cqe_get_data64(cqe);
+    // A short transfer is a failure too: the chunk is not whole on the device.
+    out[n].status =
+        cqe->res < 0
+            ? Status(cqe->res == -ENOSPC || cqe->res == -EFBIG ? Code::kNoMemory : Code::kIoFailed)
+            : Status();
+    io_uring_cqe_seen(&ring_, cqe);
+    --inflight_;
+    ++n;
+  }
+  if (n) {
+    uint64_t v;
+    ssize_t r = ::read(efd_, &v, sizeof(v));
+    (void)r;
+  }
+  return n;
+}
+
+bool DiskTier::log_put(const ChunkKey& key, uint64_t offset, uint64_t len, uint64_t checksum) {
+  LogRecord rec{};
+  rec.magic = LogRecord::kMagic;
+  rec.type = 1;
+  rec.key = key;
+  rec.offset = offset;
+  rec.len = len;
+  rec.checksum = checksum;
+  rec.seq = seq_++;
+  rec.crc = crc32c(&rec, offsetof(LogRecord, crc));
+  return append(&rec);
+}
+
+bool DiskTier::append(const void* rec) {
+  if (write_all(log_fd_, rec, sizeof(LogRecord))) {
+    log_size_ += sizeof(LogRecord);
+    return true;
+  }
+  // Cut a half-written record off, so later records are not behind a torn one.
+  if (::ftruncate(log_fd_, static_cast<off_t>(log_size_)) != 0)
+    LOG_ERR("disk tier: cannot trim the log");
+  ++log_errors_;
+  return false;
+}
+
+bool DiskTier::log_del(const ChunkKey& key) {
+  LogRecord rec{};
+  rec.magic = LogRecord::kMagic;
+  rec.type = 2;
+  rec.key = key;
+  rec.seq = seq_++;
+  rec.crc = crc32c(&rec, offsetof(LogRecord, crc));
+  return append(&rec);
+}
+
+Status DiskTier::sync() {
+  return ::fdatasync(log_fd_) == 0 ? Status() : Status(Code::kIoFailed);
+}
+
+}  // namespace dpukv
