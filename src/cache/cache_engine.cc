@@ -266,6 +266,21 @@ void CacheEngine::drop_entry(int32_t e) {
   }
 }
 
+// Write back ahead of need: when the memory tier is over 3/4 full, start spilling
+// the least recent dirty chunks (a few at a time), so that eviction usually finds
+// clean chunks it can drop at once instead of waiting for a write.
+void CacheEngine::clean_ahead() {
+  if (!disk_ || mem_alloc_.used_bytes() * 4 < mem_alloc_.capacity() * 3) return;
+  int started = 0;
+  for (int32_t v = lru_tail_; v >= 0 && started < 8 && disk_->inflight() < 16;
+       v = entries_[static_cast<size_t>(v)].prev) {
+    Entry& en = entries_[static_cast<size_t>(v)];
+    if (en.on_disk || en.spilling || !en.mem_ready || en.hits < opts_.disk_admit_hits) continue;
+    start_spill(v);
+    started += en.spilling;
+  }
+}
+
 bool CacheEngine::make_room(uint64_t size, uint64_t* off) {
   for (;;) {
     if (mem_alloc_.alloc(size, off)) return true;
@@ -304,6 +319,10 @@ void CacheEngine::finish(Request* r, Status st) {
     (void)r->arena_buf->dec_refcount();
     r->arena_buf = nullptr;
   }
+  if (r->user != nullptr) {  // the reference taken when the request was accepted
+    (void)r->user->dec_refcount();
+    r->user = nullptr;
+  }
   r->status = st;
   r->state = Request::State::kDone;
   DoneCb cb = r->cb;
@@ -340,8 +359,12 @@ Status CacheEngine::store(const ChunkKey& key, Buf* src, DoneCb cb, void* arg) {
   if (src == nullptr || src->data_len() == 0) return Code::kInvalidValue;
   if (src->data_len() > opts_.max_chunk_bytes) return Code::kTooBig;
   if (state() != CtxState::kRunning) return Code::kBadState;
+  if (!src->inc_refcount().ok()) return Code::kInvalidValue;
   Request* r = new_request();
-  if (r == nullptr) return Code::kAgain;
+  if (r == nullptr) {
+    (void)src->dec_refcount();
+    return Code::kAgain;
+  }
   r->kind = Request::Kind::kStore;
   r->key = key;
   r->user = src;
@@ -391,8 +414,12 @@ Status CacheEngine::store(const ChunkKey& key, Buf* src, DoneCb cb, void* arg) {
 Status CacheEngine::retrieve(const ChunkKey& key, Buf* dst, DoneCb cb, void* arg) {
   if (dst == nullptr) return Code::kInvalidValue;
   if (state() != CtxState::kRunning) return Code::kBadState;
+  if (!dst->inc_refcount().ok()) return Code::kInvalidValue;
   Request* r = new_request();
-  if (r == nullptr) return Code::kAgain;
+  if (r == nullptr) {
+    (void)dst->dec_refcount();
+    return Code::kAgain;
+  }
   r->kind = Request::Kind::kRetrieve;
   r->key = key;
   r->user = dst;
@@ -510,6 +537,12 @@ void CacheEngine::start_spill(int32_t e) {
 }
 
 void CacheEngine::after_dma(Request* r, Status st, uint64_t cs) {
+  after_dma_step(r, st, cs);
+  // A finished copy may have made a chunk evictable: requests waiting for room retry.
+  retry_waiting();
+}
+
+void CacheEngine::after_dma_step(Request* r, Status st, uint64_t cs) {
   Entry& en = entries_[static_cast<size_t>(r->entry)];
   if (r->kind == Request::Kind::kStore) {
     en.loading = false;
@@ -589,6 +622,7 @@ void CacheEngine::after_io(Request* r, Status st) {
   en.mem_ready = true;
   lru_push_front(e);
   ++st_.reloads;
+  retry_waiting();
   if (r->kind == Request::Kind::kPrefetch) {
     // No DMA follows to check the bytes: hash them here.
     if (XXH3_64bits(static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.size) != en.checksum) {

@@ -63,7 +63,9 @@ class CacheEngine final : public Context {
   // Stores src's data section under key. SUCCESS through cb once the bytes are in
   // the memory tier (the index then serves them); NO_MEMORY if nothing can be
   // evicted; an existing key completes at once with SUCCESS (chunks are immutable).
-  // src is owned by the engine until cb.
+  // The engine holds a reference on src (and on dst in retrieve) until cb: the
+  // caller may drop its own reference after the call, but must not change the
+  // bytes or the buffer before cb.
   Status store(const ChunkKey& key, Buf* src, DoneCb cb, void* arg);
   // Copies the chunk after dst's data. NOT_FOUND for a miss or a chunk that failed
   // its checksum; TOO_BIG if dst has less room than the chunk.
@@ -115,6 +117,8 @@ class CacheEngine final : public Context {
   Status start_dma(Request* r, Buf* src, Buf* dst);
   Status start_reload(Request* r);
   void after_dma(Request* r, Status st, uint64_t checksum);
+  void after_dma_step(Request* r, Status st, uint64_t checksum);
+  void clean_ahead();
   void after_io(Request* r, Status st);
   void retry_waiting();
   static void dma_done(DmaMemcpyTask* t, UserData task_ud, UserData ctx_ud);

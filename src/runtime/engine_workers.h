@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/futex.h"
 #include "runtime/log.h"
 #include "runtime/progress_engine.h"
 #include "runtime/spsc_ring.h"
@@ -101,7 +102,7 @@ class EngineWorkers {
     for (auto& w : workers_) {
       w->quit.store(true, std::memory_order_release);
       w->sleeping.store(0);
-      w->sleeping.notify_one();
+      futex_wake(&w->sleeping);
     }
     for (auto& w : workers_)
       if (w->thread.joinable()) w->thread.join();
@@ -126,7 +127,7 @@ class EngineWorkers {
       std::atomic_thread_fence(std::memory_order_seq_cst);
       if (sleeping.load(std::memory_order_relaxed) != 0) {
         sleeping.store(0, std::memory_order_relaxed);
-        sleeping.notify_one();
+        futex_wake(&sleeping);
       }
     }
   };
@@ -160,7 +161,7 @@ class EngineWorkers {
           w->sleeping.store(0, std::memory_order_relaxed);
           continue;
         }
-        w->sleeping.wait(1, std::memory_order_acquire);
+        futex_wait(&w->sleeping, 1);
         idle = false;
         continue;
       }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "runtime/log.h"
+#include "tools/bench_cache.h"
 #include "tools/bench_comch.h"
 #include "tools/bench_compress.h"
 #include "tools/bench_dma.h"
@@ -27,6 +28,7 @@ int main(int argc, char** argv) {
   dpukv::add_bench_dma_command(bench, &exit_code);
   dpukv::add_bench_comch_command(bench, &exit_code);
   dpukv::add_bench_compress_command(bench, &exit_code);
+  dpukv::add_bench_cache_command(bench, &exit_code);
 
   app.parse_complete_callback([&] {
     dpukv::LogLevel lvl;

@@ -80,7 +80,7 @@ KernelEngine::~KernelEngine() {
   quit_.store(true, std::memory_order_release);
   for (auto& w : workers_) {
     w->seq.fetch_add(1);
-    w->seq.notify_one();
+    futex_wake(&w->seq);
   }
   for (auto& w : workers_) w->thread.join();
 }
@@ -129,7 +129,7 @@ Status KernelEngine::launch(uint32_t kernel, const KernelArgs* args, uint32_t nt
     // Cannot fail: a worker holds at most 64 slices per launch slot.
     (void)w->ring.push(Slice{l, t});
     w->seq.fetch_add(1, std::memory_order_release);
-    w->seq.notify_one();
+    futex_wake(&w->seq);
   }
   return Code::kSuccess;
 }
@@ -181,7 +181,7 @@ void KernelEngine::run(Worker* w) {
       nanosleep(&ts, nullptr);
       continue;
     }
-    w->seq.wait(seen, std::memory_order_acquire);
+    futex_wait(&w->seq, seen);
   }
 }
 

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "runtime/futex.h"
+
 namespace dpukv {
 
 class SyncEvent {
@@ -16,21 +18,31 @@ class SyncEvent {
   uint64_t get() const { return value_.load(std::memory_order_acquire); }
   void set(uint64_t v) {
     value_.store(v, std::memory_order_release);
-    value_.notify_all();
+    bump();
   }
   void add(uint64_t d) {
     value_.fetch_add(d, std::memory_order_acq_rel);
-    value_.notify_all();
+    bump();
   }
-  // Blocks until the value is greater than threshold: spins briefly, then sleeps.
+  // Blocks until the value is greater than threshold: spins briefly, then sleeps on
+  // a 32-bit generation word (futexes are 32-bit) that every update bumps.
   void wait_gt(uint64_t threshold) const {
     for (int i = 0; i < 1000; ++i)
       if (get() > threshold) return;
-    for (uint64_t v = get(); v <= threshold; v = get()) value_.wait(v, std::memory_order_acquire);
+    for (;;) {
+      const uint32_t g = gen_.load(std::memory_order_acquire);
+      if (get() > threshold) return;
+      futex_wait(&gen_, g);
+    }
   }
 
  private:
+  void bump() {
+    gen_.fetch_add(1, std::memory_order_acq_rel);
+    futex_wake(&gen_, 1 << 30);
+  }
   std::atomic<uint64_t> value_;
+  mutable std::atomic<uint32_t> gen_{0};
 };
 
 }  // namespace dpukv

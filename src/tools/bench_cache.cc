@@ -1,0 +1,394 @@
+#include "tools/bench_cache.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <unordered_set>
+#include <vector>
+
+#include "cache/cache_engine.h"
+#include "runtime/log.h"
+#include "tools/bench_common.h"
+
+namespace dpukv {
+namespace {
+
+using bench::Json;
+
+// The caller spins this long for completions before sleeping in epoll.
+constexpr uint64_t kSpinNs = 5000;
+
+struct Config {
+  std::string sizes = "256K,4M,32M";
+  std::string pool = "1G";
+  uint32_t queue_depth = 64;
+  uint32_t dma_threads = 2;
+  std::string disk_dir = "/tmp/dpukv-bench-cache";
+  std::string disk_bytes = "1G";
+  bool no_disk = false;
+  bench::OutputOptions out;
+};
+
+struct KeyHash {
+  size_t operator()(const ChunkKey& k) const { return k.hash(); }
+};
+
+ChunkKey bkey(uint64_t id) {
+  return key_from_block_id(KeyContext{7, 1, 0, 9}, id);
+}
+
+// Drives up to qd cache operations at once until `count` have completed.
+struct Driver {
+  ProgressEngine* pe;
+  uint32_t inflight = 0, done = 0, failed = 0;
+  static void cb(void* arg, Status st) {
+    auto* d = static_cast<Driver*>(arg);
+    --d->inflight;
+    ++d->done;
+    if (!st.ok()) ++d->failed;
+  }
+};
+
+// Raw io_uring O_DIRECT on a file in the same directory: writes `count` chunks,
+// then reads the first `read_count` back (written data, not unwritten extents,
+// which the file system would answer with zeros and no I/O). Returns GB/s of
+// each phase; 0 if anything failed.
+std::pair<double, double> raw_uring(const std::string& path, uint64_t size, uint64_t count,
+                                    uint64_t read_count, uint8_t* buf, uint64_t buf_len,
+                                    uint32_t qd) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0640);
+  if (fd < 0) return {0, 0};
+  io_uring ring;
+  if (posix_fallocate(fd, 0, static_cast<off_t>(size * count)) != 0 ||
+      io_uring_queue_init(qd * 2, &ring, 0) != 0) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    return {0, 0};
+  }
+  auto phase = [&](bool write, uint64_t n) -> double {
+    uint64_t submitted = 0, completed = 0;
+    bool ok = true;
+    const uint64_t t0 = bench::now_ns();
+    while (completed < n) {
+      while (submitted < n && submitted - completed < qd) {
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+        uint8_t* p = buf + (submitted * size) % (buf_len - size + 1) / 4096 * 4096;
+        if (write)
+          io_uring_prep_write(sqe, fd, p, static_cast<unsigned>(size), submitted * size);
+        else
+          io_uring_prep_read(sqe, fd, p, static_cast<unsigned>(size), submitted * size);
+        ++submitted;
+      }
+      io_uring_submit(&ring);
+      io_uring_cqe* cqe;
+      if (io_uring_wait_cqe(&ring, &cqe) == 0) {
+        ok &= cqe->res == static_cast<int>(size);
+        io_uring_cqe_seen(&ring, cqe);
+        ++completed;
+      }
+    }
+    const double secs = (bench::now_ns() - t0) / 1e9;
+    return ok ? n * size / secs / 1e9 : 0.0;
+  };
+  const double w = phase(true, count);
+  const double r = phase(false, std::min(read_count, count));
+  io_uring_queue_exit(&ring);
+  ::close(fd);
+  ::unlink(path.c_str());
+  return {w, r};
+}
+
+int run(const Config& c) {
+  std::vector<uint64_t> sizes;
+  uint64_t pool = 0, disk_bytes = 0;
+  if (!bench::parse_size_list(c.sizes, &sizes).ok() || !bench::parse_size(c.pool, &pool).ok() ||
+      !bench::parse_size(c.disk_bytes, &disk_bytes).ok()) {
+    std::cerr << "dpukv bench cache: bad --sizes, --pool-size or --disk-size\n";
+    return 2;
+  }
+  uint64_t max_size = 0;
+  for (uint64_t s : sizes) max_size = std::max(max_size, s);
+  if (pool < 4 * max_size) pool = 4 * max_size;
+  log_set_level(LogSource::kLib, LogLevel::kError);
+  std::vector<Json> rows;
+  auto emit = [&](Json row) {
+    row["bench"] = "cache";
+    rows.push_back(row);
+    if (c.out.json) return;
+    const Json& r = rows.back();
+    if (r.contains("gbps"))
+      std::printf("%-10s %7s %9.2f GB/s   %-22s %9.2f GB/s   ratio %5.2f\n",
+                  r["op"].get<std::string>().c_str(),
+                  bench::format_size(r["size_bytes"].get<uint64_t>()).c_str(),
+                  r["gbps"].get<double>(), r["baseline"].get<std::string>().c_str(),
+                  r["baseline_gbps"].get<double>(), r["ratio"].get<double>());
+    else if (r.contains("keys_per_s"))
+      std::printf("%-10s %7s %9.0f keys/s %-22s %9.0f keys/s ratio %5.2f\n",
+                  r["op"].get<std::string>().c_str(), "64x", r["keys_per_s"].get<double>(),
+                  r["baseline"].get<std::string>().c_str(), r["baseline_keys_per_s"].get<double>(),
+                  r["ratio"].get<double>());
+    else
+      std::printf("%-10s %lu bytes per chunk in the index\n", r["op"].get<std::string>().c_str(),
+                  static_cast<unsigned long>(r["bytes_per_chunk"].get<uint64_t>()));
+    std::fflush(stdout);
+  };
+
+  // Caller memory: a source pool and a destination pool, like a client's staging.
+  std::unique_ptr<MemRegion> src_mem, dst_mem;
+  std::unique_ptr<Mmap> src_map, dst_map;
+  if (!MemRegion::create(pool, MemRegionOptions{}, &src_mem).ok() ||
+      !MemRegion::create(pool, MemRegionOptions{}, &dst_mem).ok() ||
+      !Mmap::create(src_mem->data(), pool, kAccessLocalReadWrite, src_mem->fd(), 0, &src_map)
+           .ok() ||
+      !Mmap::create(dst_mem->data(), pool, kAccessLocalReadWrite, dst_mem->fd(), 0, &dst_map)
+           .ok() ||
+      !src_map->start().ok() || !dst_map->start().ok()) {
+    std::cerr << "dpukv bench cache: cannot allocate 2 x " << bench::format_size(pool) << "\n";
+    return 1;
+  }
+  auto* src = static_cast<uint8_t*>(src_mem->data());
+  auto* dstp = static_cast<uint8_t*>(dst_mem->data());
+  for (uint64_t i = 0; i < pool; i += 4096) src[i] = static_cast<uint8_t>(i >> 12);
+  std::unique_ptr<BufInventory> inv;
+  (void)BufInventory::create(4 * c.queue_depth + 16, &inv);
+  if (!c.out.json)
+    std::printf(
+        "dpukv bench cache: memory tier %s, %u ops in flight, %u DMA threads (from cpu 0), caller "
+        "unpinned and sleeping between completions\n",
+        bench::format_size(pool).c_str(), c.queue_depth, c.dma_threads);
+  // The DMA threads are pinned one per CPU from CPU 0; this thread is not pinned and
+  // sleeps in epoll between completions (ProgressEngine::wait), so the engine
+  // threads get the cores. (Count CPUs before any pinning: a pinned thread's
+  // children inherit its single-CPU mask.)
+  const bool pin = bench::num_cpus() >= static_cast<int>(c.dma_threads);
+
+  for (uint64_t size : sizes) {
+    std::unique_ptr<ProgressEngine> pe;
+    std::unique_ptr<CacheEngine> cache;
+    CacheOptions o;
+    o.memory_bytes = pool;
+    o.max_chunk_bytes = std::max<uint64_t>(size, 1 << 20);
+    o.max_chunks = static_cast<uint32_t>(std::max<uint64_t>(pool / size * 2, 1024));
+    o.max_requests = c.queue_depth * 2;
+    o.dma.first_cpu = pin ? 0 : -1;
+    o.dma.num_threads = c.dma_threads;
+    if (!ProgressEngine::create(&pe).ok() || !CacheEngine::create(pe.get(), o, &cache).ok() ||
+        !cache->start().ok()) {
+      std::cerr << "dpukv bench cache: engine setup failed\n";
+      return 1;
+    }
+    const uint64_t n = pool / o.memory_bytes * (pool / size) * 3 / 4;  // fill 3/4 of the tier
+    Driver d{pe.get()};
+    auto run_ops = [&](bool store) {
+      d.done = d.failed = 0;
+      uint64_t next = 0;
+      const uint64_t t0 = bench::now_ns();
+      while (d.done < n) {
+        while (next < n && d.inflight < c.queue_depth) {
+          const uint64_t slot = next % (pool / size);
+          Buf* b;
+          Status st = store ? inv->get_by_data(src_map.get(), src + slot * size, size, &b)
+                            : inv->get_by_addr(dst_map.get(), dstp + slot * size, size, &b);
+          if (!st.ok()) break;
+          ++d.inflight;
+          st = store ? cache->store(bkey(next), b, &Driver::cb, &d)
+                     : cache->retrieve(bkey(next), b, &Driver::cb, &d);
+          // The buffer's reference stays with the request until its callback; drop ours.
+          (void)b->dec_refcount();
+          if (!st.ok()) {
+            --d.inflight;
+            break;
+          }
+          ++next;
+        }
+        pe->wait(kSpinNs, 100);
+      }
+      return n * size / ((bench::now_ns() - t0) / 1e9) / 1e9;
+    };
+    const double store_gbps = run_ops(true);
+    const uint32_t store_failed = d.failed;
+    const double retrieve_gbps = run_ops(false);
+    const uint32_t retrieve_failed = d.failed;
+    // Baseline: memcpy of the same bytes between the same kinds of memory.
+    const uint64_t t0 = bench::now_ns();
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t slot = i % (pool / size);
+      std::memcpy(dstp + slot * size, src + slot * size, size);
+    }
+    const double base = n * size / ((bench::now_ns() - t0) / 1e9) / 1e9;
+    if (store_failed || retrieve_failed) {
+      std::cerr << "dpukv bench cache: " << store_failed << " stores and " << retrieve_failed
+                << " retrieves failed\n";
+      return 1;
+    }
+    emit({{"op", "store"},
+          {"size_bytes", size},
+          {"gbps", store_gbps},
+          {"baseline", "memcpy"},
+          {"baseline_gbps", base},
+          {"ratio", store_gbps / base}});
+    emit({{"op", "retrieve"},
+          {"size_bytes", size},
+          {"gbps", retrieve_gbps},
+          {"baseline", "memcpy"},
+          {"baseline_gbps", base},
+          {"ratio", retrieve_gbps / base}});
+    if (size == sizes.front()) {
+      // Lookup of 64-chunk prefixes against an unordered_set of the same keys.
+      std::vector<ChunkKey> keys;
+      std::unordered_set<ChunkKey, KeyHash> set;
+      for (uint64_t i = 0; i < 64; ++i) keys.push_back(bkey(i)), set.insert(bkey(i));
+      const uint64_t reps = 20000;
+      uint64_t found = 0;
+      uint64_t l0 = bench::now_ns();
+      for (uint64_t r = 0; r < reps; ++r) found += cache->lookup(keys.data(), 64, false);
+      const double lk = reps * 64 / ((bench::now_ns() - l0) / 1e9);
+      uint64_t found2 = 0;
+      l0 = bench::now_ns();
+      for (uint64_t r = 0; r < reps; ++r)
+        for (const ChunkKey& k : keys) found2 += set.count(k);
+      const double lb = reps * 64 / ((bench::now_ns() - l0) / 1e9);
+      if (found != found2)
+        std::cerr << "dpukv bench cache: lookup found " << found << " of " << found2 << "\n";
+      emit({{"op", "lookup"},
+            {"size_bytes", size},
+            {"keys_per_s", lk},
+            {"baseline", "std::unordered_set"},
+            {"baseline_keys_per_s", lb},
+            {"ratio", lk / lb}});
+      emit({{"op", "index"},
+            {"size_bytes", size},
+            {"bytes_per_chunk", cache->index_bytes_per_chunk()}});
+    }
+    (void)cache->stop();
+    while (cache->state() != CtxState::kIdle) pe->progress();
+  }
+
+  // Spill and reload through the disk tier against raw io_uring O_DIRECT.
+  if (!c.no_disk) {
+    const uint64_t size = sizes.back() > (1ull << 20) ? sizes[sizes.size() / 2] : sizes.back();
+    std::filesystem::remove_all(c.disk_dir);
+    std::unique_ptr<ProgressEngine> pe;
+    std::unique_ptr<CacheEngine> cache;
+    CacheOptions o;
+    // A memory tier of 32 chunks and 8 stores in flight: stores beyond it spill.
+    const uint32_t qd = std::min<uint32_t>(c.queue_depth, 8);
+    o.memory_bytes = 32 * size;
+    o.max_chunk_bytes = size;
+    o.disk_dir = c.disk_dir;
+    o.disk_bytes = disk_bytes;
+    o.max_requests = c.queue_depth * 2;
+    o.dma.first_cpu = pin ? 0 : -1;
+    o.dma.num_threads = c.dma_threads;
+    if (!ProgressEngine::create(&pe).ok() || !CacheEngine::create(pe.get(), o, &cache).ok() ||
+        !cache->start().ok()) {
+      std::cerr << "dpukv bench cache: disk tier setup failed in " << c.disk_dir << "\n";
+      return 1;
+    }
+    const uint64_t n = disk_bytes / size * 3 / 4;
+    Driver d{pe.get()};
+    // Stores beyond the memory tier spill the least recent chunks (write back).
+    const uint64_t t0 = bench::now_ns();
+    uint64_t next = 0;
+    while (d.done < n) {
+      while (next < n && d.inflight < qd) {
+        Buf* b;
+        if (!inv->get_by_data(src_map.get(), src + (next % (pool / size)) * size, size, &b).ok())
+          break;
+        ++d.inflight;
+        Status st = cache->store(bkey(next), b, &Driver::cb, &d);
+        (void)b->dec_refcount();
+        if (!st.ok()) {
+          --d.inflight;
+          break;
+        }
+        ++next;
+      }
+      pe->wait(kSpinNs, 100);
+    }
+    const uint64_t spills = cache->stats().spills;
+    if (d.failed)
+      std::cerr << "dpukv bench cache: " << d.failed << " stores failed in the spill phase\n";
+    const double spill_gbps = spills * size / ((bench::now_ns() - t0) / 1e9) / 1e9;
+    // Reload: retrieve the oldest chunks, which are on disk only.
+    d.done = 0;
+    const uint64_t m = std::min<uint64_t>(spills, n) / 2;
+    const uint64_t r0 = bench::now_ns();
+    next = 0;
+    while (d.done < m) {
+      while (next < m && d.inflight < qd) {
+        Buf* b;
+        if (!inv->get_by_addr(dst_map.get(), dstp + (next % (pool / size)) * size, size, &b).ok())
+          break;
+        ++d.inflight;
+        Status st = cache->retrieve(bkey(next), b, &Driver::cb, &d);
+        (void)b->dec_refcount();
+        if (!st.ok()) {
+          --d.inflight;
+          break;
+        }
+        ++next;
+      }
+      pe->wait(kSpinNs, 100);
+    }
+    const double reload_gbps = m * size / ((bench::now_ns() - r0) / 1e9) / 1e9;
+    const uint64_t reloads = cache->stats().reloads;
+    (void)cache->stop();
+    while (cache->state() != CtxState::kIdle) pe->progress();
+    cache.reset();
+    std::filesystem::remove_all(c.disk_dir);
+    std::filesystem::create_directories(c.disk_dir);
+    const std::string raw = c.disk_dir + "/raw";
+    const auto [raw_w, raw_r] = raw_uring(raw, size, spills ? spills : 1, m ? m : 1, src, pool, qd);
+    std::filesystem::remove_all(c.disk_dir);
+    emit({{"op", "spill"},
+          {"size_bytes", size},
+          {"gbps", spill_gbps},
+          {"chunks", spills},
+          {"baseline", "io_uring O_DIRECT write"},
+          {"baseline_gbps", raw_w},
+          {"ratio", raw_w > 0 ? spill_gbps / raw_w : 0}});
+    emit({{"op", "reload"},
+          {"size_bytes", size},
+          {"gbps", reload_gbps},
+          {"chunks", reloads},
+          {"baseline", "io_uring O_DIRECT read"},
+          {"baseline_gbps", raw_r},
+          {"ratio", raw_r > 0 ? reload_gbps / raw_r : 0}});
+  }
+  (void)src_map->stop();
+  (void)dst_map->stop();
+  if (c.out.json) bench::print_json("cache", rows);
+  return bench::write_csv(c.out, rows) ? 0 : 1;
+}
+
+}  // namespace
+
+void add_bench_cache_command(CLI::App* bench, int* exit_code) {
+  auto c = std::make_shared<Config>();
+  CLI::App* cmd = bench->add_subcommand(
+      "cache", "Benchmark the cache engine: store, retrieve, lookup, spill, reload");
+  cmd->add_option("--sizes", c->sizes, "Chunk sizes")->capture_default_str();
+  cmd->add_option("--pool-size", c->pool, "Memory tier and caller pools")->capture_default_str();
+  cmd->add_option("--queue-depth", c->queue_depth, "Operations in flight")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1024u));
+  cmd->add_option("--dma-threads", c->dma_threads, "DMA engine threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 16u));
+  cmd->add_option("--disk-dir", c->disk_dir, "Directory for the disk tier measurement")
+      ->capture_default_str();
+  cmd->add_option("--disk-size", c->disk_bytes, "Disk tier size")->capture_default_str();
+  cmd->add_flag("--no-disk", c->no_disk, "Skip the spill/reload measurement");
+  cmd->add_flag("--json", c->out.json, "Print one JSON object instead of a table");
+  cmd->add_option("--csv-output-file", c->out.csv_path, "Also write the rows to this CSV file");
+  cmd->add_flag("--csv-append-mode", c->out.csv_append, "Append to the CSV file");
+  cmd->callback([c, exit_code] { *exit_code = run(*c); });
+}
+
+}  // namespace dpukv

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# `dpukv bench cache --json`: rows for store, retrieve, lookup, index, spill and
+# reload, each with its same-run baseline and ratio.
+set -euo pipefail
+bin=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+out=$("$bin" bench cache --sizes 256K,1M --pool-size 64M --queue-depth 8 --disk-dir "$tmp/disk" --disk-size 64M --json)
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+echo "$out" | "$py" -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["bench"] == "cache"
+ops = {}
+for r in d["results"]:
+    ops.setdefault(r["op"], []).append(r)
+assert set(ops) == {"store", "retrieve", "lookup", "index", "spill", "reload"}, set(ops)
+for op in ("store", "retrieve", "spill", "reload"):
+    for r in ops[op]:
+        assert r["gbps"] > 0 and r["baseline_gbps"] > 0, r
+        assert abs(r["ratio"] - r["gbps"] / r["baseline_gbps"]) < 1e-9, r
+assert ops["lookup"][0]["keys_per_s"] > 0 and ops["lookup"][0]["baseline_keys_per_s"] > 0
+assert ops["index"][0]["bytes_per_chunk"] > 0
+'
+echo "cli bench cache: ok"
