@@ -371,7 +371,8 @@ Status CacheEngine::store(const ChunkKey& key, Buf* src, DoneCb cb, void* arg) {
   r->cb = cb;
   r->arg = arg;
   const int32_t existing = find(key);
-  if (existing >= 0) {  // chunks are immutable: an existing key is a success
+  if (existing >= 0) {  // chunks are immutable: an existing key is a success, and fresh again
+    touch(existing);
     finish(r, Code::kSuccess);
     return Code::kSuccess;
   }

@@ -5,10 +5,12 @@
 #include <string>
 
 #include "runtime/log.h"
+#include "tools/agent_cmd.h"
 #include "tools/bench_cache.h"
 #include "tools/bench_comch.h"
 #include "tools/bench_compress.h"
 #include "tools/bench_dma.h"
+#include "tools/replay.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"dpukv: KV-cache offload and sharing engine for LLM inference"};
@@ -29,6 +31,9 @@ int main(int argc, char** argv) {
   dpukv::add_bench_comch_command(bench, &exit_code);
   dpukv::add_bench_compress_command(bench, &exit_code);
   dpukv::add_bench_cache_command(bench, &exit_code);
+
+  dpukv::add_agent_commands(&app, &exit_code);
+  dpukv::add_replay_command(&app, &exit_code);
 
   app.parse_complete_callback([&] {
     dpukv::LogLevel lvl;

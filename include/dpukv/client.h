@@ -1,0 +1,51 @@
+/* dpukv client: C ABI for other languages. Every function returns a status code
+ * (0 = success; the codes and their names are those of dpukv_status_name()). A
+ * handle is used by one thread at a time or serialized by the library. */
+#ifndef DPUKV_CLIENT_H
+#define DPUKV_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dpukv_client dpukv_client;
+
+/* A chunk key: 32 bytes, as dpukv::ChunkKey. */
+typedef struct dpukv_key {
+  uint64_t model;
+  uint32_t world_size;
+  uint32_t rank;
+  uint64_t layout;
+  uint64_t prefix_hash;
+} dpukv_key;
+
+/* socket may be NULL (the default path). model: 0, or the model id this session uses. */
+int dpukv_connect(const char* socket, uint64_t model, dpukv_client** out);
+void dpukv_close(dpukv_client* c);
+const char* dpukv_status_name(int status);
+
+/* Shared staging memory exported to the agent; *data stays valid until close. */
+int dpukv_alloc_staging(dpukv_client* c, size_t bytes, void** data, uint64_t* staging_id);
+
+int dpukv_store(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,
+                const uint64_t* offsets, const uint64_t* lengths, uint32_t n, int* per_entry);
+int dpukv_retrieve(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,
+                   const uint64_t* offsets, const uint64_t* lengths, uint32_t n, int* per_entry);
+/* Number of leading keys present (0 if the agent is unreachable). */
+uint32_t dpukv_lookup(dpukv_client* c, const dpukv_key* keys, uint32_t n, int pin);
+
+/* Keys of a token sequence, chunked as the cache does (see chunk_key.h). Returns
+ * how many keys were written (at most max_keys). */
+uint32_t dpukv_chunk_keys(uint64_t model, uint32_t world_size, uint32_t rank, uint64_t layout,
+                          const int32_t* tokens, size_t n_tokens, uint32_t chunk_tokens,
+                          int include_partial, dpukv_key* out, uint32_t max_keys);
+uint64_t dpukv_model_id(const char* model_name);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DPUKV_CLIENT_H */

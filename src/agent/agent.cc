@@ -1,0 +1,491 @@
+#include "agent/agent.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "agent/protocol.h"
+#include "runtime/log.h"
+
+namespace dpukv {
+
+using agent::AgentHeader;
+using agent::IoEntry;
+using agent::Op;
+
+std::string default_socket_path() {
+  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x != nullptr && *x != '\0')
+    return std::string(x) + "/dpukv.sock";
+  if (access("/run", W_OK) == 0) return "/run/dpukv.sock";
+  return "/tmp/dpukv.sock";
+}
+
+struct Agent::Session {
+  ComchConnection* conn = nullptr;
+  uint64_t model = 0;  // 0: any
+  bool gone = false;
+  uint32_t pending = 0;  // batches in flight
+  std::vector<ChunkKey> pinned;
+};
+
+// One batch request in flight: its entries complete independently.
+struct Agent::Batch {
+  Agent* agent = nullptr;
+  Session* session = nullptr;
+  AgentHeader hdr{};
+  uint32_t remaining = 0;
+  uint64_t start_ns = 0;
+  std::vector<uint8_t> status;  // one Code per entry
+  struct Slot {
+    Batch* batch;
+    uint32_t index;
+  };
+  std::vector<Slot> slots;
+};
+
+// Latency histograms and the /metrics listener.
+struct Agent::Metrics final : FdWatcher {
+  Agent* agent = nullptr;
+  int listen_fd = -1;
+  static constexpr double kBuckets[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                        0.005,   0.01,   0.05,    0.25,   1};
+  struct Histogram {
+    uint64_t counts[sizeof(kBuckets) / sizeof(double) + 1] = {};
+    double sum = 0;
+    uint64_t n = 0;
+    void add(double s) {
+      size_t i = 0;
+      while (i < sizeof(kBuckets) / sizeof(double) && s > kBuckets[i]) ++i;
+      ++counts[i];
+      sum += s;
+      ++n;
+    }
+  } store_lat, retrieve_lat;
+  void on_fd_ready(uint32_t) override {
+    for (;;) {
+      int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) return;
+      // One request per connection; the reply does not depend on its content.
+      timeval tv{0, 200000};
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      char req[2048];
+      ssize_t n = recv(fd, req, sizeof(req) - 1, 0);
+      const bool metrics = n > 0 && std::strncmp(req, "GET /metrics", 12) == 0;
+      std::string body = metrics ? agent->metrics_text() : "see /metrics\n";
+      std::string resp =
+          std::string(metrics ? "HTTP/1.0 200 OK\r\n" : "HTTP/1.0 404 Not Found\r\n") +
+          "Content-Type: text/plain; version=0.0.4\r\nContent-Length: " +
+          std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+      (void)!send(fd, resp.data(), resp.size(), MSG_NOSIGNAL);
+      ::close(fd);
+    }
+  }
+};
+constexpr double Agent::Metrics::kBuckets[];
+
+Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
+  std::unique_ptr<Agent> a(new Agent());
+  a->opts_ = o;
+  if (a->opts_.socket_path.empty()) a->opts_.socket_path = default_socket_path();
+  DPUKV_RETURN_IF_ERROR(ProgressEngine::create(&a->pe_));
+  Status st = CacheEngine::create(a->pe_.get(), a->opts_.cache, &a->cache_);
+  if (!st.ok()) {
+    LOG_ERR("agent: cache engine: %s", std::string(st.description()).c_str());
+    return st;
+  }
+  ComchServerOptions so;
+  so.path = a->opts_.socket_path;
+  so.mode = a->opts_.socket_mode;
+  so.max_msg_size = a->opts_.max_msg;
+  so.heartbeat_interval_ms = a->opts_.heartbeat_ms;
+  so.send_queue_depth = 1024;
+  DPUKV_RETURN_IF_ERROR(ComchServer::create(a->pe_.get(), so, &a->server_));
+  UserData ud;
+  ud.ptr = a.get();
+  DPUKV_RETURN_IF_ERROR(a->server_->set_user_data(ud));
+  ComchCallbacks cb;
+  cb.on_connect = &Agent::on_connect;
+  cb.on_disconnect = &Agent::on_disconnect;
+  cb.on_recv = &Agent::on_recv;
+  cb.on_send_done = &Agent::on_send_done;
+  cb.on_send_error = &Agent::on_send_done;
+  DPUKV_RETURN_IF_ERROR(a->server_->set_callbacks(cb));
+  DPUKV_RETURN_IF_ERROR(a->server_->set_send_conf(512));  // replies in flight over all clients
+  const uint32_t max_entries = a->opts_.max_msg / sizeof(IoEntry) + 1;
+  DPUKV_RETURN_IF_ERROR(BufInventory::create(a->opts_.cache.max_requests + 64, &a->inv_));
+  for (uint32_t i = 0; i < a->opts_.max_batches; ++i) {
+    a->batches_.push_back(std::make_unique<Batch>());
+    Batch* b = a->batches_.back().get();
+    b->agent = a.get();
+    b->status.resize(max_entries);
+    b->slots.resize(max_entries);
+    for (uint32_t k = 0; k < max_entries; ++k) b->slots[k] = {b, k};
+    a->free_batches_.push_back(b);
+  }
+  a->metrics_ = std::make_unique<Metrics>();
+  a->metrics_->agent = a.get();
+  if (a->opts_.metrics_port > 0) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(a->opts_.metrics_port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(fd, 16) != 0) {
+      LOG_ERR("agent: cannot listen for metrics on 127.0.0.1:%d: %s", a->opts_.metrics_port,
+              std::strerror(errno));
+      if (fd >= 0) ::close(fd);
+      return Code::kBadState;
+    }
+    a->metrics_->listen_fd = fd;
+    a->metrics_port_ = a->opts_.metrics_port;
+  }
+  *out = std::move(a);
+  return Code::kSuccess;
+}
+
+Agent::~Agent() {
+  if (metrics_ && metrics_->listen_fd >= 0) ::close(metrics_->listen_fd);
+}
+
+Status Agent::run(const std::atomic<bool>* stop) {
+  DPUKV_RETURN_IF_ERROR(cache_->start());
+  Status st = server_->start();
+  if (!st.ok()) {
+    LOG_ERR("agent: cannot serve on %s: %s", opts_.socket_path.c_str(),
+            std::string(st.description()).c_str());
+    (void)cache_->stop();
+    while (cache_->state() != CtxState::kIdle) pe_->progress();
+    return st;
+  }
+  if (metrics_->listen_fd >= 0)
+    DPUKV_RETURN_IF_ERROR(pe_->watch_fd(metrics_->listen_fd, EPOLLIN, metrics_.get()));
+  const CacheStats cs = cache_->stats();
+  APP_LOG_INFO(
+      "agent: serving on %s; memory tier %llu MiB%s; %llu chunks recovered from disk",
+      opts_.socket_path.c_str(), static_cast<unsigned long long>(cs.memory_capacity >> 20),
+      opts_.cache.disk_dir.empty() ? "" : (", disk tier in " + opts_.cache.disk_dir).c_str(),
+      static_cast<unsigned long long>(cs.recovered));
+  while (!stop->load(std::memory_order_relaxed)) pe_->wait(50000, 100);
+  APP_LOG_INFO("agent: stopping");
+  if (metrics_->listen_fd >= 0) pe_->unwatch_fd(metrics_->listen_fd, metrics_.get());
+  (void)server_->stop();
+  while (server_->state() != CtxState::kIdle) pe_->progress();
+  (void)cache_->stop();
+  while (cache_->state() != CtxState::kIdle) pe_->progress();
+  return cache_->sync();
+}
+
+void Agent::on_connect(ComchConnection* c, UserData ud) {
+  auto* a = static_cast<Agent*>(ud.ptr);
+  auto* s = new Session();
+  s->conn = c;
+  UserData su;
+  su.ptr = s;
+  c->set_user_data(su);
+  ++a->connected_;
+  ++a->counters_.sessions_opened;
+  APP_LOG_INFO("agent: client pid %d uid %u connected", static_cast<int>(c->peer().pid),
+               c->peer().uid);
+}
+
+void Agent::on_disconnect(ComchConnection* c, Status why, UserData ud) {
+  auto* a = static_cast<Agent*>(ud.ptr);
+  auto* s = static_cast<Session*>(c->user_data().ptr);
+  --a->connected_;
+  ++a->counters_.sessions_closed;
+  APP_LOG_INFO("agent: client pid %d disconnected (%s); %u requests in flight",
+               static_cast<int>(c->peer().pid), std::string(why.name()).c_str(), s->pending);
+  if (!s->pinned.empty())
+    a->cache_->unpin(s->pinned.data(), static_cast<uint32_t>(s->pinned.size()));
+  s->pinned.clear();
+  s->gone = true;
+  s->conn = nullptr;
+  a->release_session(s);
+}
+
+void Agent::release_session(Session* s) {
+  if (s->gone && s->pending == 0) delete s;
+}
+
+void Agent::on_send_done(ComchSendTask* t, UserData, UserData ud) {
+  (void)static_cast<Agent*>(ud.ptr)->server_->free(t);
+}
+
+void Agent::on_recv(ComchConnection* c, const uint8_t* d, uint32_t n, UserData ud) {
+  static_cast<Agent*>(ud.ptr)->handle(static_cast<Session*>(c->user_data().ptr), d, n);
+}
+
+void Agent::reply(Session* s, const AgentHeader& req, Status st, const void* body, uint32_t len) {
+  if (s->gone) return;
+  uint8_t buf[65536];
+  AgentHeader h = req;
+  h.op = static_cast<uint16_t>(req.op | agent::kResponse);
+  h.status = static_cast<uint8_t>(st.code());
+  h.count = len;
+  std::memcpy(buf, &h, sizeof(h));
+  if (len > sizeof(buf) - sizeof(h)) len = sizeof(buf) - sizeof(h);
+  if (len) std::memcpy(buf + sizeof(h), body, len);
+  ComchSendTask* t;
+  Status ss = server_->send_alloc_init(s->conn, buf, static_cast<uint32_t>(sizeof(h) + len),
+                                       UserData{}, &t);
+  if (ss.ok()) {
+    ss = server_->submit(t);
+    if (!ss.ok()) (void)server_->free(t);
+  }
+  if (!ss.ok()) {
+    // A client that does not read its responses is not kept waiting for.
+    LOG_WARN("agent: cannot answer client pid %d (%s); disconnecting",
+             static_cast<int>(s->conn->peer().pid), std::string(ss.name()).c_str());
+    server_->disconnect(s->conn);
+  }
+}
+
+void Agent::op_done(void* arg, Status st) {
+  auto* slot = static_cast<Batch::Slot*>(arg);
+  Batch* b = slot->batch;
+  b->status[slot->index] = static_cast<uint8_t>(st.code());
+  if (--b->remaining == 0) b->agent->finish_batch(b);
+}
+
+void Agent::finish_batch(Batch* b) {
+  Session* s = b->session;
+  const double secs = (monotonic_ns() - b->start_ns) / 1e9;
+  if (static_cast<Op>(b->hdr.op) == Op::kStore) metrics_->store_lat.add(secs);
+  if (static_cast<Op>(b->hdr.op) == Op::kRetrieve) metrics_->retrieve_lat.add(secs);
+  Status worst;
+  for (uint32_t i = 0; i < b->hdr.count; ++i)
+    if (b->status[i] != 0) worst = static_cast<Code>(b->status[i]);
+  reply(s, b->hdr, worst, b->status.data(), b->hdr.count);
+  --s->pending;
+  free_batches_.push_back(b);
+  release_session(s);
+}
+
+void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
+  ++counters_.requests;
+  AgentHeader h{};
+  if (n < sizeof(h)) {
+    ++counters_.bad_requests;
+    server_->disconnect(s->conn);
+    return;
+  }
+  std::memcpy(&h, d, sizeof(h));
+  const uint8_t* body = d + sizeof(h);
+  const uint32_t body_len = n - static_cast<uint32_t>(sizeof(h));
+  if (h.version != agent::kProtocolVersion) {
+    ++counters_.bad_requests;
+    reply(s, h, Code::kNotSupported, nullptr, 0);
+    return;
+  }
+  const Op op = static_cast<Op>(h.op);
+  auto entries_ok = [&](size_t entry_size) {
+    return h.count <= body_len / entry_size &&
+           static_cast<uint64_t>(h.count) * entry_size == body_len;
+  };
+  auto key_allowed = [&](const ChunkKey& k) { return s->model == 0 || k.model == s->model; };
+  switch (op) {
+    case Op::kHello: {
+      agent::HelloEntry e;
+      if (h.count != 1 || !entries_ok(sizeof(e))) break;
+      std::memcpy(&e, body, sizeof(e));
+      s->model = e.model;
+      reply(s, h, Code::kSuccess, nullptr, 0);
+      return;
+    }
+    case Op::kStore:
+    case Op::kRetrieve: {
+      if (!entries_ok(sizeof(IoEntry)) || h.count == 0) break;
+      if (free_batches_.empty()) {
+        reply(s, h, Code::kAgain, nullptr, 0);
+        return;
+      }
+      Batch* b = free_batches_.back();
+      free_batches_.pop_back();
+      b->session = s;
+      b->hdr = h;
+      b->remaining = h.count + 1;  // +1 until every entry is submitted
+      b->start_ns = monotonic_ns();
+      ++s->pending;
+      for (uint32_t i = 0; i < h.count; ++i) {
+        IoEntry e;
+        std::memcpy(&e, body + i * sizeof(e), sizeof(e));
+        Status st;
+        Mmap* m = s->conn->imported_map(e.map_id);
+        Buf* buf = nullptr;
+        if (!key_allowed(e.key)) {
+          st = Code::kNotPermitted;
+        } else if (m == nullptr) {
+          st = Code::kNotPermitted;  // not memory this client exported
+          ++counters_.not_permitted;
+        } else if (e.length == 0 || e.offset > m->length() || e.length > m->length() - e.offset) {
+          st = Code::kInvalidValue;
+        } else if (e.length > opts_.cache.max_chunk_bytes && op == Op::kStore) {
+          st = Code::kTooBig;
+        } else if (op == Op::kStore) {
+          st = inv_->get_by_data(m, m->addr() + e.offset, e.length, &buf);
+        } else {
+          st = inv_->get_by_addr(m, m->addr() + e.offset, e.length, &buf);
+        }
+        if (st.ok()) {
+          st = op == Op::kStore ? cache_->store(e.key, buf, &Agent::op_done, &b->slots[i])
+                                : cache_->retrieve(e.key, buf, &Agent::op_done, &b->slots[i]);
+          (void)buf->dec_refcount();  // the cache holds its own reference
+          if (st.ok()) continue;      // completes through op_done
+        }
+        b->status[i] = static_cast<uint8_t>(st.code());
+        --b->remaining;
+      }
+      if (--b->remaining == 0) finish_batch(b);
+      return;
+    }
+    case Op::kLookup: {
+      if (!entries_ok(sizeof(ChunkKey))) break;
+      const auto* keys = reinterpret_cast<const ChunkKey*>(body);
+      std::vector<ChunkKey> ks(h.count);
+      std::memcpy(ks.data(), keys, h.count * sizeof(ChunkKey));
+      uint32_t allowed = 0;
+      while (allowed < h.count && key_allowed(ks[allowed])) ++allowed;
+      const uint32_t hits = cache_->lookup(ks.data(), allowed, (h.flags & agent::kPin) != 0);
+      if (h.flags & agent::kPin) s->pinned.insert(s->pinned.end(), ks.begin(), ks.begin() + hits);
+      ++counters_.lookups;
+      counters_.lookup_keys += h.count;
+      counters_.lookup_hits += hits;
+      reply(s, h, Code::kSuccess, &hits, sizeof(hits));
+      return;
+    }
+    case Op::kContains:
+    case Op::kRemove:
+    case Op::kPrefetch:
+    case Op::kUnpin: {
+      if (!entries_ok(sizeof(ChunkKey))) break;
+      std::vector<uint8_t> st(h.count);
+      for (uint32_t i = 0; i < h.count; ++i) {
+        ChunkKey k;
+        std::memcpy(&k, body + i * sizeof(k), sizeof(k));
+        Status r;
+        if (!key_allowed(k))
+          r = Code::kNotPermitted;
+        else if (op == Op::kContains)
+          r = cache_->contains(k) ? Status() : Status(Code::kNotFound);
+        else if (op == Op::kRemove)
+          r = cache_->remove(k);
+        else if (op == Op::kUnpin)
+          cache_->unpin(&k, 1);
+        else
+          r = cache_->contains(k) ? cache_->prefetch(k, nullptr, nullptr) : Status(Code::kNotFound);
+        st[i] = static_cast<uint8_t>(r.code());
+      }
+      reply(s, h, Code::kSuccess, st.data(), h.count);
+      return;
+    }
+    case Op::kStats: {
+      const std::string j = stats_json();
+      reply(s, h, Code::kSuccess, j.data(), static_cast<uint32_t>(j.size()));
+      return;
+    }
+  }
+  ++counters_.bad_requests;
+  LOG_WARN("agent: malformed request (op %u, %u entries, %u bytes) from pid %d", h.op, h.count,
+           body_len, static_cast<int>(s->conn->peer().pid));
+  reply(s, h, Code::kInvalidValue, nullptr, 0);
+}
+
+std::string Agent::stats_json() const {
+  const CacheStats c = cache_->stats();
+  char buf[2048];
+  std::snprintf(
+      buf, sizeof(buf),
+      "{\"clients\":%llu,\"chunks\":%llu,\"memory_chunks\":%llu,\"disk_chunks\":%llu,"
+      "\"memory_used_bytes\":%llu,\"memory_capacity_bytes\":%llu,\"disk_used_bytes\":%llu,"
+      "\"disk_capacity_bytes\":%llu,\"stores\":%llu,\"store_bytes\":%llu,\"retrieves\":%llu,"
+      "\"retrieve_bytes\":%llu,\"hits\":%llu,\"misses\":%llu,\"evictions\":%llu,\"spills\":%llu,"
+      "\"reloads\":%llu,\"checksum_failures\":%llu,\"io_errors\":%llu,\"recovered\":%llu,"
+      "\"lookups\":%llu,\"lookup_keys\":%llu,\"lookup_hits\":%llu,\"requests\":%llu,"
+      "\"bad_requests\":%llu,\"not_permitted\":%llu,\"protocol_errors\":%llu}",
+      (unsigned long long)connected_, (unsigned long long)c.chunks,
+      (unsigned long long)c.memory_chunks, (unsigned long long)c.disk_chunks,
+      (unsigned long long)c.memory_used, (unsigned long long)c.memory_capacity,
+      (unsigned long long)c.disk_used, (unsigned long long)c.disk_capacity,
+      (unsigned long long)c.stores, (unsigned long long)c.store_bytes,
+      (unsigned long long)c.retrieves, (unsigned long long)c.retrieve_bytes,
+      (unsigned long long)c.hits, (unsigned long long)c.misses, (unsigned long long)c.evictions,
+      (unsigned long long)c.spills, (unsigned long long)c.reloads,
+      (unsigned long long)c.checksum_failures, (unsigned long long)c.io_errors,
+      (unsigned long long)c.recovered, (unsigned long long)counters_.lookups,
+      (unsigned long long)counters_.lookup_keys, (unsigned long long)counters_.lookup_hits,
+      (unsigned long long)counters_.requests, (unsigned long long)counters_.bad_requests,
+      (unsigned long long)counters_.not_permitted,
+      (unsigned long long)server_->counters().protocol_errors);
+  return buf;
+}
+
+std::string Agent::metrics_text() const {
+  const CacheStats c = cache_->stats();
+  std::string out;
+  auto metric = [&](const char* name, const char* type, const char* help, double v) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
+           name + " " + std::to_string(v) + "\n";
+  };
+  metric("dpukv_clients_connected", "gauge", "Connected clients.", static_cast<double>(connected_));
+  metric("dpukv_chunks", "gauge", "Chunks in the cache.", static_cast<double>(c.chunks));
+  metric("dpukv_memory_used_bytes", "gauge", "Memory tier bytes in use.",
+         static_cast<double>(c.memory_used));
+  metric("dpukv_memory_capacity_bytes", "gauge", "Memory tier capacity.",
+         static_cast<double>(c.memory_capacity));
+  metric("dpukv_disk_used_bytes", "gauge", "Disk tier bytes in use.",
+         static_cast<double>(c.disk_used));
+  metric("dpukv_stores_total", "counter", "Chunks stored.", static_cast<double>(c.stores));
+  metric("dpukv_store_bytes_total", "counter", "Bytes stored.", static_cast<double>(c.store_bytes));
+  metric("dpukv_retrieves_total", "counter", "Chunks retrieved.", static_cast<double>(c.retrieves));
+  metric("dpukv_retrieve_bytes_total", "counter", "Bytes retrieved.",
+         static_cast<double>(c.retrieve_bytes));
+  metric("dpukv_lookup_keys_total", "counter", "Keys asked about by lookups.",
+         static_cast<double>(counters_.lookup_keys));
+  metric("dpukv_lookup_hit_keys_total", "counter", "Leading keys found by lookups.",
+         static_cast<double>(counters_.lookup_hits));
+  metric("dpukv_retrieve_misses_total", "counter", "Retrieves of absent or corrupt chunks.",
+         static_cast<double>(c.misses));
+  metric("dpukv_evictions_total", "counter", "Chunks evicted from memory.",
+         static_cast<double>(c.evictions));
+  metric("dpukv_spills_total", "counter", "Chunks written to the disk tier.",
+         static_cast<double>(c.spills));
+  metric("dpukv_reloads_total", "counter", "Chunks read back from the disk tier.",
+         static_cast<double>(c.reloads));
+  metric("dpukv_checksum_failures_total", "counter", "Chunks dropped for a checksum mismatch.",
+         static_cast<double>(c.checksum_failures));
+  metric("dpukv_io_errors_total", "counter", "Disk tier I/O errors.",
+         static_cast<double>(c.io_errors));
+  metric("dpukv_bad_requests_total", "counter", "Malformed requests.",
+         static_cast<double>(counters_.bad_requests));
+  metric("dpukv_comch_protocol_errors_total", "counter", "Connections closed for protocol errors.",
+         static_cast<double>(server_->counters().protocol_errors));
+  auto histogram = [&](const char* name, const Metrics::Histogram& h) {
+    out += std::string("# HELP ") + name + " Request latency in seconds.\n# TYPE " + name +
+           " histogram\n";
+    uint64_t cum = 0;
+    const size_t nb = sizeof(Metrics::kBuckets) / sizeof(double);
+    for (size_t i = 0; i < nb; ++i) {
+      cum += h.counts[i];
+      out += std::string(name) + "_bucket{le=\"" + std::to_string(Metrics::kBuckets[i]) + "\"} " +
+             std::to_string(cum) + "\n";
+    }
+    cum += h.counts[nb];
+    out += std::string(name) + "_bucket{le=\"+Inf\"} " + std::to_string(cum) + "\n";
+    out += std::string(name) + "_sum " + std::to_string(h.sum) + "\n" + name + "_count " +
+           std::to_string(h.n) + "\n";
+  };
+  histogram("dpukv_store_batch_seconds", metrics_->store_lat);
+  histogram("dpukv_retrieve_batch_seconds", metrics_->retrieve_lat);
+  return out;
+}
+
+}  // namespace dpukv

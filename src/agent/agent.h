@@ -1,0 +1,85 @@
+// The offload agent: hosts the cache engine and its DMA context, serves host
+// clients over comch, and exports Prometheus metrics. Everything runs on one
+// progress-engine thread (the "DPU core"); the control plane (sessions,
+// heartbeats, staging exports, metadata) lives here, not in the client.
+//
+// Isolation: a request may name only memory its own connection exported (others'
+// map ids are NOT_PERMITTED), every offset and length is checked against that map,
+// and a session that said HELLO with a model may name only keys of that model.
+// A client that dies has its in-flight operations completed and dropped, its pins
+// released and its imported memory unmapped once the last DMA on it finishes.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/protocol.h"
+#include "cache/cache_engine.h"
+#include "comch/server.h"
+
+namespace dpukv {
+
+struct AgentOptions {
+  std::string socket_path;  // default_socket_path() if empty
+  mode_t socket_mode = 0660;
+  CacheOptions cache;
+  uint32_t heartbeat_ms = 1000;
+  uint32_t max_msg = 65536;    // comch message bound (batches up to ~1150 entries)
+  int metrics_port = 0;        // 0: no metrics endpoint; it listens on 127.0.0.1
+  uint32_t max_batches = 256;  // batch requests in flight over all clients
+};
+
+// $XDG_RUNTIME_DIR/dpukv.sock, else /run/dpukv.sock if /run is writable, else /tmp.
+std::string default_socket_path();
+
+struct AgentCounters {
+  uint64_t requests = 0, bad_requests = 0, not_permitted = 0;
+  uint64_t lookups = 0, lookup_keys = 0, lookup_hits = 0;
+  uint64_t sessions_opened = 0, sessions_closed = 0;
+};
+
+class Agent {
+ public:
+  static Status create(const AgentOptions& o, std::unique_ptr<Agent>* out);
+  ~Agent();
+
+  // Serves until *stop becomes true (checked at least every 100 ms). Flushes the
+  // disk index on the way out.
+  Status run(const std::atomic<bool>* stop);
+
+  const std::string& socket_path() const { return opts_.socket_path; }
+  int metrics_port() const { return metrics_port_; }
+  std::string metrics_text() const;  // Prometheus text exposition
+  std::string stats_json() const;
+
+ private:
+  struct Session;
+  struct Batch;
+  struct Metrics;
+  Agent() = default;
+  static void on_connect(ComchConnection* c, UserData ud);
+  static void on_disconnect(ComchConnection* c, Status why, UserData ud);
+  static void on_recv(ComchConnection* c, const uint8_t* d, uint32_t n, UserData ud);
+  static void on_send_done(ComchSendTask* t, UserData, UserData ud);
+  static void op_done(void* arg, Status st);
+  void handle(Session* s, const uint8_t* d, uint32_t n);
+  void reply(Session* s, const agent::AgentHeader& req, Status st, const void* body, uint32_t len);
+  void finish_batch(Batch* b);
+  void release_session(Session* s);
+
+  AgentOptions opts_;
+  std::unique_ptr<ProgressEngine> pe_;
+  std::unique_ptr<ComchServer> server_;
+  std::unique_ptr<CacheEngine> cache_;
+  std::unique_ptr<BufInventory> inv_;
+  std::unique_ptr<Metrics> metrics_;
+  int metrics_port_ = 0;
+  std::vector<std::unique_ptr<Batch>> batches_;
+  std::vector<Batch*> free_batches_;
+  AgentCounters counters_;
+  uint64_t connected_ = 0;
+};
+
+}  // namespace dpukv

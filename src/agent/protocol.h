@@ -1,0 +1,59 @@
+// The agent's request protocol, carried in comch DATA messages (comch/wire.h
+// frames and checks them first). Little-endian, fixed-size entries; one constants
+// header; documented in docs/protocols.md.
+//
+// A request: AgentHeader, then `count` entries of the op's entry type. A response:
+// AgentHeader with op | kResponse, status, and for batch ops `count` status bytes
+// (one Code per entry), for LOOKUP one u32 (leading hits), for STATS JSON text.
+#pragma once
+
+#include <cstdint>
+
+#include "cache/chunk_key.h"
+
+namespace dpukv::agent {
+
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kResponse = 0x8000;
+
+enum class Op : uint16_t {
+  kHello = 1,     // entry: HelloEntry; response: status only
+  kStore = 2,     // entries: IoEntry (source regions of the client's staging)
+  kRetrieve = 3,  // entries: IoEntry (destination regions)
+  kLookup = 4,    // entries: ChunkKey; flags & kPin pins the leading hits
+  kContains = 5,  // entries: ChunkKey; response: a status byte per key (SUCCESS or NOT_FOUND)
+  kRemove = 6,    // entries: ChunkKey
+  kPrefetch = 7,  // entries: ChunkKey
+  kUnpin = 8,     // entries: ChunkKey
+  kStats = 9,     // no entries; response: JSON
+};
+
+inline constexpr uint16_t kPin = 1;
+
+struct AgentHeader {
+  uint16_t op;
+  uint16_t version;
+  uint16_t flags;
+  uint8_t status;  // responses: a Code
+  uint8_t reserved;
+  uint32_t count;
+  uint32_t reserved2;
+  uint64_t request_id;
+};
+static_assert(sizeof(AgentHeader) == 24);
+
+struct HelloEntry {
+  uint64_t model;  // the only model this session may name in keys (0: any)
+  uint64_t reserved;
+};
+static_assert(sizeof(HelloEntry) == 16);
+
+struct IoEntry {
+  ChunkKey key;
+  uint64_t map_id;  // the client's id of a map it exported on this connection
+  uint64_t offset;  // into that map
+  uint64_t length;  // store: bytes to store; retrieve: room at offset
+};
+static_assert(sizeof(IoEntry) == 56);
+
+}  // namespace dpukv::agent

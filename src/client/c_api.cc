@@ -1,0 +1,112 @@
+// The C ABI over dpukv::Client: no exceptions cross it; every error is a status.
+#include "dpukv/client.h"
+
+#include <cstring>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "client/client.h"
+
+struct dpukv_client {
+  std::unique_ptr<dpukv::Client> c;
+  std::vector<dpukv::Staging> staging;
+};
+
+static_assert(sizeof(dpukv_key) == sizeof(dpukv::ChunkKey));
+
+namespace {
+const dpukv::ChunkKey* keys_of(const dpukv_key* k) {
+  return reinterpret_cast<const dpukv::ChunkKey*>(k);
+}
+int code(dpukv::Status s) {
+  return static_cast<int>(s.code());
+}
+
+int io(dpukv_client* c, bool store, uint64_t staging_id, const dpukv_key* keys,
+       const uint64_t* offsets, const uint64_t* lengths, uint32_t n, int* per_entry) {
+  if (c == nullptr || keys == nullptr || offsets == nullptr || lengths == nullptr)
+    return code(dpukv::Code::kInvalidValue);
+  const dpukv::Staging* s = nullptr;
+  for (const auto& x : c->staging)
+    if (x.id == staging_id) s = &x;
+  if (s == nullptr) return code(dpukv::Code::kNotFound);
+  std::vector<dpukv::Status> st(n);
+  dpukv::Status r = store ? c->c->store(*s, keys_of(keys), offsets, lengths, n, st.data())
+                          : c->c->retrieve(*s, keys_of(keys), offsets, lengths, n, st.data());
+  if (per_entry)
+    for (uint32_t i = 0; i < n; ++i) per_entry[i] = code(st[i]);
+  return code(r);
+}
+}  // namespace
+
+extern "C" {
+
+int dpukv_connect(const char* socket, uint64_t model, dpukv_client** out) {
+  if (out == nullptr) return code(dpukv::Code::kInvalidValue);
+  auto* h = new (std::nothrow) dpukv_client();
+  if (h == nullptr) return code(dpukv::Code::kNoMemory);
+  dpukv::ClientOptions o;
+  if (socket) o.socket_path = socket;
+  o.model = model;
+  dpukv::Status st = dpukv::Client::connect(o, &h->c);
+  if (!st.ok()) {
+    delete h;
+    return code(st);
+  }
+  *out = h;
+  return 0;
+}
+
+void dpukv_close(dpukv_client* c) {
+  delete c;
+}
+
+const char* dpukv_status_name(int status) {
+  return dpukv::code_name(static_cast<dpukv::Code>(status)).data();  // names are literals
+}
+
+int dpukv_alloc_staging(dpukv_client* c, size_t bytes, void** data, uint64_t* staging_id) {
+  if (c == nullptr || data == nullptr || staging_id == nullptr)
+    return code(dpukv::Code::kInvalidValue);
+  dpukv::Staging s;
+  dpukv::Status st = c->c->alloc_staging(bytes, &s);
+  if (!st.ok()) return code(st);
+  c->staging.push_back(s);
+  *data = s.data;
+  *staging_id = s.id;
+  return 0;
+}
+
+int dpukv_store(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,
+                const uint64_t* offsets, const uint64_t* lengths, uint32_t n, int* per_entry) {
+  return io(c, true, staging_id, keys, offsets, lengths, n, per_entry);
+}
+
+int dpukv_retrieve(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,
+                   const uint64_t* offsets, const uint64_t* lengths, uint32_t n, int* per_entry) {
+  return io(c, false, staging_id, keys, offsets, lengths, n, per_entry);
+}
+
+uint32_t dpukv_lookup(dpukv_client* c, const dpukv_key* keys, uint32_t n, int pin) {
+  if (c == nullptr || keys == nullptr) return 0;
+  return c->c->lookup(keys_of(keys), n, pin != 0);
+}
+
+uint32_t dpukv_chunk_keys(uint64_t model, uint32_t world_size, uint32_t rank, uint64_t layout,
+                          const int32_t* tokens, size_t n_tokens, uint32_t chunk_tokens,
+                          int include_partial, dpukv_key* out, uint32_t max_keys) {
+  if (tokens == nullptr || out == nullptr) return 0;
+  std::vector<dpukv::ChunkKey> ks;
+  dpukv::chunk_keys(dpukv::KeyContext{model, world_size, rank, layout}, tokens, n_tokens,
+                    chunk_tokens, include_partial != 0, &ks);
+  const uint32_t n = static_cast<uint32_t>(std::min<size_t>(ks.size(), max_keys));
+  std::memcpy(out, ks.data(), n * sizeof(dpukv_key));
+  return n;
+}
+
+uint64_t dpukv_model_id(const char* model_name) {
+  return model_name ? dpukv::model_id(model_name) : 0;
+}
+
+}  // extern "C"

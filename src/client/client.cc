@@ -1,0 +1,290 @@
+#include "client/client.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "agent/agent.h"
+#include "runtime/log.h"
+
+namespace dpukv {
+
+using agent::AgentHeader;
+using agent::IoEntry;
+using agent::Op;
+
+Status Client::connect(const ClientOptions& o, std::unique_ptr<Client>* out) {
+  std::unique_ptr<Client> c(new Client());
+  c->opts_ = o;
+  if (c->opts_.socket_path.empty()) c->opts_.socket_path = default_socket_path();
+  DPUKV_RETURN_IF_ERROR(ProgressEngine::create(&c->pe_));
+  DPUKV_RETURN_IF_ERROR(c->open_channel(o.connect_timeout_ms));
+  *out = std::move(c);
+  return Code::kSuccess;
+}
+
+Client::~Client() {
+  if (ch_ && ch_->state() != CtxState::kIdle) {
+    (void)ch_->stop();
+    while (ch_->state() != CtxState::kIdle) pe_->progress();
+  }
+  ch_.reset();
+  for (auto& s : staging_) (void)s.map->stop();
+}
+
+Status Client::open_channel(uint32_t timeout_ms) {
+  last_attempt_ns_ = monotonic_ns();
+  if (!ch_) {
+    ComchClientOptions co;
+    co.path = opts_.socket_path;
+    co.max_msg_size = comch::kMaxMsgLimit;
+    co.heartbeat_interval_ms = opts_.heartbeat_ms;
+    co.connect_timeout_ms = timeout_ms;
+    co.send_queue_depth = 256;
+    DPUKV_RETURN_IF_ERROR(ComchClient::create(pe_.get(), co, &ch_));
+    UserData ud;
+    ud.ptr = this;
+    DPUKV_RETURN_IF_ERROR(ch_->set_user_data(ud));
+    ComchCallbacks cb;
+    cb.on_recv = [](ComchConnection*, const uint8_t* d, uint32_t n, UserData u) {
+      auto* self = static_cast<Client*>(u.ptr);
+      if (n < sizeof(AgentHeader)) return;
+      AgentHeader h;
+      std::memcpy(&h, d, sizeof(h));
+      self->responses_.emplace_back(h.request_id, std::vector<uint8_t>(d, d + n));
+    };
+    cb.on_disconnect = [](ComchConnection*, Status, UserData u) {
+      static_cast<Client*>(u.ptr)->lost_ = true;
+    };
+    cb.on_send_done = [](ComchSendTask* t, UserData, UserData u) {
+      (void)static_cast<Client*>(u.ptr)->ch_->free(t);
+    };
+    cb.on_send_error = cb.on_send_done;
+    DPUKV_RETURN_IF_ERROR(ch_->set_callbacks(cb));
+    DPUKV_RETURN_IF_ERROR(ch_->set_send_conf(64));
+  }
+  if (ch_->state() == CtxState::kIdle) {
+    Status st = ch_->start();
+    if (!st.ok() && st != Code::kInProgress) return st;
+  }
+  const uint64_t deadline = monotonic_ns() + static_cast<uint64_t>(timeout_ms) * 1000000ull;
+  while (ch_->state() == CtxState::kStarting && monotonic_ns() < deadline) pe_->wait(20000, 5);
+  if (ch_->state() != CtxState::kRunning) {
+    if (ch_->state() == CtxState::kStarting) (void)ch_->stop();
+    while (ch_->state() != CtxState::kIdle) pe_->progress();
+    return Code::kNotFound;
+  }
+  lost_ = false;
+  responses_.clear();
+  // A new session: announce the model and export every staging buffer again.
+  agent::HelloEntry hello{opts_.model, 0};
+  std::vector<uint8_t> resp;
+  DPUKV_RETURN_IF_ERROR(call(Op::kHello, 0, &hello, sizeof(hello), 1, &resp));
+  for (auto& s : staging_) {
+    ComchSendTask* t;
+    DPUKV_RETURN_IF_ERROR(
+        ch_->export_alloc_init(ch_->connection(), *s.map, s.map->id(), UserData{}, &t));
+    DPUKV_RETURN_IF_ERROR(ch_->submit(t));
+  }
+  return Code::kSuccess;
+}
+
+Status Client::ensure_connected() {
+  if (ch_ && ch_->state() == CtxState::kRunning && !lost_) return Code::kSuccess;
+  // Let a dying channel reach IDLE without waiting on it.
+  for (int i = 0; i < 4 && ch_ && ch_->state() == CtxState::kStopping; ++i) pe_->progress();
+  if (monotonic_ns() - last_attempt_ns_ <
+      static_cast<uint64_t>(opts_.reconnect_interval_ms) * 1000000ull)
+    return Code::kConnectionReset;  // fail fast; try again later
+  if (ch_ && ch_->state() != CtxState::kIdle) return Code::kConnectionReset;
+  Status st = open_channel(50);
+  return st.ok() ? st : Status(Code::kConnectionReset);
+}
+
+bool Client::connected() {
+  std::lock_guard<std::mutex> g(mu_);
+  pe_->progress();
+  return ch_ && ch_->state() == CtxState::kRunning && !lost_;
+}
+
+Status Client::alloc_staging(size_t bytes, Staging* out) {
+  std::lock_guard<std::mutex> g(mu_);
+  StagingMem s;
+  MemRegionOptions mo;
+  mo.name = "dpukv-staging";
+  DPUKV_RETURN_IF_ERROR(MemRegion::create(bytes, mo, &s.mem));
+  DPUKV_RETURN_IF_ERROR(Mmap::create(s.mem->data(), s.mem->size(),
+                                     kAccessLocalReadWrite | kAccessExportReadWrite, s.mem->fd(), 0,
+                                     &s.map));
+  DPUKV_RETURN_IF_ERROR(s.map->start());
+  DPUKV_RETURN_IF_ERROR(ensure_connected());
+  ComchSendTask* t;
+  DPUKV_RETURN_IF_ERROR(
+      ch_->export_alloc_init(ch_->connection(), *s.map, s.map->id(), UserData{}, &t));
+  Status st = ch_->submit(t);
+  if (!st.ok()) {
+    (void)ch_->free(t);
+    return st;
+  }
+  *out = Staging{s.map->addr(), s.map->length(), s.map->id()};
+  staging_.push_back(std::move(s));
+  return Code::kSuccess;
+}
+
+Status Client::wait_response(uint64_t id, std::vector<uint8_t>* out) {
+  const uint64_t deadline =
+      monotonic_ns() + static_cast<uint64_t>(opts_.op_timeout_ms) * 1000000ull;
+  for (;;) {
+    for (size_t i = 0; i < responses_.size(); ++i) {
+      if (responses_[i].first != id) continue;
+      *out = std::move(responses_[i].second);
+      responses_.erase(responses_.begin() + static_cast<long>(i));
+      return Code::kSuccess;
+    }
+    if (lost_ || ch_->state() != CtxState::kRunning) return Code::kConnectionReset;
+    if (monotonic_ns() > deadline) return Code::kTimeout;
+    pe_->wait(50000, 10);
+  }
+}
+
+Status Client::call(Op op, uint16_t flags, const void* entries, uint32_t entry_size, uint32_t n,
+                    std::vector<uint8_t>* response) {
+  std::vector<uint8_t> msg(sizeof(AgentHeader) + static_cast<size_t>(entry_size) * n);
+  AgentHeader h{};
+  h.op = static_cast<uint16_t>(op);
+  h.version = agent::kProtocolVersion;
+  h.flags = flags;
+  h.count = n;
+  h.request_id = next_id_++;
+  std::memcpy(msg.data(), &h, sizeof(h));
+  if (n) std::memcpy(msg.data() + sizeof(h), entries, static_cast<size_t>(entry_size) * n);
+  ComchSendTask* t;
+  DPUKV_RETURN_IF_ERROR(ch_->send_alloc_init(ch_->connection(), msg.data(),
+                                             static_cast<uint32_t>(msg.size()), UserData{}, &t));
+  Status st;
+  while ((st = ch_->submit(t)) == Code::kAgain) pe_->progress();
+  if (!st.ok()) {
+    (void)ch_->free(t);
+    return st;
+  }
+  DPUKV_RETURN_IF_ERROR(wait_response(h.request_id, response));
+  if (response->size() < sizeof(AgentHeader)) return Code::kCorrupted;
+  AgentHeader r;
+  std::memcpy(&r, response->data(), sizeof(r));
+  return static_cast<Code>(r.status);
+}
+
+Status Client::batch_io(Op op, const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
+                        const uint64_t* lengths, uint32_t n, Status* per_entry) {
+  std::lock_guard<std::mutex> g(mu_);
+  Status first;
+  Status conn = ensure_connected();
+  if (!conn.ok()) {
+    for (uint32_t i = 0; i < n; ++i)
+      if (per_entry) per_entry[i] = conn;
+    return conn;
+  }
+  const uint32_t per_msg = (ch_->connection()->max_msg() - sizeof(AgentHeader)) / sizeof(IoEntry);
+  std::vector<IoEntry> es;
+  std::vector<uint8_t> resp;
+  for (uint32_t base = 0; base < n; base += per_msg) {
+    const uint32_t k = std::min(per_msg, n - base);
+    es.resize(k);
+    for (uint32_t i = 0; i < k; ++i)
+      es[i] = IoEntry{keys[base + i], s.id, offsets[base + i], lengths[base + i]};
+    Status st = call(op, 0, es.data(), sizeof(IoEntry), k, &resp);
+    const uint8_t* codes =
+        resp.size() >= sizeof(AgentHeader) + k ? resp.data() + sizeof(AgentHeader) : nullptr;
+    for (uint32_t i = 0; i < k; ++i) {
+      Status e = codes ? Status(static_cast<Code>(codes[i])) : st;
+      if (per_entry) per_entry[base + i] = e;
+      if (!e.ok() && first.ok()) first = e;
+    }
+    if (!st.ok() && codes == nullptr && first.ok()) first = st;
+  }
+  return first;
+}
+
+Status Client::store(const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
+                     const uint64_t* lengths, uint32_t n, Status* per_entry) {
+  return batch_io(Op::kStore, s, keys, offsets, lengths, n, per_entry);
+}
+
+Status Client::retrieve(const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
+                        const uint64_t* lengths, uint32_t n, Status* per_entry) {
+  return batch_io(Op::kRetrieve, s, keys, offsets, lengths, n, per_entry);
+}
+
+uint32_t Client::lookup(const ChunkKey* keys, uint32_t n, bool pin) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!ensure_connected().ok()) return 0;
+  const uint32_t per_msg = (ch_->connection()->max_msg() - sizeof(AgentHeader)) / sizeof(ChunkKey);
+  uint32_t total = 0;
+  std::vector<uint8_t> resp;
+  for (uint32_t base = 0; base < n; base += per_msg) {
+    const uint32_t k = std::min(per_msg, n - base);
+    if (!call(Op::kLookup, pin ? agent::kPin : 0, keys + base, sizeof(ChunkKey), k, &resp).ok() ||
+        resp.size() < sizeof(AgentHeader) + 4)
+      return 0;  // unreachable or refused: recompute
+    uint32_t hits;
+    std::memcpy(&hits, resp.data() + sizeof(AgentHeader), 4);
+    total += hits;
+    if (hits < k) break;
+  }
+  return total;
+}
+
+Status Client::keys_op(Op op, const ChunkKey* keys, uint32_t n, Status* per_entry) {
+  std::lock_guard<std::mutex> g(mu_);
+  DPUKV_RETURN_IF_ERROR(ensure_connected());
+  std::vector<uint8_t> resp;
+  Status st = call(op, 0, keys, sizeof(ChunkKey), n, &resp);
+  Status first = st;
+  if (resp.size() >= sizeof(AgentHeader) + n) {
+    for (uint32_t i = 0; i < n; ++i) {
+      Status e = static_cast<Code>(resp[sizeof(AgentHeader) + i]);
+      if (per_entry) per_entry[i] = e;
+      if (!e.ok() && first.ok()) first = e;
+    }
+  }
+  return first;
+}
+
+Status Client::unpin(const ChunkKey* keys, uint32_t n) {
+  return keys_op(Op::kUnpin, keys, n, nullptr);
+}
+Status Client::contains(const ChunkKey* keys, uint32_t n, Status* p) {
+  return keys_op(Op::kContains, keys, n, p);
+}
+Status Client::remove(const ChunkKey* keys, uint32_t n, Status* p) {
+  return keys_op(Op::kRemove, keys, n, p);
+}
+Status Client::prefetch(const ChunkKey* keys, uint32_t n, Status* p) {
+  return keys_op(Op::kPrefetch, keys, n, p);
+}
+
+Status Client::stats_json(std::string* out) {
+  std::lock_guard<std::mutex> g(mu_);
+  DPUKV_RETURN_IF_ERROR(ensure_connected());
+  std::vector<uint8_t> resp;
+  DPUKV_RETURN_IF_ERROR(call(Op::kStats, 0, nullptr, 0, 0, &resp));
+  out->assign(reinterpret_cast<const char*>(resp.data()) + sizeof(AgentHeader),
+              resp.size() - sizeof(AgentHeader));
+  return Code::kSuccess;
+}
+
+Status Client::raw_request(const void* msg, uint32_t len, std::vector<uint8_t>* response) {
+  std::lock_guard<std::mutex> g(mu_);
+  DPUKV_RETURN_IF_ERROR(ensure_connected());
+  AgentHeader h{};
+  if (len >= sizeof(h)) std::memcpy(&h, msg, sizeof(h));
+  ComchSendTask* t;
+  DPUKV_RETURN_IF_ERROR(ch_->send_alloc_init(ch_->connection(), msg, len, UserData{}, &t));
+  Status st = ch_->submit(t);
+  if (!st.ok()) {
+    (void)ch_->free(t);
+    return st;
+  }
+  return wait_response(h.request_id, response);
+}
+
+}  // namespace dpukv

@@ -1,0 +1,96 @@
+// The host-side client library: a thin proxy to the offload agent. Staging memory
+// is exported to the agent once; store and retrieve name regions of it, and the
+// agent's DMA moves the bytes: no KV byte crosses the socket.
+//
+// Never blocks inference for long and never breaks it: while the agent is gone,
+// lookup answers 0 (recompute) and other calls fail fast with CONNECTION_RESET;
+// the client reconnects (and re-exports its staging memory) when the agent is back,
+// trying at most once per reconnect_interval_ms from inside a call.
+//
+// Thread safety: every method may be called from any thread; calls are serialized
+// by one lock (one control channel per client).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "agent/protocol.h"
+#include "cache/chunk_key.h"
+#include "comch/client.h"
+#include "runtime/mem_region.h"
+
+namespace dpukv {
+
+struct ClientOptions {
+  std::string socket_path;  // default_socket_path() if empty
+  uint32_t connect_timeout_ms = 2000;
+  uint32_t op_timeout_ms = 30000;
+  uint32_t reconnect_interval_ms = 1000;
+  uint32_t heartbeat_ms = 1000;
+  uint64_t model = 0;  // announce: this session names keys of this model only (0: any)
+};
+
+struct Staging {
+  uint8_t* data = nullptr;
+  size_t size = 0;
+  uint64_t id = 0;  // the map id the agent knows it by
+};
+
+class Client {
+ public:
+  // Connects (retrying until connect_timeout_ms). NOT_FOUND if no agent answered.
+  static Status connect(const ClientOptions& o, std::unique_ptr<Client>* out);
+  ~Client();
+
+  // Allocates pre-faulted shared memory and exports it to the agent.
+  Status alloc_staging(size_t bytes, Staging* out);
+
+  // Batch operations over regions of one staging buffer. per_entry (may be null)
+  // gets each entry's status; the return value is the first error, if any.
+  Status store(const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
+               const uint64_t* lengths, uint32_t n, Status* per_entry);
+  Status retrieve(const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
+                  const uint64_t* lengths, uint32_t n, Status* per_entry);
+  // Leading keys present; 0 when the agent is unreachable.
+  uint32_t lookup(const ChunkKey* keys, uint32_t n, bool pin);
+  Status unpin(const ChunkKey* keys, uint32_t n);
+  Status contains(const ChunkKey* keys, uint32_t n, Status* per_entry);
+  Status remove(const ChunkKey* keys, uint32_t n, Status* per_entry);
+  Status prefetch(const ChunkKey* keys, uint32_t n, Status* per_entry);
+  Status stats_json(std::string* out);
+
+  bool connected();
+  // A request with arbitrary bytes, for tests of the agent's validation.
+  Status raw_request(const void* msg, uint32_t len, std::vector<uint8_t>* response);
+
+ private:
+  Client() = default;
+  Status ensure_connected();
+  Status open_channel(uint32_t timeout_ms);
+  Status call(agent::Op op, uint16_t flags, const void* entries, uint32_t entry_size, uint32_t n,
+              std::vector<uint8_t>* response);
+  Status batch_io(agent::Op op, const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
+                  const uint64_t* lengths, uint32_t n, Status* per_entry);
+  Status keys_op(agent::Op op, const ChunkKey* keys, uint32_t n, Status* per_entry);
+  Status wait_response(uint64_t id, std::vector<uint8_t>* out);
+
+  std::mutex mu_;
+  ClientOptions opts_;
+  std::unique_ptr<ProgressEngine> pe_;
+  std::unique_ptr<ComchClient> ch_;
+  struct StagingMem {
+    std::unique_ptr<MemRegion> mem;
+    std::unique_ptr<Mmap> map;
+  };
+  std::vector<StagingMem> staging_;
+  uint64_t next_id_ = 1;
+  uint64_t last_attempt_ns_ = 0;
+  // Responses arrive on the channel's callback; the waiting call picks its own.
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> responses_;
+  bool lost_ = false;
+};
+
+}  // namespace dpukv

@@ -1,0 +1,481 @@
+#include "tools/replay.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/agent.h"
+#include "client/client.h"
+#include "runtime/log.h"
+#include "tools/bench_common.h"
+
+namespace dpukv {
+namespace {
+
+using bench::Json;
+
+// KV bytes per token of each preset (bf16 unless noted), and an assumed prefill
+// throughput used only to estimate the compute a hit saves. The throughputs are
+// round figures for one 8xH100 node running the model with vLLM-class kernels;
+// they are assumptions, stated in docs/replay.md, not measurements.
+struct Preset {
+  const char* name;
+  uint64_t bytes_per_token;
+  double prefill_tokens_per_s;
+};
+constexpr Preset kPresets[] = {
+    {"llama-3.1-8b", 32ull * 8 * 128 * 2 * 2, 40000},  // 131,072 B/token
+    {"qwen2.5-7b", 28ull * 4 * 128 * 2 * 2, 45000},    // 57,344 B/token
+    {"llama-3.1-70b", 80ull * 8 * 128 * 2 * 2, 8000},  // 327,680 B/token
+    {"deepseek-v3", 61ull * (512 + 64) * 2, 6000},     // MLA latent + rope key: 70,272 B/token
+};
+
+struct Request {
+  double ts_ms;
+  uint32_t input_length;
+  std::vector<uint64_t> ids;
+};
+
+struct Config {
+  std::string trace;
+  std::string agent_socket;
+  std::string model = "llama-3.1-8b";
+  uint32_t scale = 1024;
+  uint64_t capacity_blocks = 10000;
+  uint32_t clients = 1;
+  double speedup = 0;
+  uint64_t max_requests = 0;
+  bool json = false;
+  bool no_verify = false;
+  std::string plot;
+};
+
+Status load_trace(const std::string& path, uint64_t limit, std::vector<Request>* out,
+                  std::string* err) {
+  std::ifstream f(path);
+  if (!f) {
+    *err = "cannot open " + path;
+    return Code::kNotFound;
+  }
+  std::string line;
+  uint64_t n = 0;
+  while (std::getline(f, line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("hash_ids") ||
+        !j["hash_ids"].is_array() || !j.contains("input_length") ||
+        !j["input_length"].is_number_unsigned() || !j.contains("timestamp") ||
+        !j["timestamp"].is_number()) {
+      *err = path + ":" + std::to_string(n) +
+             ": not a trace record (timestamp, input_length, hash_ids)";
+      return Code::kInvalidValue;
+    }
+    Request r{j["timestamp"].get<double>(), j["input_length"].get<uint32_t>(), {}};
+    for (const auto& id : j["hash_ids"]) {
+      if (!id.is_number_unsigned()) {
+        *err = path + ":" + std::to_string(n) + ": hash_ids must be non-negative integers";
+        return Code::kInvalidValue;
+      }
+      r.ids.push_back(id.get<uint64_t>());
+    }
+    out->push_back(std::move(r));
+    if (limit && out->size() >= limit) break;
+  }
+  return Code::kSuccess;
+}
+
+// Block contents are a function of the block id, so every retrieve can be checked.
+inline uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return x;
+}
+void fill_block(uint64_t id, uint8_t* p, uint64_t len) {
+  const uint64_t seed = mix(id + 1);
+  auto* w = reinterpret_cast<uint64_t*>(p);
+  for (uint64_t i = 0; i < len / 8; ++i) w[i] = seed ^ (i * 0x9e3779b97f4a7c15ull);
+}
+bool check_block(uint64_t id, const uint8_t* p, uint64_t len) {
+  const uint64_t seed = mix(id + 1);
+  auto* w = reinterpret_cast<const uint64_t*>(p);
+  uint64_t bad = 0;
+  for (uint64_t i = 0; i < len / 8; ++i) bad |= w[i] ^ (seed ^ (i * 0x9e3779b97f4a7c15ull));
+  return bad == 0;
+}
+
+// Exact LRU over block ids, with the replay's access pattern: a present block moves
+// to the front, a missing one is inserted (evicting the least recent).
+class LruSim {
+ public:
+  explicit LruSim(uint64_t cap) : cap_(cap) {}
+  // Returns the request's prefix hits (leading present blocks).
+  uint32_t access(const std::vector<uint64_t>& ids) {
+    uint32_t hits = 0;
+    bool prefix = true;
+    for (uint64_t id : ids) {
+      auto it = pos_.find(id);
+      if (it != pos_.end()) {
+        lru_.splice(lru_.begin(), lru_, it->second);
+        if (prefix) ++hits;
+      } else {
+        prefix = false;
+        lru_.push_front(id);
+        pos_[id] = lru_.begin();
+        if (lru_.size() > cap_) {
+          pos_.erase(lru_.back());
+          lru_.pop_back();
+        }
+      }
+    }
+    return hits;
+  }
+
+ private:
+  uint64_t cap_;
+  std::list<uint64_t> lru_;
+  std::unordered_map<uint64_t, std::list<uint64_t>::iterator> pos_;
+};
+
+uint64_t peak_rss(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string k;
+  while (f >> k) {
+    if (k == "VmHWM:") {
+      uint64_t kb;
+      f >> kb;
+      return kb * 1024;
+    }
+    std::getline(f, k);
+  }
+  return 0;
+}
+
+struct Totals {
+  uint64_t requests = 0, blocks = 0, hit_blocks = 0, tokens = 0, hit_tokens = 0, sim_hits = 0;
+  uint64_t stored_bytes = 0, retrieved_bytes = 0, verified_bytes = 0, verify_failures = 0;
+  uint64_t store_ns = 0, retrieve_ns = 0, errors = 0, lost_hits = 0;
+  bench::LatencyRecorder lookup_lat{1u << 18}, retrieve_lat{1u << 18};
+  struct Bucket {
+    uint64_t refs = 0, hits = 0, bytes = 0, ns = 0;
+  };
+  std::vector<Bucket> timeline;  // per minute of trace time
+};
+
+int run(const Config& c) {
+  const Preset* preset = nullptr;
+  for (const Preset& p : kPresets)
+    if (c.model == p.name) preset = &p;
+  if (preset == nullptr) {
+    std::cerr << "dpukv replay: unknown --model " << c.model
+              << " (llama-3.1-8b, qwen2.5-7b, llama-3.1-70b, deepseek-v3)\n";
+    return 2;
+  }
+  std::vector<Request> reqs;
+  std::string err;
+  Status st = load_trace(c.trace, c.max_requests, &reqs, &err);
+  if (!st.ok()) {
+    std::cerr << "dpukv replay: " << err << "\n";
+    return 2;
+  }
+  if (reqs.empty()) {
+    std::cerr << "dpukv replay: the trace has no requests\n";
+    return 2;
+  }
+  // Block bytes: 512 tokens of the preset, scaled down, rounded to 4 KiB pages.
+  const uint64_t raw_block = 512 * preset->bytes_per_token / c.scale;
+  const uint64_t block = std::max<uint64_t>(4096, (raw_block + 4095) / 4096 * 4096);
+  size_t max_blocks = 0;
+  for (const auto& r : reqs) max_blocks = std::max(max_blocks, r.ids.size());
+
+  // The agent: ours, unless one was named.
+  pid_t agent_pid = -1;
+  std::string socket = c.agent_socket;
+  if (socket.empty()) {
+    socket = "/tmp/dpukv-replay-" + std::to_string(getpid()) + ".sock";
+    agent_pid = bench::spawn_self(
+        {"--log-level", "warning", "agent", "--socket", socket, "--memory-bytes",
+         std::to_string(c.capacity_blocks * block), "--max-chunk-size", std::to_string(block),
+         "--max-chunks", std::to_string(c.capacity_blocks * 2 + 1024), "--metrics-port", "0"},
+        -1);
+    if (agent_pid < 0) {
+      std::cerr << "dpukv replay: cannot start the agent\n";
+      return 1;
+    }
+  }
+  auto stop_agent = [&] {
+    if (agent_pid > 0) {
+      kill(agent_pid, SIGTERM);
+      int status;
+      waitpid(agent_pid, &status, 0);
+    }
+  };
+
+  const uint32_t nclients = std::max<uint32_t>(1, c.clients);
+  std::vector<std::unique_ptr<Client>> clients(nclients);
+  std::vector<Staging> staging(nclients);
+  for (uint32_t i = 0; i < nclients; ++i) {
+    ClientOptions o;
+    o.socket_path = socket;
+    o.connect_timeout_ms = 10000;
+    o.model = 7;
+    if (!Client::connect(o, &clients[i]).ok() ||
+        !clients[i]->alloc_staging(max_blocks * block, &staging[i]).ok()) {
+      std::cerr << "dpukv replay: cannot reach the agent at " << socket << "\n";
+      stop_agent();
+      return 1;
+    }
+  }
+  const KeyContext ctx{7, 1, 0, kv_layout_fingerprint(c.model, 1, 1, 1)};
+  LruSim sim(c.capacity_blocks);
+  Totals t;
+  std::mutex mu;  // guards t and sim across client threads
+  const double span_ms = reqs.back().ts_ms - reqs.front().ts_ms;
+  t.timeline.resize(static_cast<size_t>(span_ms / 60000) + 1);
+  const bool tty = bench::progress_enabled() && !c.json;
+  std::atomic<uint64_t> next{0};
+  const uint64_t wall0 = bench::now_ns();
+
+  auto worker = [&](uint32_t w) {
+    Client& cl = *clients[w];
+    const Staging& sg = staging[w];
+    std::vector<ChunkKey> keys;
+    std::vector<uint64_t> offs, lens;
+    std::vector<Status> sts;
+    for (;;) {
+      const uint64_t i = next.fetch_add(1);
+      if (i >= reqs.size()) return;
+      const Request& r = reqs[i];
+      if (c.speedup > 0) {  // honour arrival times, compressed
+        const double due_ns = (r.ts_ms - reqs.front().ts_ms) * 1e6 / c.speedup;
+        const double now = static_cast<double>(bench::now_ns() - wall0);
+        if (due_ns > now)
+          std::this_thread::sleep_for(
+              std::chrono::nanoseconds(static_cast<uint64_t>(due_ns - now)));
+      }
+      const uint32_t n = static_cast<uint32_t>(r.ids.size());
+      keys.resize(n), offs.resize(n), lens.resize(n), sts.resize(n);
+      for (uint32_t k = 0; k < n; ++k) {
+        keys[k] = key_from_block_id(ctx, r.ids[k]);
+        offs[k] = k * block;
+        lens[k] = block;
+      }
+      uint64_t t0 = bench::now_ns();
+      uint32_t hits = cl.lookup(keys.data(), n, false);
+      const uint64_t lookup_ns = bench::now_ns() - t0;
+      uint32_t got = 0;
+      uint64_t retrieve_ns = 0, verified = 0, vfail = 0;
+      if (hits > 0) {
+        t0 = bench::now_ns();
+        (void)cl.retrieve(sg, keys.data(), offs.data(), lens.data(), hits, sts.data());
+        retrieve_ns = bench::now_ns() - t0;
+        // A block that was evicted or failed its checksum since the lookup is a miss.
+        while (got < hits && sts[got].ok()) ++got;
+        if (!c.no_verify)
+          for (uint32_t k = 0; k < got; ++k) {
+            if (check_block(r.ids[k], sg.data + offs[k], block))
+              verified += block;
+            else
+              ++vfail;
+          }
+      }
+      // Prefill of the missed tokens is modelled, not run; then the new blocks are stored.
+      for (uint32_t k = got; k < n; ++k) fill_block(r.ids[k], sg.data + offs[k], block);
+      uint64_t store_ns = 0;
+      uint64_t errs = 0;
+      if (got < n) {
+        t0 = bench::now_ns();
+        Status s = cl.store(sg, keys.data() + got, offs.data() + got, lens.data() + got, n - got,
+                            sts.data());
+        store_ns = bench::now_ns() - t0;
+        if (!s.ok()) ++errs;
+      }
+      uint64_t hit_tokens = 0;
+      for (uint32_t k = 0; k < got; ++k)
+        hit_tokens += k + 1 < n ? 512 : r.input_length - 512ull * (n - 1);
+      std::lock_guard<std::mutex> g(mu);
+      ++t.requests;
+      t.blocks += n;
+      t.hit_blocks += got;
+      t.lost_hits += hits - got;
+      t.tokens += r.input_length;
+      t.hit_tokens += hit_tokens;
+      t.sim_hits += sim.access(r.ids);
+      t.retrieved_bytes += static_cast<uint64_t>(got) * block;
+      t.stored_bytes += static_cast<uint64_t>(n - got) * block;
+      t.verified_bytes += verified;
+      t.verify_failures += vfail;
+      t.store_ns += store_ns;
+      t.retrieve_ns += retrieve_ns;
+      t.errors += errs;
+      t.lookup_lat.add(lookup_ns);
+      if (hits) t.retrieve_lat.add(retrieve_ns);
+      auto& b = t.timeline[static_cast<size_t>((r.ts_ms - reqs.front().ts_ms) / 60000)];
+      b.refs += n, b.hits += got, b.bytes += static_cast<uint64_t>(n) * block,
+          b.ns += lookup_ns + retrieve_ns + store_ns;
+      if (tty && (t.requests % 200 == 0 || t.requests == reqs.size())) {
+        const double frac = static_cast<double>(t.requests) / reqs.size();
+        const int bar = static_cast<int>(frac * 40);
+        std::fprintf(stderr, "\r  [%.*s%*s] %5.1f%%  %llu requests  block hits %.1f%%   ", bar,
+                     "========================================", 40 - bar, "", 100 * frac,
+                     static_cast<unsigned long long>(t.requests),
+                     t.blocks ? 100.0 * t.hit_blocks / t.blocks : 0.0);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (uint32_t w = 0; w < nclients; ++w) threads.emplace_back(worker, w);
+  for (auto& th : threads) th.join();
+  const double wall_s = (bench::now_ns() - wall0) / 1e9;
+  if (tty) std::fprintf(stderr, "\n");
+
+  std::string agent_json;
+  (void)clients[0]->stats_json(&agent_json);
+  const uint64_t rss = agent_pid > 0 ? peak_rss(agent_pid) : 0;
+  clients.clear();
+  stop_agent();
+
+  t.lookup_lat.finish();
+  t.retrieve_lat.finish();
+  const double saved_s = t.hit_tokens / preset->prefill_tokens_per_s;
+  const double total_prefill_s = t.tokens / preset->prefill_tokens_per_s;
+  Json out;
+  out["trace"] = c.trace;
+  out["model"] = c.model;
+  out["scale"] = c.scale;
+  out["block_bytes"] = block;
+  out["capacity_blocks"] = c.capacity_blocks;
+  out["clients"] = nclients;
+  out["requests"] = t.requests;
+  out["block_references"] = t.blocks;
+  out["block_hit_ratio"] = t.blocks ? static_cast<double>(t.hit_blocks) / t.blocks : 0.0;
+  out["token_hit_ratio"] = t.tokens ? static_cast<double>(t.hit_tokens) / t.tokens : 0.0;
+  out["lru_sim_block_hit_ratio"] = t.blocks ? static_cast<double>(t.sim_hits) / t.blocks : 0.0;
+  out["hits_lost_after_lookup"] = t.lost_hits;
+  out["bytes_stored"] = t.stored_bytes;
+  out["bytes_retrieved"] = t.retrieved_bytes;
+  out["store_gbps"] = t.store_ns ? t.stored_bytes / (t.store_ns / 1e9) / 1e9 : 0.0;
+  out["retrieve_gbps"] = t.retrieve_ns ? t.retrieved_bytes / (t.retrieve_ns / 1e9) / 1e9 : 0.0;
+  out["lookup_p50_us"] = t.lookup_lat.percentile_us(50);
+  out["lookup_p99_us"] = t.lookup_lat.percentile_us(99);
+  out["retrieve_p50_us"] = t.retrieve_lat.percentile_us(50);
+  out["retrieve_p99_us"] = t.retrieve_lat.percentile_us(99);
+  out["verified_bytes"] = t.verified_bytes;
+  out["verify_failures"] = t.verify_failures;
+  out["errors"] = t.errors;
+  out["prefill_model_tokens_per_s"] = preset->prefill_tokens_per_s;
+  out["prefill_seconds_without_cache"] = total_prefill_s;
+  out["prefill_seconds_saved"] = saved_s;
+  out["agent_peak_rss_bytes"] = rss;
+  out["agent_capacity_bytes"] = c.capacity_blocks * block;
+  out["wall_seconds"] = wall_s;
+  if (!agent_json.empty()) out["agent"] = Json::parse(agent_json, nullptr, false);
+
+  if (!c.plot.empty()) {
+    const std::string dat = c.plot + ".dat";
+    {
+      std::ofstream f(dat);
+      for (size_t i = 0; i < t.timeline.size(); ++i) {
+        const auto& b = t.timeline[i];
+        if (!b.refs) continue;
+        f << i << " " << 100.0 * b.hits / b.refs << " "
+          << (b.ns ? b.bytes / (b.ns / 1e9) / 1e9 : 0.0) << "\n";
+      }
+    }
+    const std::string cmd =
+        "gnuplot -e \"set terminal pngcairo size 1000,500; set output '" + c.plot +
+        "'; set xlabel 'trace time (min)'; set ylabel 'block hit ratio (%)'; set y2label 'GB/s';"
+        " set y2tics; set ytics nomirror; set title 'dpukv replay: " +
+        c.model + "'; plot '" + dat +
+        "' using 1:2 with lines title 'hit ratio', '' using 1:3 axes x1y2 with lines title "
+        "'GB/s'\" 2>&1";
+    const int rc = std::system(cmd.c_str());
+    std::remove(dat.c_str());
+    if (rc != 0) std::cerr << "dpukv replay: gnuplot failed (is gnuplot installed?); no plot\n";
+  }
+
+  if (c.json) {
+    std::cout << out.dump(2) << std::endl;
+  } else {
+    std::printf(
+        "dpukv replay: %s, %s blocks of %s (512 tokens / %u), %llu-block memory tier, %u "
+        "client(s)\n",
+        c.trace.c_str(), c.model.c_str(), bench::format_size(block).c_str(), c.scale,
+        static_cast<unsigned long long>(c.capacity_blocks), nclients);
+    std::printf("  requests            %llu in %.1f s\n",
+                static_cast<unsigned long long>(t.requests), wall_s);
+    std::printf("  block hit ratio     %.2f%%   (same-run LRU simulation: %.2f%%)\n",
+                100 * out["block_hit_ratio"].get<double>(),
+                100 * out["lru_sim_block_hit_ratio"].get<double>());
+    std::printf("  token hit ratio     %.2f%%\n", 100 * out["token_hit_ratio"].get<double>());
+    std::printf("  stored / retrieved  %.2f / %.2f GiB at %.2f / %.2f GB/s\n",
+                t.stored_bytes / 1073741824.0, t.retrieved_bytes / 1073741824.0,
+                out["store_gbps"].get<double>(), out["retrieve_gbps"].get<double>());
+    std::printf("  lookup latency      p50 %.1f us, p99 %.1f us\n",
+                out["lookup_p50_us"].get<double>(), out["lookup_p99_us"].get<double>());
+    std::printf("  retrieve latency    p50 %.1f us, p99 %.1f us (per request)\n",
+                out["retrieve_p50_us"].get<double>(), out["retrieve_p99_us"].get<double>());
+    std::printf("  verified            %.2f GiB byte for byte, %llu failures\n",
+                t.verified_bytes / 1073741824.0,
+                static_cast<unsigned long long>(t.verify_failures));
+    std::printf(
+        "  prefill saved       %.0f s of %.0f s (model: %.0f tokens/s, an assumption; see "
+        "docs/replay.md)\n",
+        saved_s, total_prefill_s, preset->prefill_tokens_per_s);
+    if (rss)
+      std::printf("  agent peak RSS      %.1f MiB for a %.1f MiB memory tier\n", rss / 1048576.0,
+                  c.capacity_blocks * block / 1048576.0);
+  }
+  return t.verify_failures || t.errors ? 1 : 0;
+}
+
+}  // namespace
+
+void add_replay_command(CLI::App* app, int* exit_code) {
+  auto c = std::make_shared<Config>();
+  CLI::App* cmd = app->add_subcommand(
+      "replay", "Replay a Mooncake-format trace through real clients and an agent");
+  cmd->add_option("trace", c->trace,
+                  "Trace file (JSON lines: timestamp, input_length, output_length, hash_ids)")
+      ->required();
+  cmd->add_option("--agent", c->agent_socket,
+                  "Use the agent at this socket instead of starting one");
+  cmd->add_option("--model", c->model,
+                  "KV size preset: llama-3.1-8b, qwen2.5-7b, llama-3.1-70b, deepseek-v3")
+      ->capture_default_str();
+  cmd->add_option("--scale", c->scale, "Divide block bytes by this so the run fits the machine")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1u << 20));
+  cmd->add_option("--capacity-blocks", c->capacity_blocks, "Memory tier size in blocks")
+      ->capture_default_str()
+      ->check(CLI::Range(1ull, 100000000ull));
+  cmd->add_option("--clients", c->clients, "Concurrent clients")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 64u));
+  cmd->add_option("--speedup", c->speedup,
+                  "Honour arrival times compressed by this factor (0: as fast as possible)")
+      ->capture_default_str();
+  cmd->add_option("--max-requests", c->max_requests, "Replay only the first N requests");
+  cmd->add_flag("--no-verify", c->no_verify, "Do not check retrieved bytes");
+  cmd->add_flag("--json", c->json, "Print one JSON object");
+  cmd->add_option("--plot", c->plot, "Write a PNG of hit ratio and GB/s over trace time (gnuplot)");
+  cmd->callback([c, exit_code] { *exit_code = run(*c); });
+}
+
+}  // namespace dpukv
