@@ -2,7 +2,8 @@
 # Installs the Debian packages dpukv builds and tests with, only those missing.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config python3 clang-14 libclang-rt-14-dev clang-format
-      libgtest-dev libcli11-dev nlohmann-json3-dev liburing-dev)
+      libgtest-dev libcli11-dev nlohmann-json3-dev liburing-dev libisal-dev liblz4-dev libzstd-dev
+      libxxhash-dev gnuplot-nox)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -227,6 +227,8 @@ TEST(CacheEngine, PropertyCapacityAndContentsMatchReferenceLru) {
       if (it == lru.end()) {
         if (lru.size() == slots) lru.pop_back();
         lru.push_front(id);
+      } else {
+        lru.splice(lru.begin(), lru, it);  // storing an existing chunk refreshes it
       }
     } else if (kind < 9) {
       Status st = h.retrieve(key(id), chunk);

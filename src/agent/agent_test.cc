@@ -1,0 +1,279 @@
+// The agent as a real process, with real client processes (tests/client_peer.cc)
+// and this process as one more client.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/protocol.h"
+#include "client/client.h"
+#include "runtime/log.h"
+
+extern char** environ;
+
+namespace dpukv {
+namespace {
+
+pid_t spawn(const std::string& bin, const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(bin.c_str()));
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  EXPECT_EQ(posix_spawn(&pid, bin.c_str(), nullptr, nullptr, argv.data(), environ), 0);
+  return pid;
+}
+
+int wait_exit(pid_t pid, int timeout_s = 60) {
+  for (int i = 0; i < timeout_s * 100; ++i) {
+    int status;
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+int count_fds(pid_t pid) {
+  int n = 0;
+  DIR* d = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
+  if (!d) return -1;
+  while (readdir(d)) ++n;
+  closedir(d);
+  return n;
+}
+
+int staging_mappings(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/maps");
+  std::string line;
+  int n = 0;
+  while (std::getline(f, line)) n += line.find("dpukv-staging") != std::string::npos;
+  return n;
+}
+
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    log_set_level(LogSource::kLib, LogLevel::kError);
+    socket_ = "/tmp/dpukv-agent-test-" + std::to_string(getpid()) + ".sock";
+    disk_ = "/tmp/dpukv-agent-test-disk-" + std::to_string(getpid());
+    std::filesystem::remove_all(disk_);
+  }
+  void TearDown() override {
+    stop_agent();
+    std::filesystem::remove_all(disk_);
+  }
+  void start_agent(bool disk = false, int metrics_port = 0) {
+    std::vector<std::string> args = {"--log-level", "error", "agent", "--socket", socket_, "--memory-bytes", "256M",
+                                     "--max-chunk-size", "1M", "--metrics-port", std::to_string(metrics_port)};
+    if (disk) args.insert(args.end(), {"--local-disk", disk_, "--max-local-disk-size", "0.25", "--write-through"});
+    agent_ = spawn(DPUKV_BIN, args);
+    ClientOptions o;
+    o.socket_path = socket_;
+    o.connect_timeout_ms = 10000;
+    ASSERT_TRUE(Client::connect(o, &probe_).ok()) << "agent did not come up";
+    probe_.reset();
+  }
+  void stop_agent() {
+    if (agent_ > 0) {
+      kill(agent_, SIGTERM);
+      EXPECT_EQ(wait_exit(agent_), 0) << "agent did not shut down cleanly";
+      agent_ = -1;
+    }
+  }
+  std::unique_ptr<Client> client(uint32_t reconnect_ms = 1000) {
+    ClientOptions o;
+    o.socket_path = socket_;
+    o.connect_timeout_ms = 10000;
+    o.reconnect_interval_ms = reconnect_ms;
+    std::unique_ptr<Client> c;
+    EXPECT_TRUE(Client::connect(o, &c).ok());
+    return c;
+  }
+  std::string socket_, disk_;
+  pid_t agent_ = -1;
+  std::unique_ptr<Client> probe_;
+};
+
+TEST_F(AgentTest, ClientProcessesStoreAndRetrieveByteForByte) {
+  start_agent();
+  std::vector<pid_t> peers;
+  for (int i = 1; i <= 3; ++i) peers.push_back(spawn(CLIENT_PEER_BIN, {socket_, "store-retrieve", std::to_string(i), "60"}));
+  for (pid_t p : peers) EXPECT_EQ(wait_exit(p), 0);
+  // This process sees what another process stored (same model, same keys).
+  auto c = client();
+  const KeyContext ctx{model_id("test-model"), 1, 0, 0};
+  ChunkKey k = key_from_block_id(ctx, 2 * 1000000 + 5);
+  EXPECT_EQ(c->lookup(&k, 1, false), 1u);
+  Staging s;
+  ASSERT_TRUE(c->alloc_staging(1 << 20, &s).ok());
+  const uint64_t off = 0, len = 4096 + 5 * 7919 % 200000;
+  Status st;
+  ASSERT_TRUE(c->retrieve(s, &k, &off, &len, 1, &st).ok());
+  EXPECT_EQ(s.data[100], static_cast<uint8_t>(((2 + 5) * 2654435761u) ^ (100 * 131) ^ (100 >> 9)));
+  std::string stats;
+  ASSERT_TRUE(c->stats_json(&stats).ok());
+  EXPECT_NE(stats.find("\"stores\":180"), std::string::npos) << stats;
+}
+
+TEST_F(AgentTest, KilledClientIsReleasedAndAgentKeepsServing) {
+  start_agent();
+  const int fds_before = count_fds(agent_);
+  pid_t p = spawn(CLIENT_PEER_BIN, {socket_, "stream", "9"});
+  // Wait until it has exported memory and is storing.
+  for (int i = 0; i < 500 && staging_mappings(agent_) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GT(staging_mappings(agent_), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  kill(p, SIGKILL);
+  waitpid(p, nullptr, 0);
+  // The agent unmaps the dead client's memory and closes its socket.
+  for (int i = 0; i < 500 && (staging_mappings(agent_) != 0 || count_fds(agent_) != fds_before); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(staging_mappings(agent_), 0);
+  EXPECT_EQ(count_fds(agent_), fds_before);
+  // And serves the next client.
+  EXPECT_EQ(wait_exit(spawn(CLIENT_PEER_BIN, {socket_, "store-retrieve", "4", "20"})), 0);
+  auto c = client();
+  std::string stats;
+  ASSERT_TRUE(c->stats_json(&stats).ok());
+  EXPECT_NE(stats.find("\"clients\":1,"), std::string::npos) << stats;
+}
+
+TEST_F(AgentTest, AgentDeathFailsFastThenClientReconnectsAndDiskTierIsBack) {
+  start_agent(true);
+  auto c = client(100);
+  Staging s;
+  ASSERT_TRUE(c->alloc_staging(8 << 20, &s).ok());
+  const KeyContext ctx{model_id("m"), 1, 0, 0};
+  std::vector<ChunkKey> keys;
+  std::vector<uint64_t> offs, lens;
+  for (uint32_t i = 0; i < 16; ++i) {
+    keys.push_back(key_from_block_id(ctx, i));
+    offs.push_back(i * (256 << 10));
+    lens.push_back(256 << 10);
+    for (uint64_t k = 0; k < (256 << 10); ++k) s.data[offs[i] + k] = static_cast<uint8_t>(i * 31 + k);
+  }
+  ASSERT_TRUE(c->store(s, keys.data(), offs.data(), lens.data(), 16, nullptr).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // write-through reaches the disk
+  kill(agent_, SIGKILL);
+  waitpid(agent_, nullptr, 0);
+  agent_ = -1;
+  // Gone: lookup says recompute, operations fail fast.
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(c->lookup(keys.data(), 16, false), 0u);
+  Status st = c->retrieve(s, keys.data(), offs.data(), lens.data(), 16, nullptr);
+  EXPECT_EQ(st, Code::kConnectionReset);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
+  start_agent(true);
+  uint32_t found = 0;
+  for (int i = 0; i < 100 && found == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    found = c->lookup(keys.data(), 16, false);
+  }
+  EXPECT_GT(found, 0u) << "disk tier not recovered or client did not reconnect";
+  std::memset(s.data, 0, 8 << 20);
+  std::vector<Status> sts(found);
+  (void)c->retrieve(s, keys.data(), offs.data(), lens.data(), found, sts.data());
+  for (uint32_t i = 0; i < found; ++i) {
+    if (!sts[i].ok()) continue;  // a miss is allowed, wrong bytes are not
+    for (uint64_t k = 0; k < (256 << 10); k += 997) ASSERT_EQ(s.data[offs[i] + k], static_cast<uint8_t>(i * 31 + k));
+  }
+}
+
+TEST_F(AgentTest, HostileRequestsGetClearErrors) {
+  start_agent();
+  auto c = client();
+  Staging s;
+  ASSERT_TRUE(c->alloc_staging(1 << 20, &s).ok());
+  auto io = [&](uint64_t map_id, uint64_t off, uint64_t len, uint16_t version = agent::kProtocolVersion) {
+    uint8_t msg[sizeof(agent::AgentHeader) + sizeof(agent::IoEntry)];
+    agent::AgentHeader h{};
+    h.op = static_cast<uint16_t>(agent::Op::kStore);
+    h.version = version;
+    h.count = 1;
+    h.request_id = 77;
+    agent::IoEntry e{key_from_block_id(KeyContext{}, 1), map_id, off, len};
+    std::memcpy(msg, &h, sizeof(h));
+    std::memcpy(msg + sizeof(h), &e, sizeof(e));
+    std::vector<uint8_t> resp;
+    EXPECT_TRUE(c->raw_request(msg, sizeof(msg), &resp).ok());
+    if (resp.size() < sizeof(agent::AgentHeader)) return Status(Code::kUnknown);
+    agent::AgentHeader r;
+    std::memcpy(&r, resp.data(), sizeof(r));
+    return Status(static_cast<Code>(r.status));
+  };
+  EXPECT_EQ(io(s.id + 12345, 0, 4096), Code::kNotPermitted);          // memory it did not export
+  EXPECT_EQ(io(s.id, (1 << 20) - 100, 4096), Code::kInvalidValue);    // past the end of its map
+  EXPECT_EQ(io(s.id, 0, 1ull << 60), Code::kInvalidValue);             // absurd size
+  EXPECT_EQ(io(s.id, UINT64_MAX - 10, 100), Code::kInvalidValue);      // offset overflow
+  EXPECT_EQ(io(s.id, 0, 4096, 99), Code::kNotSupported);               // unknown version
+  EXPECT_EQ(io(s.id, 0, 4096), Code::kSuccess);                        // and it still works
+  // A count that does not match the bytes.
+  agent::AgentHeader h{};
+  h.op = static_cast<uint16_t>(agent::Op::kLookup);
+  h.version = agent::kProtocolVersion;
+  h.count = 1000;
+  h.request_id = 78;
+  std::vector<uint8_t> resp;
+  ASSERT_TRUE(c->raw_request(&h, sizeof(h), &resp).ok());
+  agent::AgentHeader r;
+  std::memcpy(&r, resp.data(), sizeof(r));
+  EXPECT_EQ(r.status, static_cast<uint8_t>(Code::kInvalidValue));
+  // Another client cannot name this client's memory.
+  auto other = client();
+  Staging s2;
+  ASSERT_TRUE(other->alloc_staging(1 << 20, &s2).ok());
+  ChunkKey k = key_from_block_id(KeyContext{}, 5);
+  const uint64_t off = 0, len = 4096;
+  Status st;
+  Staging forged = s2;
+  forged.id = s.id;  // the first client's map
+  EXPECT_FALSE(other->store(forged, &k, &off, &len, 1, &st).ok());
+  EXPECT_EQ(st, Code::kNotPermitted);
+  // A header shorter than the protocol's: the agent drops that client, others go on.
+  EXPECT_FALSE(other->raw_request("xx", 2, &resp).ok());
+  EXPECT_EQ(c->lookup(&k, 1, false), 0u);
+  std::string stats;
+  ASSERT_TRUE(c->stats_json(&stats).ok());
+  EXPECT_NE(stats.find("\"not_permitted\":2"), std::string::npos) << stats;
+}
+
+TEST_F(AgentTest, MetricsEndpointServesPrometheusText) {
+  const int port = 20000 + getpid() % 20000;
+  start_agent(false, port);
+  EXPECT_EQ(wait_exit(spawn(CLIENT_PEER_BIN, {socket_, "store-retrieve", "6", "10"})), 0);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+  ASSERT_EQ(send(fd, req, sizeof(req) - 1, 0), static_cast<ssize_t>(sizeof(req) - 1));
+  std::string body;
+  char buf[4096];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) body.append(buf, static_cast<size_t>(n));
+  close(fd);
+  EXPECT_NE(body.find("200 OK"), std::string::npos);
+  EXPECT_NE(body.find("dpukv_stores_total 10"), std::string::npos) << body.substr(0, 2000);
+  EXPECT_NE(body.find("dpukv_retrieve_batch_seconds_bucket{le=\"+Inf\"} 1"), std::string::npos);
+  EXPECT_NE(body.find("# TYPE dpukv_memory_used_bytes gauge"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dpukv

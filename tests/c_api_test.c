@@ -1,0 +1,35 @@
+/* The C ABI compiled as C: connects to the agent named by argv[1], stores and
+ * retrieves one chunk, checks the bytes. Exit 0 on success. */
+#include <stdio.h>
+#include <string.h>
+
+#include "dpukv/client.h"
+
+int main(int argc, char** argv) {
+  if (argc < 2) return 2;
+  dpukv_client* c = NULL;
+  int rc = dpukv_connect(argv[1], 0, &c);
+  if (rc != 0) {
+    fprintf(stderr, "connect: %s\n", dpukv_status_name(rc));
+    return 3;
+  }
+  void* data = NULL;
+  uint64_t id = 0;
+  if (dpukv_alloc_staging(c, 1 << 20, &data, &id) != 0) return 4;
+  int32_t tokens[512];
+  for (int i = 0; i < 512; ++i) tokens[i] = i;
+  dpukv_key keys[2];
+  if (dpukv_chunk_keys(dpukv_model_id("c-model"), 1, 0, 0, tokens, 512, 256, 0, keys, 2) != 2) return 5;
+  uint64_t offs[2] = {0, 65536}, lens[2] = {65536, 65536};
+  memset(data, 0x5a, 131072);
+  int st[2];
+  if (dpukv_store(c, id, keys, offs, lens, 2, st) != 0) return 6;
+  if (dpukv_lookup(c, keys, 2, 0) != 2) return 7;
+  memset(data, 0, 131072);
+  if (dpukv_retrieve(c, id, keys, offs, lens, 2, st) != 0) return 8;
+  for (int i = 0; i < 131072; ++i)
+    if (((unsigned char*)data)[i] != 0x5a) return 9;
+  dpukv_close(c);
+  printf("c api: ok\n");
+  return 0;
+}

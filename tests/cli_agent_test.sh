@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The agent and tools as a user runs them: agent on embedded defaults plus a socket,
+# `dpukv stat` (human and --json), the C ABI from a C program, a short replay of
+# the real trace whose hit ratio must equal the same-run LRU simulation, and a
+# clean SIGTERM shutdown.
+set -euo pipefail
+bin=$1
+c_client=$2
+trace=$3
+tmp=$(mktemp -d)
+sock=$tmp/agent.sock
+"$bin" --log-level warning agent --socket "$sock" --max-local-cpu-size 0.25 --max-chunk-size 1M --metrics-port 0 &
+agent=$!
+trap 'kill $agent 2>/dev/null || true; rm -rf "$tmp"' EXIT
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+"$c_client" "$sock"
+"$bin" stat --socket "$sock" | grep -q "chunks         2"
+"$bin" stat --socket "$sock" --json | grep -q '"stores":2'
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+"$bin" replay "$trace" --agent "$sock" --max-requests 400 --capacity-blocks 100000 --scale 16384 --json > "$tmp/r.json"
+"$bin" replay "$trace" --max-requests 800 --capacity-blocks 1000 --json > "$tmp/own.json"
+"$py" - "$tmp/r.json" "$tmp/own.json" <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    d = json.load(open(path))
+    for k in ("requests", "block_hit_ratio", "token_hit_ratio", "lru_sim_block_hit_ratio", "capacity_blocks",
+              "store_gbps", "retrieve_gbps", "verified_bytes", "agent_peak_rss_bytes"):
+        assert k in d, (k, path)
+    assert d["errors"] == 0 and d["verify_failures"] == 0, d
+    assert d["block_hit_ratio"] > 0 and d["verified_bytes"] > 0, d
+own = json.load(open(sys.argv[2]))
+assert abs(own["block_hit_ratio"] - own["lru_sim_block_hit_ratio"]) <= 0.001, own
+assert own["agent_peak_rss_bytes"] > 0
+PY
+# A trace that is not one is refused with a clear message and exit 2.
+echo '{"nope": 1}' > "$tmp/bad.jsonl"
+set +e
+"$bin" replay "$tmp/bad.jsonl" 2> "$tmp/err"; rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q "not a trace record" "$tmp/err"
+kill -TERM $agent
+wait $agent
+echo "cli agent: ok"
