@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
   int32_t tokens[512];
   for (int i = 0; i < 512; ++i) tokens[i] = i;
   dpukv_key keys[2];
-  if (dpukv_chunk_keys(dpukv_model_id("c-model"), 1, 0, 0, tokens, 512, 256, 0, keys, 2) != 2) return 5;
+  if (dpukv_chunk_keys(dpukv_model_id("c-model"), 1, 0, 0, tokens, 512, 256, 0, keys, 2) != 2)
+    return 5;
   uint64_t offs[2] = {0, 65536}, lens[2] = {65536, 65536};
   memset(data, 0x5a, 131072);
   int st[2];

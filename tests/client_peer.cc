@@ -13,7 +13,9 @@
 
 using namespace dpukv;
 
-static uint8_t pattern(uint64_t seed, uint64_t i) { return static_cast<uint8_t>((seed * 2654435761u) ^ (i * 131) ^ (i >> 9)); }
+static uint8_t pattern(uint64_t seed, uint64_t i) {
+  return static_cast<uint8_t>((seed * 2654435761u) ^ (i * 131) ^ (i >> 9));
+}
 
 int main(int argc, char** argv) {
   if (argc < 4) return 2;
@@ -58,7 +60,8 @@ int main(int argc, char** argv) {
     std::printf("streaming\n");
     std::fflush(stdout);
     for (uint64_t round = 0;; ++round) {
-      for (uint32_t i = 0; i < 64; ++i) keys[i] = key_from_block_id(ctx, seed * 1000000 + round * 64 + i);
+      for (uint32_t i = 0; i < 64; ++i)
+        keys[i] = key_from_block_id(ctx, seed * 1000000 + round * 64 + i);
       (void)c->store(s, keys.data(), offs.data(), lens.data(), 64, nullptr);
     }
   }

@@ -40,7 +40,8 @@ pid_t spawn(const std::string& bin, const std::vector<std::string>& args) {
 int wait_exit(pid_t pid, int timeout_s = 60) {
   for (int i = 0; i < timeout_s * 100; ++i) {
     int status;
-    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (waitpid(pid, &status, WNOHANG) == pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   kill(pid, SIGKILL);
@@ -78,9 +79,20 @@ class AgentTest : public ::testing::Test {
     std::filesystem::remove_all(disk_);
   }
   void start_agent(bool disk = false, int metrics_port = 0) {
-    std::vector<std::string> args = {"--log-level", "error", "agent", "--socket", socket_, "--memory-bytes", "256M",
-                                     "--max-chunk-size", "1M", "--metrics-port", std::to_string(metrics_port)};
-    if (disk) args.insert(args.end(), {"--local-disk", disk_, "--max-local-disk-size", "0.25", "--write-through"});
+    std::vector<std::string> args = {"--log-level",
+                                     "error",
+                                     "agent",
+                                     "--socket",
+                                     socket_,
+                                     "--memory-bytes",
+                                     "256M",
+                                     "--max-chunk-size",
+                                     "1M",
+                                     "--metrics-port",
+                                     std::to_string(metrics_port)};
+    if (disk)
+      args.insert(args.end(),
+                  {"--local-disk", disk_, "--max-local-disk-size", "0.25", "--write-through"});
     agent_ = spawn(DPUKV_BIN, args);
     ClientOptions o;
     o.socket_path = socket_;
@@ -112,7 +124,8 @@ class AgentTest : public ::testing::Test {
 TEST_F(AgentTest, ClientProcessesStoreAndRetrieveByteForByte) {
   start_agent();
   std::vector<pid_t> peers;
-  for (int i = 1; i <= 3; ++i) peers.push_back(spawn(CLIENT_PEER_BIN, {socket_, "store-retrieve", std::to_string(i), "60"}));
+  for (int i = 1; i <= 3; ++i)
+    peers.push_back(spawn(CLIENT_PEER_BIN, {socket_, "store-retrieve", std::to_string(i), "60"}));
   for (pid_t p : peers) EXPECT_EQ(wait_exit(p), 0);
   // This process sees what another process stored (same model, same keys).
   auto c = client();
@@ -135,13 +148,15 @@ TEST_F(AgentTest, KilledClientIsReleasedAndAgentKeepsServing) {
   const int fds_before = count_fds(agent_);
   pid_t p = spawn(CLIENT_PEER_BIN, {socket_, "stream", "9"});
   // Wait until it has exported memory and is storing.
-  for (int i = 0; i < 500 && staging_mappings(agent_) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 500 && staging_mappings(agent_) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_GT(staging_mappings(agent_), 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   kill(p, SIGKILL);
   waitpid(p, nullptr, 0);
   // The agent unmaps the dead client's memory and closes its socket.
-  for (int i = 0; i < 500 && (staging_mappings(agent_) != 0 || count_fds(agent_) != fds_before); ++i)
+  for (int i = 0; i < 500 && (staging_mappings(agent_) != 0 || count_fds(agent_) != fds_before);
+       ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(staging_mappings(agent_), 0);
   EXPECT_EQ(count_fds(agent_), fds_before);
@@ -165,7 +180,8 @@ TEST_F(AgentTest, AgentDeathFailsFastThenClientReconnectsAndDiskTierIsBack) {
     keys.push_back(key_from_block_id(ctx, i));
     offs.push_back(i * (256 << 10));
     lens.push_back(256 << 10);
-    for (uint64_t k = 0; k < (256 << 10); ++k) s.data[offs[i] + k] = static_cast<uint8_t>(i * 31 + k);
+    for (uint64_t k = 0; k < (256 << 10); ++k)
+      s.data[offs[i] + k] = static_cast<uint8_t>(i * 31 + k);
   }
   ASSERT_TRUE(c->store(s, keys.data(), offs.data(), lens.data(), 16, nullptr).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // write-through reaches the disk
@@ -190,7 +206,8 @@ TEST_F(AgentTest, AgentDeathFailsFastThenClientReconnectsAndDiskTierIsBack) {
   (void)c->retrieve(s, keys.data(), offs.data(), lens.data(), found, sts.data());
   for (uint32_t i = 0; i < found; ++i) {
     if (!sts[i].ok()) continue;  // a miss is allowed, wrong bytes are not
-    for (uint64_t k = 0; k < (256 << 10); k += 997) ASSERT_EQ(s.data[offs[i] + k], static_cast<uint8_t>(i * 31 + k));
+    for (uint64_t k = 0; k < (256 << 10); k += 997)
+      ASSERT_EQ(s.data[offs[i] + k], static_cast<uint8_t>(i * 31 + k));
   }
 }
 
@@ -199,7 +216,8 @@ TEST_F(AgentTest, HostileRequestsGetClearErrors) {
   auto c = client();
   Staging s;
   ASSERT_TRUE(c->alloc_staging(1 << 20, &s).ok());
-  auto io = [&](uint64_t map_id, uint64_t off, uint64_t len, uint16_t version = agent::kProtocolVersion) {
+  auto io = [&](uint64_t map_id, uint64_t off, uint64_t len,
+                uint16_t version = agent::kProtocolVersion) {
     uint8_t msg[sizeof(agent::AgentHeader) + sizeof(agent::IoEntry)];
     agent::AgentHeader h{};
     h.op = static_cast<uint16_t>(agent::Op::kStore);
@@ -216,12 +234,12 @@ TEST_F(AgentTest, HostileRequestsGetClearErrors) {
     std::memcpy(&r, resp.data(), sizeof(r));
     return Status(static_cast<Code>(r.status));
   };
-  EXPECT_EQ(io(s.id + 12345, 0, 4096), Code::kNotPermitted);          // memory it did not export
-  EXPECT_EQ(io(s.id, (1 << 20) - 100, 4096), Code::kInvalidValue);    // past the end of its map
-  EXPECT_EQ(io(s.id, 0, 1ull << 60), Code::kInvalidValue);             // absurd size
-  EXPECT_EQ(io(s.id, UINT64_MAX - 10, 100), Code::kInvalidValue);      // offset overflow
-  EXPECT_EQ(io(s.id, 0, 4096, 99), Code::kNotSupported);               // unknown version
-  EXPECT_EQ(io(s.id, 0, 4096), Code::kSuccess);                        // and it still works
+  EXPECT_EQ(io(s.id + 12345, 0, 4096), Code::kNotPermitted);        // memory it did not export
+  EXPECT_EQ(io(s.id, (1 << 20) - 100, 4096), Code::kInvalidValue);  // past the end of its map
+  EXPECT_EQ(io(s.id, 0, 1ull << 60), Code::kInvalidValue);          // absurd size
+  EXPECT_EQ(io(s.id, UINT64_MAX - 10, 100), Code::kInvalidValue);   // offset overflow
+  EXPECT_EQ(io(s.id, 0, 4096, 99), Code::kNotSupported);            // unknown version
+  EXPECT_EQ(io(s.id, 0, 4096), Code::kSuccess);                     // and it still works
   // A count that does not match the bytes.
   agent::AgentHeader h{};
   h.op = static_cast<uint16_t>(agent::Op::kLookup);

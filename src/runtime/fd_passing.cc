@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "runtime/log.h"
+
 namespace dpukv {
 
 void close_fds(int* fds, int n) {
@@ -38,6 +40,8 @@ Status send_with_fds(int sock, const void* data, size_t len, const int* fds, int
     if (errno == EAGAIN || errno == EWOULDBLOCK) return Code::kAgain;
     if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN) return Code::kConnectionReset;
     if (errno == EMSGSIZE) return Code::kTooBig;
+    if (errno == ENOBUFS || errno == ENOMEM) return Code::kAgain;  // kernel memory: transient
+    LOG_WARN("sendmsg: %s", std::strerror(errno));
     return Code::kIoFailed;
   }
   return static_cast<size_t>(n) == len ? Status() : Status(Code::kIoFailed);
