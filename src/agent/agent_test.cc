@@ -145,7 +145,14 @@ TEST_F(AgentTest, ClientProcessesStoreAndRetrieveByteForByte) {
 
 TEST_F(AgentTest, KilledClientIsReleasedAndAgentKeepsServing) {
   start_agent();
-  const int fds_before = count_fds(agent_);
+  // Let the agent close the start-up probe's connection before counting.
+  int fds_before = -1;
+  for (int i = 0; i < 100; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const int n = count_fds(agent_);
+    if (n == fds_before) break;
+    fds_before = n;
+  }
   pid_t p = spawn(CLIENT_PEER_BIN, {socket_, "stream", "9"});
   // Wait until it has exported memory and is storing.
   for (int i = 0; i < 500 && staging_mappings(agent_) == 0; ++i)
