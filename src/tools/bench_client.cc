@@ -22,7 +22,7 @@ using bench::Json;
 struct Config {
   std::string sizes = "1M,4M,16M,64M";
   std::string bytes = "1G";  // moved per size and direction
-  uint32_t batch = 4;
+  uint32_t batch = 16;       // a prompt's chunks go together, as LMCache stores them
   uint32_t rtt_iterations = 2000;
   bool json = false;
   bench::OutputOptions out;
