@@ -277,6 +277,49 @@ TEST_F(AgentTest, HostileRequestsGetClearErrors) {
   EXPECT_NE(stats.find("\"not_permitted\":2"), std::string::npos) << stats;
 }
 
+TEST_F(AgentTest, AsynchronousSubmitThenWait) {
+  start_agent();
+  auto c = client();
+  Staging s;
+  ASSERT_TRUE(c->alloc_staging(16 << 20, &s).ok());
+  const KeyContext ctx{model_id("async"), 1, 0, 0};
+  constexpr uint32_t kN = 48;
+  std::vector<ChunkKey> keys;
+  std::vector<uint64_t> offs, lens;
+  for (uint32_t i = 0; i < kN; ++i) {
+    keys.push_back(key_from_block_id(ctx, i));
+    offs.push_back(i * (128 << 10));
+    lens.push_back(128 << 10);
+    std::memset(s.data + offs[i], static_cast<int>(i + 1), 128 << 10);
+  }
+  // Three tickets in flight at once, collected out of order.
+  std::vector<Status> a(16), b(16), d(16);
+  Client::Ticket ta, tb, td;
+  ASSERT_TRUE(c->submit_store(s, keys.data(), offs.data(), lens.data(), 16, a.data(), &ta).ok());
+  ASSERT_TRUE(
+      c->submit_store(s, keys.data() + 16, offs.data() + 16, lens.data() + 16, 16, b.data(), &tb)
+          .ok());
+  ASSERT_TRUE(
+      c->submit_store(s, keys.data() + 32, offs.data() + 32, lens.data() + 32, 16, d.data(), &td)
+          .ok());
+  EXPECT_TRUE(c->wait(td).ok());
+  EXPECT_TRUE(c->wait(ta).ok());
+  bool done = false;
+  Status st;
+  while (!done) st = c->poll(tb, &done);
+  EXPECT_TRUE(st.ok());
+  for (const auto* v : {&a, &b, &d})
+    for (Status x : *v) EXPECT_TRUE(x.ok());
+  EXPECT_EQ(c->lookup(keys.data(), kN, false), kN);
+  std::memset(s.data, 0, 16 << 20);
+  std::vector<Status> r(kN);
+  Client::Ticket tr;
+  ASSERT_TRUE(c->submit_retrieve(s, keys.data(), offs.data(), lens.data(), kN, r.data(), &tr).ok());
+  ASSERT_TRUE(c->wait(tr).ok());
+  for (uint32_t i = 0; i < kN; ++i) ASSERT_EQ(s.data[offs[i] + 777], static_cast<uint8_t>(i + 1));
+  EXPECT_EQ(c->poll(tr, &done), Code::kNotFound);  // collected already
+}
+
 TEST_F(AgentTest, MetricsEndpointServesPrometheusText) {
   const int port = 20000 + getpid() % 20000;
   start_agent(false, port);

@@ -148,6 +148,17 @@ Status Client::wait_response(uint64_t id, std::vector<uint8_t>* out) {
 
 Status Client::call(Op op, uint16_t flags, const void* entries, uint32_t entry_size, uint32_t n,
                     std::vector<uint8_t>* response) {
+  uint64_t id;
+  DPUKV_RETURN_IF_ERROR(send_request(op, flags, entries, entry_size, n, &id));
+  DPUKV_RETURN_IF_ERROR(wait_response(id, response));
+  if (response->size() < sizeof(AgentHeader)) return Code::kCorrupted;
+  AgentHeader r;
+  std::memcpy(&r, response->data(), sizeof(r));
+  return static_cast<Code>(r.status);
+}
+
+Status Client::send_request(Op op, uint16_t flags, const void* entries, uint32_t entry_size,
+                            uint32_t n, uint64_t* id) {
   std::vector<uint8_t> msg(sizeof(AgentHeader) + static_cast<size_t>(entry_size) * n);
   AgentHeader h{};
   h.op = static_cast<uint16_t>(op);
@@ -166,11 +177,111 @@ Status Client::call(Op op, uint16_t flags, const void* entries, uint32_t entry_s
     (void)ch_->free(t);
     return st;
   }
-  DPUKV_RETURN_IF_ERROR(wait_response(h.request_id, response));
-  if (response->size() < sizeof(AgentHeader)) return Code::kCorrupted;
-  AgentHeader r;
-  std::memcpy(&r, response->data(), sizeof(r));
-  return static_cast<Code>(r.status);
+  *id = h.request_id;
+  return Code::kSuccess;
+}
+
+Status Client::submit_io(Op op, const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
+                         const uint64_t* lengths, uint32_t n, Status* per_entry, Ticket* out) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (per_entry == nullptr || out == nullptr || n == 0) return Code::kInvalidValue;
+  DPUKV_RETURN_IF_ERROR(ensure_connected());
+  Pending p;
+  p.ticket = next_ticket_++;
+  p.per_entry = per_entry;
+  const uint32_t per_msg = (ch_->connection()->max_msg() - sizeof(AgentHeader)) / sizeof(IoEntry);
+  std::vector<IoEntry> es;
+  for (uint32_t base = 0; base < n; base += per_msg) {
+    const uint32_t k = std::min(per_msg, n - base);
+    es.resize(k);
+    for (uint32_t i = 0; i < k; ++i)
+      es[i] = IoEntry{keys[base + i], s.id, offsets[base + i], lengths[base + i]};
+    uint64_t id;
+    Status st = send_request(op, 0, es.data(), sizeof(IoEntry), k, &id);
+    if (!st.ok()) {
+      for (uint32_t i = base; i < n; ++i) per_entry[i] = st;
+      if (p.first.ok()) p.first = st;
+      break;
+    }
+    p.ids.push_back(id);
+    p.bases.push_back(base);
+    p.counts.push_back(k);
+  }
+  *out = p.ticket;
+  pending_.push_back(std::move(p));
+  return Code::kSuccess;
+}
+
+bool Client::collect(Ticket t) {
+  auto it = std::find_if(pending_.begin(), pending_.end(),
+                         [&](const Pending& p) { return p.ticket == t; });
+  if (it == pending_.end()) return true;
+  Pending& p = *it;
+  for (size_t m = 0; m < p.ids.size(); ++m) {
+    if (p.ids[m] == 0) continue;  // answered already
+    auto r = std::find_if(responses_.begin(), responses_.end(),
+                          [&](const auto& x) { return x.first == p.ids[m]; });
+    if (r == responses_.end()) {
+      if (lost_) {  // the answer will never come
+        for (uint32_t i = 0; i < p.counts[m]; ++i)
+          p.per_entry[p.bases[m] + i] = Code::kConnectionReset;
+        if (p.first.ok()) p.first = Code::kConnectionReset;
+        p.ids[m] = 0;
+        ++p.answered;
+      }
+      continue;
+    }
+    const std::vector<uint8_t>& resp = r->second;
+    for (uint32_t i = 0; i < p.counts[m]; ++i) {
+      Status e = resp.size() >= sizeof(AgentHeader) + p.counts[m]
+                     ? Status(static_cast<Code>(resp[sizeof(AgentHeader) + i]))
+                     : Status(Code::kCorrupted);
+      p.per_entry[p.bases[m] + i] = e;
+      if (!e.ok() && p.first.ok()) p.first = e;
+    }
+    responses_.erase(r);
+    p.ids[m] = 0;
+    ++p.answered;
+  }
+  return p.answered == p.ids.size();
+}
+
+Status Client::submit_store(const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
+                            const uint64_t* lengths, uint32_t n, Status* per_entry, Ticket* out) {
+  return submit_io(Op::kStore, s, keys, offsets, lengths, n, per_entry, out);
+}
+
+Status Client::submit_retrieve(const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
+                               const uint64_t* lengths, uint32_t n, Status* per_entry,
+                               Ticket* out) {
+  return submit_io(Op::kRetrieve, s, keys, offsets, lengths, n, per_entry, out);
+}
+
+Status Client::poll(Ticket t, bool* done) {
+  std::lock_guard<std::mutex> g(mu_);
+  pe_->progress();
+  *done = collect(t);
+  if (!*done) return Code::kInProgress;
+  auto it = std::find_if(pending_.begin(), pending_.end(),
+                         [&](const Pending& p) { return p.ticket == t; });
+  if (it == pending_.end()) return Code::kNotFound;
+  Status st = it->first;
+  pending_.erase(it);
+  return st;
+}
+
+Status Client::wait(Ticket t) {
+  const uint64_t deadline =
+      monotonic_ns() + static_cast<uint64_t>(opts_.op_timeout_ms) * 1000000ull;
+  for (;;) {
+    bool done = false;
+    Status st = poll(t, &done);
+    if (done) return st;
+    if (monotonic_ns() > deadline) return Code::kTimeout;
+    // Short sleeps: other threads need the lock too.
+    std::lock_guard<std::mutex> g(mu_);
+    pe_->wait(20000, 1);
+  }
 }
 
 Status Client::batch_io(Op op, const Staging& s, const ChunkKey* keys, const uint64_t* offsets,

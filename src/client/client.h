@@ -62,6 +62,17 @@ class Client {
   Status prefetch(const ChunkKey* keys, uint32_t n, Status* per_entry);
   Status stats_json(std::string* out);
 
+  // Asynchronous forms: submit now, collect later. The ticket finishes when every
+  // entry has a status (written to per_entry, which must stay valid until then).
+  // poll() never blocks; wait() blocks until the ticket finishes (or the op timeout).
+  using Ticket = uint64_t;
+  Status submit_store(const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
+                      const uint64_t* lengths, uint32_t n, Status* per_entry, Ticket* out);
+  Status submit_retrieve(const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
+                         const uint64_t* lengths, uint32_t n, Status* per_entry, Ticket* out);
+  Status poll(Ticket t, bool* done);
+  Status wait(Ticket t);
+
   bool connected();
   // A request with arbitrary bytes, for tests of the agent's validation.
   Status raw_request(const void* msg, uint32_t len, std::vector<uint8_t>* response);
@@ -76,6 +87,11 @@ class Client {
                   const uint64_t* lengths, uint32_t n, Status* per_entry);
   Status keys_op(agent::Op op, const ChunkKey* keys, uint32_t n, Status* per_entry);
   Status wait_response(uint64_t id, std::vector<uint8_t>* out);
+  Status send_request(agent::Op op, uint16_t flags, const void* entries, uint32_t entry_size,
+                      uint32_t n, uint64_t* id);
+  Status submit_io(agent::Op op, const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
+                   const uint64_t* lengths, uint32_t n, Status* per_entry, Ticket* out);
+  bool collect(Ticket t);  // true once finished
 
   std::mutex mu_;
   ClientOptions opts_;
@@ -91,6 +107,17 @@ class Client {
   // Responses arrive on the channel's callback; the waiting call picks its own.
   std::vector<std::pair<uint64_t, std::vector<uint8_t>>> responses_;
   bool lost_ = false;
+  struct Pending {
+    Ticket ticket;
+    std::vector<uint64_t> ids;     // one request per message
+    std::vector<uint32_t> bases;   // first entry of each message
+    std::vector<uint32_t> counts;  // entries of each message
+    Status* per_entry;
+    uint32_t answered = 0;
+    Status first;
+  };
+  std::vector<Pending> pending_;
+  Ticket next_ticket_ = 1;
 };
 
 }  // namespace dpukv
