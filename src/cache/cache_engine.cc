@@ -22,7 +22,10 @@ constexpr int32_t kEmpty = -1, kTomb = -2;
 
 struct CacheEngine::Entry {
   ChunkKey key;
-  uint64_t size = 0, checksum = 0;
+  uint64_t size = 0;      // bytes of the chunk as the client gave it
+  uint64_t stored = 0;    // bytes it takes in the tiers (encoded size, or size)
+  uint64_t checksum = 0;  // xxh3-64 of the stored bytes
+  bool encoded = false;
   uint64_t mem_off = 0, disk_off = 0;
   uint64_t pin_deadline = 0;
   int32_t prev = -1, next = -1;  // LRU links (memory-resident only)
@@ -46,7 +49,10 @@ struct CacheEngine::Request {
     kDma,        // a DMA (with checksum) is moving the bytes
     kDiskRead,   // reloading from disk into the arena
     kDiskWrite,  // spilling from the arena to disk
-    kDone,       // finished; callback pending in the done list
+    kEncode,     // the compress engine encodes the client's bytes into the arena
+    kShrink,     // the DMA moves the encoded chunk to a slot of its own size
+    kDecode,     // the compress engine decodes the arena copy into the client's buffer
+    kDone,       // finished
   };
   Kind kind = Kind::kStore;
   State state = State::kFree;
@@ -54,6 +60,8 @@ struct CacheEngine::Request {
   ChunkKey key;
   Buf* user = nullptr;
   Buf* arena_buf = nullptr;
+  Buf* arena_buf2 = nullptr;      // the final slot while shrinking
+  uint64_t big_off = UINT64_MAX;  // the encode slot while shrinking
   DoneCb cb = nullptr;
   void* arg = nullptr;
   uint64_t disk_off = 0;
@@ -85,7 +93,16 @@ Status CacheEngine::init() {
                                      kAccessLocalReadWrite | kAccessExportReadWrite, arena_->fd(),
                                      0, &arena_map_));
   DPUKV_RETURN_IF_ERROR(arena_map_->start());
-  DPUKV_RETURN_IF_ERROR(mem_alloc_.init(arena_->size(), opts_.max_chunk_bytes));
+  // With compression a chunk first takes a slot of the codec's worst case, which is a
+  // little above its raw size: pages must hold that.
+  page_bytes_ =
+      opts_.compress
+          ? std::max<uint64_t>(
+                opts_.max_chunk_bytes,
+                kv_encode_bound(KvCodecParams{KvCodec::kLossless, KvDtype::kBf16, {1, 1, 0}, 0},
+                                opts_.max_chunk_bytes))
+          : opts_.max_chunk_bytes;
+  DPUKV_RETURN_IF_ERROR(mem_alloc_.init(arena_->size(), page_bytes_));
   DPUKV_RETURN_IF_ERROR(BufInventory::create(2 * opts_.max_requests + 16, &inv_));
   DmaOptions dopt = opts_.dma;
   dopt.max_buf_size = std::max<uint64_t>(dopt.max_buf_size, opts_.max_chunk_bytes);
@@ -96,6 +113,18 @@ Status CacheEngine::init() {
   DPUKV_RETURN_IF_ERROR(
       dma_->set_memcpy_conf(&CacheEngine::dma_done, &CacheEngine::dma_done, opts_.max_requests));
 
+  if (opts_.compress) {
+    CompressOptions co;
+    co.num_threads = opts_.compress_threads;
+    co.max_buf_size = kv_encode_bound(
+        KvCodecParams{KvCodec::kLossless, KvDtype::kBf16, {1, 1, 0}, 0}, opts_.max_chunk_bytes);
+    DPUKV_RETURN_IF_ERROR(CompressEngine::create(pe(), co, &codec_));
+    UserData cud;
+    cud.ptr = this;
+    DPUKV_RETURN_IF_ERROR(codec_->set_user_data(cud));
+    DPUKV_RETURN_IF_ERROR(
+        codec_->set_conf(&CacheEngine::codec_done, &CacheEngine::codec_done, opts_.max_requests));
+  }
   entries_.resize(opts_.max_chunks);
   free_entries_.reserve(opts_.max_chunks);
   for (uint32_t i = opts_.max_chunks; i-- > 0;) free_entries_.push_back(static_cast<int32_t>(i));
@@ -115,14 +144,16 @@ Status CacheEngine::init() {
     DiskTierOptions dopts;
     dopts.dir = opts_.disk_dir;
     dopts.capacity = opts_.disk_bytes;
-    dopts.page_size = opts_.max_chunk_bytes;
+    dopts.page_size = page_bytes_;
     std::vector<DiskTier::Recovered> rec;
     DPUKV_RETURN_IF_ERROR(DiskTier::open(dopts, {{arena_->data(), arena_->size()}}, &rec, &disk_));
     for (const auto& r : rec) {
       int32_t e = insert(r.key);
       if (e < 0) break;
       Entry& en = entries_[static_cast<size_t>(e)];
-      en.size = r.len;
+      en.size = r.raw_len;
+      en.stored = r.len;
+      en.encoded = r.encoded;
       en.checksum = r.checksum;
       en.disk_off = r.offset;
       en.on_disk = true;
@@ -137,14 +168,18 @@ CacheEngine::~CacheEngine() {
   if (disk_ && disk_watch_.owner != nullptr && state() != CtxState::kIdle)
     pe()->unwatch_fd(disk_->event_fd(), &disk_watch_);
   // Return every internal buffer before the map and inventory go.
-  for (Request& r : requests_)
+  for (Request& r : requests_) {
     if (r.arena_buf != nullptr) (void)r.arena_buf->dec_refcount(), r.arena_buf = nullptr;
+    if (r.arena_buf2 != nullptr) (void)r.arena_buf2->dec_refcount(), r.arena_buf2 = nullptr;
+  }
   dma_.reset();
+  codec_.reset();
   if (arena_map_) (void)arena_map_->stop();
 }
 
 Status CacheEngine::do_start() {
   DPUKV_RETURN_IF_ERROR(dma_->start());
+  if (codec_) DPUKV_RETURN_IF_ERROR(codec_->start());
   if (disk_) DPUKV_RETURN_IF_ERROR(pe()->watch_fd(disk_->event_fd(), EPOLLIN, &disk_watch_));
   return Code::kSuccess;
 }
@@ -153,10 +188,12 @@ void CacheEngine::do_stop() {
   for (Request* r : waiting_) finish(r, Code::kShutdown);
   waiting_.clear();
   (void)dma_->stop();
+  if (codec_) (void)codec_->stop();
 }
 
 bool CacheEngine::drained() {
   if (free_requests_.size() != requests_.size() || dma_->state() != CtxState::kIdle) return false;
+  if (codec_ && codec_->state() != CtxState::kIdle) return false;
   if (disk_ && disk_->inflight() != 0) return false;
   if (disk_) {
     pe()->unwatch_fd(disk_->event_fd(), &disk_watch_);
@@ -307,7 +344,8 @@ CacheEngine::Request* CacheEngine::new_request() {
   free_requests_.pop_back();
   r->state = Request::State::kFree;
   r->entry = -1;
-  r->user = r->arena_buf = nullptr;
+  r->user = r->arena_buf = r->arena_buf2 = nullptr;
+  r->big_off = UINT64_MAX;
   r->cb = nullptr;
   r->arg = nullptr;
   r->status = Code::kSuccess;
@@ -315,9 +353,15 @@ CacheEngine::Request* CacheEngine::new_request() {
 }
 
 void CacheEngine::finish(Request* r, Status st) {
-  if (r->arena_buf != nullptr) {
-    (void)r->arena_buf->dec_refcount();
-    r->arena_buf = nullptr;
+  for (Buf** b : {&r->arena_buf, &r->arena_buf2}) {
+    if (*b != nullptr) {
+      (void)(*b)->dec_refcount();
+      *b = nullptr;
+    }
+  }
+  if (r->big_off != UINT64_MAX) {  // an encode slot that was not needed in the end
+    mem_alloc_.free(r->big_off);
+    r->big_off = UINT64_MAX;
   }
   if (r->user != nullptr) {  // the reference taken when the request was accepted
     (void)r->user->dec_refcount();
@@ -383,33 +427,146 @@ Status CacheEngine::store(const ChunkKey& key, Buf* src, DoneCb cb, void* arg) {
     return Code::kSuccess;
   }
   r->entry = e;
-  entries_[static_cast<size_t>(e)].size = src->data_len();
-  entries_[static_cast<size_t>(e)].loading = true;  // not evictable, not yet present
+  Entry& en = entries_[static_cast<size_t>(e)];
+  en.size = src->data_len();
+  en.loading = true;  // not evictable, not yet present
+  // Encoded chunks first take a slot of the codec's worst case, then move to one
+  // of their own size.
+  const uint64_t bound =
+      codec_ ? kv_encode_bound(KvCodecParams{KvCodec::kLossless, KvDtype::kBf16, {1, 1, 0}, 0},
+                               en.size)
+             : 0;
+  en.encoded = codec_ != nullptr && bound <= page_bytes_;
+  en.stored = en.encoded ? bound : en.size;
+  begin_store(r);
+  return Code::kSuccess;
+}
+
+void CacheEngine::begin_store(Request* r) {
+  Entry& en = entries_[static_cast<size_t>(r->entry)];
   uint64_t off;
-  if (!make_room(src->data_len(), &off)) {
+  if (!make_room(en.stored, &off)) {
     if (disk_ && disk_->inflight() > 0) {
       r->state = Request::State::kWaitRoom;
       waiting_.push_back(r);
-      return Code::kSuccess;
+      return;
     }
-    erase(e);
+    erase(r->entry);
     ++st_.store_rejects;
     finish(r, Code::kNoMemory);
-    return Code::kSuccess;
+    return;
   }
-  Entry& en = entries_[static_cast<size_t>(e)];
   en.mem_off = off;
   en.in_mem = true;
-  Status st = inv_->get_by_addr(
-      arena_map_.get(), arena_->data() ? static_cast<uint8_t*>(arena_->data()) + off : nullptr,
-      src->data_len(), &r->arena_buf);
-  if (st.ok()) st = start_dma(r, src, r->arena_buf);
+  Status st = inv_->get_by_addr(arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + off,
+                                en.stored, &r->arena_buf);
+  if (st.ok())
+    st = en.encoded ? start_codec(r, CompressTask::Op::kCompress, r->user, r->arena_buf)
+                    : start_dma(r, r->user, r->arena_buf);
   if (!st.ok()) {
     mem_alloc_.free(off);
-    erase(e);
+    en.in_mem = false;
+    erase(r->entry);
     finish(r, st);
   }
+}
+
+Status CacheEngine::start_codec(Request* r, CompressTask::Op op, Buf* src, Buf* dst) {
+  CompressTask* t = nullptr;
+  UserData ud;
+  ud.u64 = r->index;
+  CodecParams p;
+  p.dtype = KvDtype::kBf16;
+  DPUKV_RETURN_IF_ERROR(
+      codec_->task_alloc_init(op, CompressAlgo::kKvLossless, p, src, dst, ud, &t));
+  Status st = codec_->submit(t);
+  if (!st.ok()) {
+    (void)codec_->free(t);
+    return st;
+  }
+  r->state = op == CompressTask::Op::kCompress ? Request::State::kEncode : Request::State::kDecode;
   return Code::kSuccess;
+}
+
+void CacheEngine::codec_done(CompressTask* t, UserData task_ud, UserData ctx_ud) {
+  auto* self = static_cast<CacheEngine*>(ctx_ud.ptr);
+  Request* r = &self->requests_[task_ud.u64];
+  const Status st = t->status();
+  const uint64_t out = t->result().out_len;
+  (void)self->codec_->free(t);
+  self->after_codec(r, st, out);
+  self->retry_waiting();
+}
+
+void CacheEngine::after_codec(Request* r, Status st, uint64_t out_len) {
+  const int32_t e = r->entry;
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (r->state == Request::State::kDecode) {
+    --en.readers;
+    if (st == Code::kCorrupted) {  // the decoder checks the original's xxh3-64
+      ++st_.checksum_failures;
+      LOG_WARN("cache: encoded chunk failed its checksum on read; dropped");
+      if (en.readers == 0 && !en.spilling && !en.loading) drop_entry(e);
+      ++st_.misses;
+      finish(r, Code::kNotFound);
+      return;
+    }
+    if (!st.ok()) {
+      finish(r, st);
+      return;
+    }
+    ++st_.hits;
+    ++st_.retrieves;
+    st_.retrieve_bytes += en.size;
+    touch(e);
+    finish(r, Code::kSuccess);
+    return;
+  }
+  // Encoded on store.
+  if (!st.ok() || state() == CtxState::kStopping) {
+    en.loading = false;
+    drop_memory(e);
+    finish(r, st.ok() ? Status(Code::kShutdown) : st);
+    return;
+  }
+  st_.encoded_bytes_in += en.size;
+  st_.encoded_bytes_out += out_len;
+  const uint64_t big = en.mem_off;
+  uint64_t small;
+  if (mem_alloc_.class_size(out_len) < mem_alloc_.class_size(en.stored) &&
+      mem_alloc_.alloc(out_len, &small)) {
+    // Move to a slot of the encoded size; the DMA computes the checksum on the way.
+    Status ds = inv_->get_by_addr(arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + small,
+                                  out_len, &r->arena_buf2);
+    if (ds.ok()) ds = start_dma(r, r->arena_buf, r->arena_buf2);
+    if (ds.ok()) {
+      r->big_off = big;
+      en.mem_off = small;
+      en.stored = out_len;
+      r->state = Request::State::kShrink;
+      return;
+    }
+    if (r->arena_buf2) (void)r->arena_buf2->dec_refcount(), r->arena_buf2 = nullptr;
+    mem_alloc_.free(small);
+  }
+  // Keep the encode slot.
+  en.stored = out_len;
+  complete_store(r, XXH3_64bits(static_cast<uint8_t*>(arena_->data()) + big, out_len));
+}
+
+void CacheEngine::complete_store(Request* r, uint64_t cs) {
+  const int32_t e = r->entry;
+  Entry& en = entries_[static_cast<size_t>(e)];
+  en.loading = false;
+  en.checksum = cs;
+  en.mem_ready = true;
+  lru_push_front(e);
+  ++st_.stores;
+  st_.store_bytes += en.size;
+  finish(r, Code::kSuccess);  // also frees a finished shrink's encode slot
+  if (opts_.write_through && entries_[static_cast<size_t>(e)].hits >= opts_.disk_admit_hits)
+    start_spill(e);
+  clean_ahead();
 }
 
 Status CacheEngine::retrieve(const ChunkKey& key, Buf* dst, DoneCb cb, void* arg) {
@@ -441,20 +598,29 @@ Status CacheEngine::retrieve(const ChunkKey& key, Buf* dst, DoneCb cb, void* arg
   r->entry = e;
   ++en.hits;
   if (en.mem_ready) {
-    ++en.readers;
-    Status st =
-        inv_->get_by_data(arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + en.mem_off,
-                          en.size, &r->arena_buf);
-    if (st.ok()) st = start_dma(r, r->arena_buf, dst);
-    if (!st.ok()) {
-      --en.readers;
-      finish(r, st);
-    }
+    begin_read(r);
     return Code::kSuccess;
   }
   Status st = start_reload(r);
   if (!st.ok()) finish(r, st);
   return Code::kSuccess;
+}
+
+// Memory copy → the client's buffer: a DMA (checksummed) or, for an encoded chunk,
+// a decode on the compress engine (which checks the original's checksum).
+void CacheEngine::begin_read(Request* r) {
+  Entry& en = entries_[static_cast<size_t>(r->entry)];
+  ++en.readers;
+  Status st =
+      inv_->get_by_data(arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + en.mem_off,
+                        en.stored, &r->arena_buf);
+  if (st.ok())
+    st = en.encoded ? start_codec(r, CompressTask::Op::kDecompress, r->arena_buf, r->user)
+                    : start_dma(r, r->arena_buf, r->user);
+  if (!st.ok()) {
+    --en.readers;
+    finish(r, st);
+  }
 }
 
 Status CacheEngine::prefetch(const ChunkKey& key, DoneCb cb, void* arg) {
@@ -489,7 +655,7 @@ Status CacheEngine::start_reload(Request* r) {
     return Code::kSuccess;
   }
   uint64_t off;
-  if (!make_room(en.size, &off)) {
+  if (!make_room(en.stored, &off)) {
     if (disk_->inflight() > 0) {
       r->state = Request::State::kWaitRoom;
       waiting_.push_back(r);
@@ -501,7 +667,7 @@ Status CacheEngine::start_reload(Request* r) {
   en.in_mem = true;
   en.loading = true;
   Status st =
-      disk_->read(en.disk_off, static_cast<uint8_t*>(arena_->data()) + off, en.size, r->index);
+      disk_->read(en.disk_off, static_cast<uint8_t*>(arena_->data()) + off, en.stored, r->index);
   if (!st.ok()) {
     mem_alloc_.free(off);
     en.in_mem = en.loading = false;
@@ -517,7 +683,7 @@ void CacheEngine::start_spill(int32_t e) {
   Request* r = new_request();
   if (r == nullptr) return;
   uint64_t off;
-  if (!disk_->allocator().alloc(en.size, &off)) {  // disk tier full: stays in memory only
+  if (!disk_->allocator().alloc(en.stored, &off)) {  // disk tier full: stays in memory only
     free_requests_.push_back(r);
     return;
   }
@@ -526,7 +692,7 @@ void CacheEngine::start_spill(int32_t e) {
   r->key = en.key;
   r->disk_off = off;
   Status st =
-      disk_->write(off, static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.size, r->index);
+      disk_->write(off, static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.stored, r->index);
   if (!st.ok()) {
     disk_->allocator().free(off);
     free_requests_.push_back(r);
@@ -546,21 +712,13 @@ void CacheEngine::after_dma(Request* r, Status st, uint64_t cs) {
 void CacheEngine::after_dma_step(Request* r, Status st, uint64_t cs) {
   Entry& en = entries_[static_cast<size_t>(r->entry)];
   if (r->kind == Request::Kind::kStore) {
-    en.loading = false;
     if (!st.ok() || state() == CtxState::kStopping) {
+      en.loading = false;
       drop_memory(r->entry);
       finish(r, st.ok() ? Status(Code::kShutdown) : st);
       return;
     }
-    en.checksum = cs;
-    en.mem_ready = true;
-    lru_push_front(r->entry);
-    ++st_.stores;
-    st_.store_bytes += en.size;
-    const int32_t e = r->entry;
-    finish(r, Code::kSuccess);
-    if (opts_.write_through && entries_[static_cast<size_t>(e)].hits >= opts_.disk_admit_hits)
-      start_spill(e);
+    complete_store(r, cs);
     return;
   }
   // Retrieve: the bytes the DMA read must be the bytes that were stored.
@@ -590,7 +748,8 @@ void CacheEngine::after_io(Request* r, Status st) {
   if (r->kind == Request::Kind::kSpill) {
     en.spilling = false;
     --en.readers;
-    if (st.ok() && disk_->log_put(en.key, r->disk_off, en.size, en.checksum)) {
+    if (st.ok() &&
+        disk_->log_put(en.key, r->disk_off, en.stored, en.checksum, en.size, en.encoded)) {
       en.on_disk = true;
       en.disk_off = r->disk_off;
       ++st_.spills;
@@ -626,7 +785,7 @@ void CacheEngine::after_io(Request* r, Status st) {
   retry_waiting();
   if (r->kind == Request::Kind::kPrefetch) {
     // No DMA follows to check the bytes: hash them here.
-    if (XXH3_64bits(static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.size) != en.checksum) {
+    if (XXH3_64bits(static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.stored) != en.checksum) {
       ++st_.checksum_failures;
       drop_entry(e);
       finish(r, Code::kNotFound);
@@ -635,14 +794,7 @@ void CacheEngine::after_io(Request* r, Status st) {
     }
     return;
   }
-  ++en.readers;
-  Status ds = inv_->get_by_data(
-      arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.size, &r->arena_buf);
-  if (ds.ok()) ds = start_dma(r, r->arena_buf, r->user);
-  if (!ds.ok()) {
-    --en.readers;
-    finish(r, ds);
-  }
+  begin_read(r);
 }
 
 void CacheEngine::retry_waiting() {
@@ -651,29 +803,8 @@ void CacheEngine::retry_waiting() {
   again.swap(waiting_);
   waiting_.reserve(opts_.max_requests);
   for (Request* r : again) {
-    Entry& en = entries_[static_cast<size_t>(r->entry)];
     if (r->kind == Request::Kind::kStore) {
-      uint64_t off;
-      if (!make_room(en.size, &off)) {
-        if (disk_->inflight() > 0) {
-          waiting_.push_back(r);
-        } else {
-          erase(r->entry);
-          ++st_.store_rejects;
-          finish(r, Code::kNoMemory);
-        }
-        continue;
-      }
-      en.mem_off = off;
-      en.in_mem = true;
-      Status st = inv_->get_by_addr(arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + off,
-                                    en.size, &r->arena_buf);
-      if (st.ok()) st = start_dma(r, r->user, r->arena_buf);
-      if (!st.ok()) {
-        mem_alloc_.free(off);
-        erase(r->entry);
-        finish(r, st);
-      }
+      begin_store(r);
     } else {
       Status st = start_reload(r);
       if (!st.ok()) finish(r, st);

@@ -24,6 +24,7 @@
 #include "cache/chunk_key.h"
 #include "cache/disk_tier.h"
 #include "cache/slab_allocator.h"
+#include "engines/compress/compress_engine.h"
 #include "engines/dma/dma_engine.h"
 #include "runtime/context.h"
 #include "runtime/mem_region.h"
@@ -42,6 +43,10 @@ struct CacheOptions {
   uint32_t disk_admit_hits = 0;  // only chunks hit at least this often go to disk
   uint32_t pin_timeout_ms = 30000;  // lookup pins expire after this
   DmaOptions dma;                   // the engine's DMA context
+  // Encode chunks with the lossless KV codec on the compress engine before they
+  // enter the memory tier (decoded on retrieve). Chunks are taken as bf16 values.
+  bool compress = false;
+  uint32_t compress_threads = 1;
 };
 
 struct CacheStats {
@@ -50,6 +55,7 @@ struct CacheStats {
   uint64_t stores = 0, store_bytes = 0, retrieves = 0, retrieve_bytes = 0;
   uint64_t hits = 0, misses = 0, evictions = 0, spills = 0, reloads = 0;
   uint64_t checksum_failures = 0, io_errors = 0, recovered = 0, store_rejects = 0;
+  uint64_t encoded_bytes_in = 0, encoded_bytes_out = 0;  // compression on store
 };
 
 class CacheEngine final : public Context {
@@ -115,6 +121,12 @@ class CacheEngine final : public Context {
   Request* new_request();
   void finish(Request* r, Status st);
   Status start_dma(Request* r, Buf* src, Buf* dst);
+  void begin_store(Request* r);
+  Status start_codec(Request* r, CompressTask::Op op, Buf* src, Buf* dst);
+  void after_codec(Request* r, Status st, uint64_t out_len);
+  void complete_store(Request* r, uint64_t checksum);
+  void begin_read(Request* r);
+  static void codec_done(CompressTask* t, UserData task_ud, UserData ctx_ud);
   Status start_reload(Request* r);
   void after_dma(Request* r, Status st, uint64_t checksum);
   void after_dma_step(Request* r, Status st, uint64_t checksum);
@@ -124,11 +136,13 @@ class CacheEngine final : public Context {
   static void dma_done(DmaMemcpyTask* t, UserData task_ud, UserData ctx_ud);
 
   CacheOptions opts_;
+  uint64_t page_bytes_ = 0;  // allocator page: the largest slot a chunk may need
   std::unique_ptr<MemRegion> arena_;
   std::unique_ptr<Mmap> arena_map_;
   SlabAllocator mem_alloc_;
   std::unique_ptr<DiskTier> disk_;
   std::unique_ptr<DmaEngine> dma_;
+  std::unique_ptr<CompressEngine> codec_;
   std::unique_ptr<BufInventory> inv_;
   struct DiskWatcher final : FdWatcher {
     CacheEngine* owner = nullptr;

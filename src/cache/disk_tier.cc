@@ -18,17 +18,18 @@ namespace {
 struct LogRecord {
   static constexpr uint32_t kMagic = 0x474c4b44;  // "DKLG"
   uint32_t magic;
-  uint16_t type;  // 1 put, 2 delete
-  uint16_t reserved;
+  uint16_t type;   // 1 put, 2 delete
+  uint16_t flags;  // bit 0: the stored bytes are a KV-codec chunk
   ChunkKey key;
   uint64_t offset;
-  uint64_t len;
+  uint64_t len;      // bytes stored
+  uint64_t raw_len;  // bytes of the chunk as the client gave it
   uint64_t checksum;
   uint64_t seq;
   uint32_t pad;
   uint32_t crc;  // crc32c of everything before it
 };
-static_assert(sizeof(LogRecord) == 80);
+static_assert(sizeof(LogRecord) == 88);
 
 struct KeyHash {
   size_t operator()(const ChunkKey& k) const { return k.hash(); }
@@ -93,7 +94,7 @@ Status DiskTier::open(const DiskTierOptions& o,
       ++records;
       t->seq_ = std::max(t->seq_, r.seq + 1);
       if (r.type == 1)
-        live[r.key] = Recovered{r.key, r.offset, r.len, r.checksum};
+        live[r.key] = Recovered{r.key, r.offset, r.len, r.checksum, r.raw_len, (r.flags & 1) != 0};
       else
         live.erase(r.key);
     }
@@ -116,6 +117,8 @@ Status DiskTier::open(const DiskTierOptions& o,
     rec.key = r.key;
     rec.offset = r.offset;
     rec.len = r.len;
+    rec.raw_len = r.raw_len;
+    rec.flags = r.encoded ? 1 : 0;
     rec.checksum = r.checksum;
     rec.seq = t->seq_++;
     rec.crc = crc32c(&rec, offsetof(LogRecord, crc));
@@ -226,13 +229,16 @@ size_t DiskTier::poll(Completion* out, size_t max) {
   return n;
 }
 
-bool DiskTier::log_put(const ChunkKey& key, uint64_t offset, uint64_t len, uint64_t checksum) {
+bool DiskTier::log_put(const ChunkKey& key, uint64_t offset, uint64_t len, uint64_t checksum,
+                       uint64_t raw_len, bool encoded) {
   LogRecord rec{};
   rec.magic = LogRecord::kMagic;
   rec.type = 1;
+  rec.flags = encoded ? 1 : 0;
   rec.key = key;
   rec.offset = offset;
   rec.len = len;
+  rec.raw_len = raw_len;
   rec.checksum = checksum;
   rec.seq = seq_++;
   rec.crc = crc32c(&rec, offsetof(LogRecord, crc));

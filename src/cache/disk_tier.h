@@ -38,6 +38,8 @@ class DiskTier {
   struct Recovered {
     ChunkKey key;
     uint64_t offset, len, checksum;
+    uint64_t raw_len;
+    bool encoded;
   };
   // One completed I/O: the caller's tag and its result.
   struct Completion {
@@ -65,7 +67,8 @@ class DiskTier {
   uint32_t inflight() const { return inflight_; }
 
   // Log records; false (and counted) if the log cannot be written (disk full).
-  bool log_put(const ChunkKey& key, uint64_t offset, uint64_t len, uint64_t checksum);
+  bool log_put(const ChunkKey& key, uint64_t offset, uint64_t len, uint64_t checksum,
+               uint64_t raw_len, bool encoded);
   bool log_del(const ChunkKey& key);
   // Flushes the log to stable storage (clean shutdown, periodic).
   Status sync();
