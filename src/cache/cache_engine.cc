@@ -38,6 +38,8 @@ struct CacheEngine::Entry {
   bool on_disk = false;    // a complete copy is on disk and logged
   bool spilling = false, loading = false;
   bool evict_when_clean = false;  // drop the memory copy once the spill lands
+  bool small = false;             // S3-FIFO: in the small queue
+  uint8_t freq = 0;               // S3-FIFO: hits since entering its queue (at most 3)
 };
 
 // One store, retrieve, prefetch or spill in flight: an explicit state machine.
@@ -138,6 +140,14 @@ Status CacheEngine::init() {
     free_requests_.push_back(&requests_[opts_.max_requests - 1 - i]);
   }
   waiting_.reserve(opts_.max_requests);
+  if (opts_.policy == CacheOptions::Policy::kS3Fifo) {
+    // As many ghosts as the tier holds chunks of the largest size (at least 1024).
+    const size_t n = std::max<uint64_t>(mem_alloc_.capacity() / page_bytes_, 1024);
+    ghost_ring_.assign(n, 0);
+    size_t t = 1;
+    while (t < 2 * n) t <<= 1;
+    ghost_table_.assign(t, 0);
+  }
   st_.memory_capacity = mem_alloc_.capacity();
 
   if (!opts_.disk_dir.empty()) {
@@ -205,17 +215,21 @@ bool CacheEngine::drained() {
 // ---------------------------------------------------------------- index
 
 int32_t CacheEngine::find(const ChunkKey& k) const {
-  for (uint64_t i = k.hash() & table_mask_;; i = (i + 1) & table_mask_) {
+  // Bounded by the table size; rebuilds keep empty slots, so a miss ends early.
+  uint64_t i = k.hash() & table_mask_;
+  for (uint64_t n = 0; n <= table_mask_; ++n, i = (i + 1) & table_mask_) {
     const int32_t e = table_[i];
     if (e == kEmpty) return -1;
     if (e >= 0 && entries_[static_cast<size_t>(e)].key == k) return e;
   }
+  return -1;
 }
 
 int32_t CacheEngine::insert(const ChunkKey& k) {
   if (free_entries_.empty()) return -1;
   uint64_t i = k.hash() & table_mask_;
   while (table_[i] >= 0) i = (i + 1) & table_mask_;
+  if (table_[i] == kTomb) --tombstones_;
   const int32_t e = free_entries_.back();
   free_entries_.pop_back();
   table_[i] = e;
@@ -232,44 +246,171 @@ void CacheEngine::erase(int32_t e) {
   for (uint64_t i = k.hash() & table_mask_;; i = (i + 1) & table_mask_) {
     if (table_[i] == e) {
       table_[i] = kTomb;
+      ++tombstones_;
       break;
     }
   }
   entries_[static_cast<size_t>(e)].used = false;
   free_entries_.push_back(e);
   --st_.chunks;
-  // Too many tombstones make misses slow: rebuild in place.
-  if (free_entries_.size() == entries_.size()) std::fill(table_.begin(), table_.end(), kEmpty);
+  // Tombstones lengthen every probe and, left alone, would fill the table: when
+  // they reach a quarter of it, rebuild in place from the live entries.
+  if (tombstones_ * 4 > table_.size()) {
+    std::fill(table_.begin(), table_.end(), kEmpty);
+    tombstones_ = 0;
+    for (size_t x = 0; x < entries_.size(); ++x) {
+      if (!entries_[x].used) continue;
+      uint64_t i = entries_[x].key.hash() & table_mask_;
+      while (table_[i] >= 0) i = (i + 1) & table_mask_;
+      table_[i] = static_cast<int32_t>(x);
+    }
+  }
 }
 
-void CacheEngine::lru_push_front(int32_t e) {
+void CacheEngine::q_push_front(Queue& q, int32_t e) {
   Entry& en = entries_[static_cast<size_t>(e)];
   en.prev = -1;
-  en.next = lru_head_;
-  if (lru_head_ >= 0) entries_[static_cast<size_t>(lru_head_)].prev = e;
-  lru_head_ = e;
-  if (lru_tail_ < 0) lru_tail_ = e;
+  en.next = q.head;
+  if (q.head >= 0) entries_[static_cast<size_t>(q.head)].prev = e;
+  q.head = e;
+  if (q.tail < 0) q.tail = e;
+  q.bytes += en.stored;
 }
 
-void CacheEngine::lru_unlink(int32_t e) {
+void CacheEngine::q_unlink(Queue& q, int32_t e) {
   Entry& en = entries_[static_cast<size_t>(e)];
   if (en.prev >= 0)
     entries_[static_cast<size_t>(en.prev)].next = en.next;
-  else if (lru_head_ == e)
-    lru_head_ = en.next;
+  else if (q.head == e)
+    q.head = en.next;
   else
     return;  // not linked
   if (en.next >= 0)
     entries_[static_cast<size_t>(en.next)].prev = en.prev;
   else
-    lru_tail_ = en.prev;
+    q.tail = en.prev;
   en.prev = en.next = -1;
+  q.bytes -= en.stored;
+}
+
+CacheEngine::Queue& CacheEngine::queue_of(int32_t e) {
+  return entries_[static_cast<size_t>(e)].small ? small_ : main_;
+}
+
+void CacheEngine::lru_push_front(int32_t e) {
+  Entry& en = entries_[static_cast<size_t>(e)];
+  en.freq = 0;
+  // S3-FIFO: new chunks start in the small queue, unless evicted from it lately.
+  en.small = opts_.policy == CacheOptions::Policy::kS3Fifo && !ghost_take(en.key.hash());
+  q_push_front(queue_of(e), e);
+}
+
+void CacheEngine::lru_unlink(int32_t e) {
+  q_unlink(queue_of(e), e);
 }
 
 void CacheEngine::touch(int32_t e) {
-  if (entries_[static_cast<size_t>(e)].mem_ready && lru_head_ != e) {
-    lru_unlink(e);
-    lru_push_front(e);
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (!en.mem_ready) return;
+  if (opts_.policy == CacheOptions::Policy::kS3Fifo) {
+    if (en.freq < 3) ++en.freq;  // FIFO queues do not move on a hit
+    return;
+  }
+  if (main_.head != e) {
+    q_unlink(main_, e);
+    q_push_front(main_, e);
+  }
+}
+
+// The next chunk to leave memory, or -1. LRU: the least recent evictable chunk.
+// S3-FIFO: from the small queue while it holds over 10% of the tier (chunks hit
+// there move to the main queue; the others leave and are remembered in the ghost
+// list), else from the main queue (chunks hit since their last pass get another
+// pass, one hit less).
+int32_t CacheEngine::pick_victim() {
+  auto scan = [&](const Queue& q) {
+    int32_t v = q.tail;
+    while (v >= 0 && !evictable(v)) v = entries_[static_cast<size_t>(v)].prev;
+    return v;
+  };
+  if (opts_.policy == CacheOptions::Policy::kLru) return scan(main_);
+  for (size_t guard = 0; guard < 4 * entries_.size() + 8; ++guard) {
+    const bool from_small =
+        small_.head >= 0 && (small_.bytes * 10 > mem_alloc_.capacity() || main_.head < 0);
+    int32_t v = scan(from_small ? small_ : main_);
+    bool in_small = from_small;
+    if (v < 0) {
+      v = scan(from_small ? main_ : small_);
+      in_small = !from_small;
+    }
+    if (v < 0) return -1;
+    Entry& en = entries_[static_cast<size_t>(v)];
+    if (in_small) {
+      q_unlink(small_, v);
+      if (en.freq > 0) {  // hit while new: promote
+        en.small = false;
+        en.freq = 0;
+        q_push_front(main_, v);
+        continue;
+      }
+      en.small = false;
+      q_push_front(main_, v);  // linked for drop_memory's unlink; leaves at once
+      ghost_put(en.key.hash());
+      return v;
+    }
+    if (en.freq > 0) {
+      --en.freq;
+      q_unlink(main_, v);
+      q_push_front(main_, v);
+      continue;
+    }
+    return v;
+  }
+  return -1;
+}
+
+bool CacheEngine::ghost_take(uint64_t h) {
+  if (ghost_table_.empty()) return false;
+  h |= 2;  // 0 and 1 are markers
+  const uint64_t mask = ghost_table_.size() - 1;
+  for (uint64_t i = h & mask;; i = (i + 1) & mask) {
+    if (ghost_table_[i] == 0) return false;
+    if (ghost_table_[i] == h) {
+      ghost_table_[i] = 1;
+      return true;
+    }
+  }
+}
+
+void CacheEngine::ghost_put(uint64_t h) {
+  if (ghost_ring_.empty()) return;
+  h |= 2;
+  const uint64_t mask = ghost_table_.size() - 1;
+  // The ring's oldest hash leaves the table.
+  const uint64_t old = ghost_ring_[ghost_next_];
+  if (old != 0) {
+    for (uint64_t i = old & mask;; i = (i + 1) & mask) {
+      if (ghost_table_[i] == 0) break;
+      if (ghost_table_[i] == old) {
+        ghost_table_[i] = 1;
+        break;
+      }
+    }
+  }
+  ghost_ring_[ghost_next_] = h;
+  ghost_next_ = (ghost_next_ + 1) % ghost_ring_.size();
+  uint64_t i = h & mask;
+  while (ghost_table_[i] > 1) i = (i + 1) & mask;
+  ghost_table_[i] = h;
+  // Tombstones pile up in a long run: rebuild from the ring now and then.
+  if (ghost_next_ == 0) {
+    std::fill(ghost_table_.begin(), ghost_table_.end(), 0);
+    for (uint64_t g : ghost_ring_) {
+      if (g == 0) continue;
+      uint64_t j = g & mask;
+      while (ghost_table_[j] > 1) j = (j + 1) & mask;
+      ghost_table_[j] = g;
+    }
   }
 }
 
@@ -309,7 +450,7 @@ void CacheEngine::drop_entry(int32_t e) {
 void CacheEngine::clean_ahead() {
   if (!disk_ || mem_alloc_.used_bytes() * 4 < mem_alloc_.capacity() * 3) return;
   int started = 0;
-  for (int32_t v = lru_tail_; v >= 0 && started < 8 && disk_->inflight() < 16;
+  for (int32_t v = main_.tail; v >= 0 && started < 8 && disk_->inflight() < 16;
        v = entries_[static_cast<size_t>(v)].prev) {
     Entry& en = entries_[static_cast<size_t>(v)];
     if (en.on_disk || en.spilling || !en.mem_ready || en.hits < opts_.disk_admit_hits) continue;
@@ -321,8 +462,7 @@ void CacheEngine::clean_ahead() {
 bool CacheEngine::make_room(uint64_t size, uint64_t* off) {
   for (;;) {
     if (mem_alloc_.alloc(size, off)) return true;
-    int32_t v = lru_tail_;
-    while (v >= 0 && !evictable(v)) v = entries_[static_cast<size_t>(v)].prev;
+    const int32_t v = pick_victim();
     if (v < 0) return false;
     Entry& en = entries_[static_cast<size_t>(v)];
     if (disk_ && !en.on_disk && en.hits >= opts_.disk_admit_hits) {
@@ -420,11 +560,18 @@ Status CacheEngine::store(const ChunkKey& key, Buf* src, DoneCb cb, void* arg) {
     finish(r, Code::kSuccess);
     return Code::kSuccess;
   }
-  const int32_t e = insert(key);
-  if (e < 0) {
-    ++st_.store_rejects;
-    finish(r, Code::kNoMemory);
-    return Code::kSuccess;
+  int32_t e = insert(key);
+  // A full index is a capacity like any other: evict (from every tier) to make room.
+  while (e < 0) {
+    const int32_t v = pick_victim();
+    if (v < 0) {
+      ++st_.store_rejects;
+      finish(r, Code::kNoMemory);
+      return Code::kSuccess;
+    }
+    ++st_.evictions;
+    drop_entry(v);
+    e = insert(key);
   }
   r->entry = e;
   Entry& en = entries_[static_cast<size_t>(e)];
@@ -802,6 +949,14 @@ void CacheEngine::retry_waiting() {
   std::vector<Request*> again;
   again.swap(waiting_);
   waiting_.reserve(opts_.max_requests);
+  if (opts_.policy == CacheOptions::Policy::kS3Fifo) {
+    // As many ghosts as the tier holds chunks of the largest size (at least 1024).
+    const size_t n = std::max<uint64_t>(mem_alloc_.capacity() / page_bytes_, 1024);
+    ghost_ring_.assign(n, 0);
+    size_t t = 1;
+    while (t < 2 * n) t <<= 1;
+    ghost_table_.assign(t, 0);
+  }
   for (Request* r : again) {
     if (r->kind == Request::Kind::kStore) {
       begin_store(r);

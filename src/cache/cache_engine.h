@@ -47,6 +47,10 @@ struct CacheOptions {
   // enter the memory tier (decoded on retrieve). Chunks are taken as bf16 values.
   bool compress = false;
   uint32_t compress_threads = 1;
+  // Eviction: LRU, or S3-FIFO (a small FIFO for new chunks, a main FIFO with
+  // reinsertion for chunks hit again, and a ghost list of recent small-queue
+  // evictions; Yang et al., SOSP 2023).
+  enum class Policy { kLru, kS3Fifo } policy = Policy::kLru;
 };
 
 struct CacheStats {
@@ -109,9 +113,20 @@ class CacheEngine final : public Context {
   int32_t find(const ChunkKey& k) const;
   int32_t insert(const ChunkKey& k);
   void erase(int32_t e);
-  void lru_push_front(int32_t e);
+  struct Queue {
+    int32_t head = -1, tail = -1;
+    uint64_t bytes = 0;
+  };
+  void q_push_front(Queue& q, int32_t e);
+  void q_unlink(Queue& q, int32_t e);
+  Queue& queue_of(int32_t e);
+  void lru_push_front(int32_t e);  // a chunk enters memory (policy decides where)
   void lru_unlink(int32_t e);
-  void touch(int32_t e);
+  void touch(int32_t e);  // a chunk was used
+  int32_t pick_victim();
+  // Ghost list of S3-FIFO: key hashes of recent small-queue evictions, fixed size.
+  bool ghost_take(uint64_t h);
+  void ghost_put(uint64_t h);
 
   bool make_room(uint64_t size, uint64_t* off);
   void drop_memory(int32_t e);
@@ -153,7 +168,11 @@ class CacheEngine final : public Context {
   std::vector<int32_t> free_entries_;
   std::vector<int32_t> table_;  // open addressing: -1 empty, -2 tombstone, else entry
   uint64_t table_mask_ = 0;
-  int32_t lru_head_ = -1, lru_tail_ = -1;  // memory-resident chunks, most recent first
+  uint64_t tombstones_ = 0;
+  Queue main_, small_;  // memory-resident chunks, most recent first (LRU uses main_ only)
+  std::vector<uint64_t> ghost_ring_;
+  std::vector<uint64_t> ghost_table_;  // open addressing of hashes; 0 empty, 1 tombstone
+  size_t ghost_next_ = 0;
   std::vector<Request> requests_;
   std::vector<Request*> free_requests_;
   std::vector<Request*> waiting_;  // stores waiting for a spill to free memory

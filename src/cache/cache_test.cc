@@ -12,6 +12,7 @@
 #include <list>
 #include <random>
 #include <set>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/slab_allocator.h"
@@ -195,6 +196,22 @@ TEST(CacheEngine, StoreRetrieveLookupAndMisses) {
   EXPECT_GT(h.cache_->index_bytes_per_chunk(), 0u);
 }
 
+// Churn through far more keys than the index holds: deleted slots must not fill the
+// hash table (a miss would then probe forever).
+TEST(CacheEngine, IndexSurvivesChurnWithoutFillingWithTombstones) {
+  CacheOptions o = small_memory(8, 64 << 10);
+  o.max_chunks = 16;
+  CacheHarness h(o);
+  for (uint64_t i = 0; i < 5000; ++i) {
+    ASSERT_TRUE(h.store(key(i), 4096).ok());
+    if (i % 3 == 0) {
+      ASSERT_TRUE(h.cache_->remove(key(i)).ok());
+    }
+  }
+  EXPECT_FALSE(h.cache_->contains(key(999999)));
+  EXPECT_TRUE(h.cache_->contains(key(4999)));
+}
+
 TEST(CacheEngine, LruEvictsLeastRecentlyUsedAndPinsHold) {
   CacheHarness h(small_memory(4, 1 << 20));
   for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(h.store(key(i), 1 << 20).ok());
@@ -244,6 +261,98 @@ TEST(CacheEngine, PropertyCapacityAndContentsMatchReferenceLru) {
     ASSERT_EQ(s.memory_chunks, lru.size());
   }
   for (uint64_t id : lru) EXPECT_TRUE(h.cache_->contains(key(id)));
+}
+
+// S3-FIFO against a direct implementation of the algorithm over the same operations.
+struct RefS3Fifo {
+  size_t slots, ghost_cap;
+  std::list<uint64_t> small, main;                           // front = most recent
+  std::unordered_map<uint64_t, std::pair<bool, int>> where;  // id -> (in small, freq)
+  std::list<uint64_t> ghost;
+  bool present(uint64_t id) const { return where.count(id) != 0; }
+  void touch(uint64_t id) {
+    auto& f = where[id].second;
+    f = std::min(f + 1, 3);
+  }
+  void evict_one() {
+    for (;;) {
+      const bool from_small = !small.empty() && (small.size() * 10 > slots || main.empty());
+      if (from_small) {
+        uint64_t v = small.back();
+        small.pop_back();
+        if (where[v].second > 0) {
+          where[v] = {false, 0};
+          main.push_front(v);
+          continue;
+        }
+        where.erase(v);
+        ghost.push_front(v);
+        if (ghost.size() > ghost_cap) ghost.pop_back();
+        return;
+      }
+      uint64_t v = main.back();
+      main.pop_back();
+      if (where[v].second > 0) {
+        --where[v].second;
+        main.push_front(v);
+        continue;
+      }
+      where.erase(v);
+      return;
+    }
+  }
+  void insert(uint64_t id) {
+    while (small.size() + main.size() >= slots) evict_one();
+    auto g = std::find(ghost.begin(), ghost.end(), id);
+    if (g != ghost.end()) {
+      ghost.erase(g);
+      main.push_front(id);
+      where[id] = {false, 0};
+    } else {
+      small.push_front(id);
+      where[id] = {true, 0};
+    }
+  }
+  void remove(uint64_t id) {
+    if (where[id].first)
+      small.remove(id);
+    else
+      main.remove(id);
+    where.erase(id);
+  }
+};
+
+TEST(CacheEngine, S3FifoMatchesReferenceAndKeepsCapacity) {
+  const uint64_t chunk = 256 << 10, slots = 20;
+  CacheOptions o = small_memory(slots, chunk);
+  o.policy = CacheOptions::Policy::kS3Fifo;
+  CacheHarness h(o);
+  RefS3Fifo ref{slots, 1024, {}, {}, {}, {}};
+  std::mt19937_64 rng(99);
+  uint64_t hits = 0;
+  for (int op = 0; op < 4000; ++op) {
+    // Skewed ids: some hot, many cold, as a cache sees them.
+    const uint64_t id = (rng() % 4 == 0) ? rng() % 8 : 8 + rng() % 60;
+    const int kind = static_cast<int>(rng() % 10);
+    if (kind < 5) {
+      ASSERT_TRUE(h.store(key(id), chunk).ok());
+      if (ref.present(id))
+        ref.touch(id);
+      else
+        ref.insert(id);
+    } else if (kind < 9) {
+      Status st = h.retrieve(key(id), chunk);
+      ASSERT_EQ(st.ok(), ref.present(id)) << "op " << op << " id " << id;
+      if (st.ok()) ref.touch(id), ++hits;
+    } else if (ref.present(id)) {
+      ASSERT_TRUE(h.cache_->remove(key(id)).ok());
+      ref.remove(id);
+    }
+    const CacheStats s = h.cache_->stats();
+    ASSERT_LE(s.memory_used, s.memory_capacity);
+    ASSERT_EQ(s.memory_chunks, ref.where.size()) << "op " << op;
+  }
+  EXPECT_GT(hits, 0u);
 }
 
 std::string temp_dir(const char* tag) {

@@ -39,6 +39,7 @@ struct AgentSettings {
   uint32_t max_chunks = 0;         // index entries; 0: memory tier / 16 KiB + disk tier / 16 KiB
   uint32_t dma_threads = 2;        // software DMA queues (engine threads)
   bool compress = false;           // lossless KV codec on store (compress engine)
+  std::string eviction = "lru";    // lru | s3fifo
   int metrics_port = 9464;
   bool write_through = false;
   uint32_t disk_admit_hits = 0;
@@ -163,6 +164,8 @@ int run_agent(AgentSettings s, const std::map<std::string, bool>& given) {
   o.cache.write_through = s.write_through;
   o.cache.dma.num_threads = s.dma_threads;
   o.cache.compress = s.compress;
+  o.cache.policy =
+      s.eviction == "s3fifo" ? CacheOptions::Policy::kS3Fifo : CacheOptions::Policy::kLru;
   o.cache.disk_admit_hits = s.disk_admit_hits;
   o.metrics_port = s.metrics_port;
   std::unique_ptr<Agent> agent;
@@ -255,6 +258,9 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
   cmd->add_option("--max-chunk-size", s->max_chunk, "Largest chunk (K/M/G)")->capture_default_str();
   cmd->add_option("--memory-bytes", s->memory_bytes,
                   "Exact memory tier size (K/M/G), instead of --max-local-cpu-size");
+  cmd->add_option("--eviction", s->eviction, "Eviction policy: lru or s3fifo")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"lru", "s3fifo"}));
   cmd->add_flag("--compress", s->compress,
                 "Encode chunks (lossless KV codec, bf16) on the compress engine before storing");
   cmd->add_option("--dma-threads", s->dma_threads, "DMA engine threads")

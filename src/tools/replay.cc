@@ -63,6 +63,7 @@ struct Config {
   bool json = false;
   bool no_verify = false;
   std::string plot;
+  std::string eviction = "lru";
 };
 
 Status load_trace(const std::string& path, uint64_t limit, std::vector<Request>* out,
@@ -212,7 +213,8 @@ int run(const Config& c) {
     agent_pid = bench::spawn_self(
         {"--log-level", "warning", "agent", "--socket", socket, "--memory-bytes",
          std::to_string(c.capacity_blocks * block), "--max-chunk-size", std::to_string(block),
-         "--max-chunks", std::to_string(c.capacity_blocks * 2 + 1024), "--metrics-port", "0"},
+         "--max-chunks", std::to_string(c.capacity_blocks * 2 + 1024), "--metrics-port", "0",
+         "--eviction", c.eviction},
         -1);
     if (agent_pid < 0) {
       std::cerr << "dpukv replay: cannot start the agent\n";
@@ -361,6 +363,7 @@ int run(const Config& c) {
   out["scale"] = c.scale;
   out["block_bytes"] = block;
   out["capacity_blocks"] = c.capacity_blocks;
+  out["eviction"] = c.eviction;
   out["clients"] = nclients;
   out["requests"] = t.requests;
   out["block_references"] = t.blocks;
@@ -420,8 +423,9 @@ int run(const Config& c) {
         static_cast<unsigned long long>(c.capacity_blocks), nclients);
     std::printf("  requests            %llu in %.1f s\n",
                 static_cast<unsigned long long>(t.requests), wall_s);
-    std::printf("  block hit ratio     %.2f%%   (same-run LRU simulation: %.2f%%)\n",
+    std::printf("  block hit ratio     %.2f%% (%s)   same-run LRU simulation: %.2f%%\n",
                 100 * out["block_hit_ratio"].get<double>(),
+                c.agent_socket.empty() ? c.eviction.c_str() : "external agent",
                 100 * out["lru_sim_block_hit_ratio"].get<double>());
     std::printf("  token hit ratio     %.2f%%\n", 100 * out["token_hit_ratio"].get<double>());
     std::printf("  stored / retrieved  %.2f / %.2f GiB at %.2f / %.2f GB/s\n",
@@ -472,6 +476,11 @@ void add_replay_command(CLI::App* app, int* exit_code) {
                   "Honour arrival times compressed by this factor (0: as fast as possible)")
       ->capture_default_str();
   cmd->add_option("--max-requests", c->max_requests, "Replay only the first N requests");
+  cmd->add_option(
+         "--eviction", c->eviction,
+         "Eviction policy of the agent it starts: lru or s3fifo (the simulation stays LRU)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"lru", "s3fifo"}));
   cmd->add_flag("--no-verify", c->no_verify, "Do not check retrieved bytes");
   cmd->add_flag("--json", c->json, "Print one JSON object");
   cmd->add_option("--plot", c->plot, "Write a PNG of hit ratio and GB/s over trace time (gnuplot)");
