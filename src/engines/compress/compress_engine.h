@@ -15,9 +15,7 @@
 #include "engines/compress/codec.h"
 #include "runtime/buf.h"
 #include "runtime/context.h"
-#include "runtime/engine_workers.h"
-#include "runtime/spsc_ring.h"
-#include "runtime/task_pool.h"
+#include "runtime/task_engine.h"
 
 namespace dpukv {
 
@@ -48,6 +46,7 @@ class CompressTask {
 
  private:
   friend class CompressEngine;
+  friend class TaskEngine<CompressTask>;
   enum class State : uint8_t { kFree, kAllocated, kInFlight };
   Op op_ = Op::kCompress;
   CompressAlgo algo_ = CompressAlgo::kLz4Block;
@@ -83,16 +82,11 @@ class CompressEngine final : public Context {
   bool drained() override;
   size_t poll() override;
   bool arm_notification() override;
-  void complete(CompressTask* t);
   static void execute(CompressTask* t, bool flushing, void* self, uint32_t worker);
 
   CompressOptions opts_;
-  CompressCb on_done_ = nullptr, on_error_ = nullptr;
-  TaskPool<CompressTask> pool_;
-  std::unique_ptr<SpscRing<CompressTask*>> rejected_;
   std::vector<std::unique_ptr<CodecScratch>> scratch_;  // one per engine thread
-  EngineWorkers<CompressTask> workers_;
-  uint32_t inflight_ = 0;
+  TaskEngine<CompressTask> core_;
 };
 
 }  // namespace dpukv

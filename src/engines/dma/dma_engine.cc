@@ -58,7 +58,7 @@ Status DmaEngine::create(ProgressEngine* pe, const DmaOptions& opts,
 }
 
 DmaEngine::~DmaEngine() {
-  workers_.stop();
+  core_.stop_threads();
 }
 
 DmaCaps DmaEngine::caps() const {
@@ -67,45 +67,32 @@ DmaCaps DmaEngine::caps() const {
 
 Status DmaEngine::set_memcpy_conf(DmaMemcpyCb on_done, DmaMemcpyCb on_error, uint32_t num_tasks) {
   DPUKV_RETURN_IF_ERROR(require_idle());
-  if (on_done == nullptr || on_error == nullptr || num_tasks == 0) return Code::kInvalidValue;
-  DPUKV_RETURN_IF_ERROR(pool_.reset(num_tasks));
-  on_done_ = on_done;
-  on_error_ = on_error;
-  return Code::kSuccess;
+  return core_.configure(on_done, on_error, num_tasks);
 }
 
 Status DmaEngine::do_start() {
-  if (pool_.size() == 0) return Code::kBadState;  // not configured
-  rejected_ = std::make_unique<SpscRing<DmaMemcpyTask*>>(pool_.size());
   EngineWorkersOptions wo;
   wo.num_threads = opts_.num_threads;
   wo.sq_depth = opts_.queue_depth;
-  wo.cq_depth = pool_.size();
   wo.spin_us = opts_.spin_us;
   wo.first_cpu = opts_.first_cpu;
-  return workers_.start(wo, &DmaEngine::execute, this, pe());
+  return core_.start(wo, &DmaEngine::execute, this, pe());
 }
 
 void DmaEngine::do_stop() {
-  workers_.flush();
+  core_.flush();
 }
-
 bool DmaEngine::drained() {
-  if (inflight_ != 0 || pool_.outstanding() != 0) return false;
-  workers_.stop();
-  rejected_.reset();
-  return true;
+  return core_.drained();
 }
 
 Status DmaEngine::memcpy_alloc_init(Buf* src, Buf* dst, UserData ud, DmaMemcpyTask** out) {
   if (out == nullptr) return Code::kInvalidValue;
-  DmaMemcpyTask* t = pool_.alloc();
+  DmaMemcpyTask* t = core_.alloc();
   if (t == nullptr) return Code::kNoMemory;
   t->src_ = src;
   t->dst_ = dst;
   t->ud_ = ud;
-  t->status_ = Code::kSuccess;
-  t->state_ = DmaMemcpyTask::State::kAllocated;
   t->want_checksum_ = false;
   t->checksum_ = 0;
   *out = t;
@@ -113,10 +100,7 @@ Status DmaEngine::memcpy_alloc_init(Buf* src, Buf* dst, UserData ud, DmaMemcpyTa
 }
 
 Status DmaEngine::free(DmaMemcpyTask* t) {
-  if (!pool_.owns(t) || t->state_ != DmaMemcpyTask::State::kAllocated) return Code::kInvalidValue;
-  t->state_ = DmaMemcpyTask::State::kFree;
-  pool_.free(t);
-  return Code::kSuccess;
+  return core_.free(t);
 }
 
 Status DmaEngine::validate(const Buf* src, const Buf* dst) const {
@@ -124,58 +108,17 @@ Status DmaEngine::validate(const Buf* src, const Buf* dst) const {
 }
 
 Status DmaEngine::submit(DmaMemcpyTask* t) {
-  if (!pool_.owns(t) || t->state_ != DmaMemcpyTask::State::kAllocated) return Code::kInvalidValue;
+  if (!core_.allocated(t)) return Code::kInvalidValue;
   if (state() != CtxState::kRunning) return Code::kBadState;
-  Status v = validate(t->src_, t->dst_);
-  if (!v.ok()) {
-    t->status_ = v;
-    t->state_ = DmaMemcpyTask::State::kInFlight;
-    (void)rejected_->push(t);  // sized to the pool: cannot fail
-    ++inflight_;
-    return Code::kSuccess;
-  }
-  t->state_ = DmaMemcpyTask::State::kInFlight;
-  if (!workers_.submit(t)) {
-    t->state_ = DmaMemcpyTask::State::kAllocated;
-    return Code::kAgain;
-  }
-  ++inflight_;
-  return Code::kSuccess;
-}
-
-void DmaEngine::complete(DmaMemcpyTask* t) {
-  --inflight_;
-  t->state_ = DmaMemcpyTask::State::kAllocated;
-  if (state() == CtxState::kStopping && t->status_.ok()) t->status_ = Code::kShutdown;
-  // The callback may free or resubmit the task.
-  if (t->status_.ok())
-    on_done_(t, t->ud_, user_data());
-  else
-    on_error_(t, t->ud_, user_data());
+  return core_.submit(t, validate(t->src_, t->dst_));
 }
 
 size_t DmaEngine::poll() {
-  constexpr size_t kBatch = 64;
-  DmaMemcpyTask* batch[kBatch];
-  size_t events = 0;
-  if (rejected_) {
-    size_t n;
-    while ((n = rejected_->pop_bulk(batch, kBatch)) != 0) {
-      for (size_t i = 0; i < n; ++i) complete(batch[i]);
-      events += n;
-    }
-  }
-  size_t n;
-  while ((n = workers_.poll(batch, kBatch)) != 0) {
-    for (size_t i = 0; i < n; ++i) complete(batch[i]);
-    events += n;
-  }
-  return events;
+  return core_.poll(state() == CtxState::kStopping, user_data());
 }
 
 bool DmaEngine::arm_notification() {
-  bool pending = workers_.arm();
-  return pending || (rejected_ && !rejected_->empty());
+  return core_.arm();
 }
 
 }  // namespace dpukv

@@ -24,8 +24,8 @@
 #include "engines/dma/copy_kernels.h"
 #include "runtime/buf.h"
 #include "runtime/context.h"
-#include "runtime/engine_workers.h"
 #include "runtime/spsc_ring.h"
+#include "runtime/task_engine.h"
 #include "runtime/task_pool.h"
 
 namespace dpukv {
@@ -65,6 +65,7 @@ class DmaMemcpyTask {
 
  private:
   friend class DmaEngine;
+  friend class TaskEngine<DmaMemcpyTask>;
   enum class State : uint8_t { kFree, kAllocated, kInFlight };
   Buf* src_ = nullptr;
   Buf* dst_ = nullptr;
@@ -98,7 +99,7 @@ class DmaEngine final : public Context {
   // Checks a src/dst pair as submit does; exposed for callers that want to know early.
   Status validate(const Buf* src, const Buf* dst) const;
 
-  uint32_t inflight() const { return inflight_; }
+  uint32_t inflight() const { return core_.inflight(); }
 
  private:
   DmaEngine(ProgressEngine* pe, const DmaOptions& opts);
@@ -107,16 +108,10 @@ class DmaEngine final : public Context {
   bool drained() override;
   size_t poll() override;
   bool arm_notification() override;
-  void complete(DmaMemcpyTask* t);
   static void execute(DmaMemcpyTask* t, bool flushing, void* self, uint32_t worker);
 
   DmaOptions opts_;
-  DmaMemcpyCb on_done_ = nullptr;
-  DmaMemcpyCb on_error_ = nullptr;
-  TaskPool<DmaMemcpyTask> pool_;
-  std::unique_ptr<SpscRing<DmaMemcpyTask*>> rejected_;  // failed validation, completed next poll
-  EngineWorkers<DmaMemcpyTask> workers_;
-  uint32_t inflight_ = 0;
+  TaskEngine<DmaMemcpyTask> core_;
 };
 
 }  // namespace dpukv
