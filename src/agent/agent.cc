@@ -118,6 +118,7 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
   DPUKV_RETURN_IF_ERROR(a->server_->set_callbacks(cb));
   DPUKV_RETURN_IF_ERROR(a->server_->set_send_conf(512));  // replies in flight over all clients
   const uint32_t max_entries = a->opts_.max_msg / sizeof(IoEntry) + 1;
+  a->lookup_keys_.reserve(a->opts_.max_msg / sizeof(ChunkKey) + 1);
   DPUKV_RETURN_IF_ERROR(BufInventory::create(a->opts_.cache.max_requests + 64, &a->inv_));
   for (uint32_t i = 0; i < a->opts_.max_batches; ++i) {
     a->batches_.push_back(std::make_unique<Batch>());
@@ -349,9 +350,10 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
     }
     case Op::kLookup: {
       if (!entries_ok(sizeof(ChunkKey))) break;
-      const auto* keys = reinterpret_cast<const ChunkKey*>(body);
-      std::vector<ChunkKey> ks(h.count);
-      std::memcpy(ks.data(), keys, h.count * sizeof(ChunkKey));
+      // Keys are copied out of the message into a buffer sized once (no allocation).
+      std::vector<ChunkKey>& ks = lookup_keys_;
+      ks.resize(h.count);
+      std::memcpy(ks.data(), body, h.count * sizeof(ChunkKey));
       uint32_t allowed = 0;
       while (allowed < h.count && key_allowed(ks[allowed])) ++allowed;
       const uint32_t hits = cache_->lookup(ks.data(), allowed, (h.flags & agent::kPin) != 0);
@@ -367,7 +369,14 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
     case Op::kPrefetch:
     case Op::kUnpin: {
       if (!entries_ok(sizeof(ChunkKey))) break;
-      std::vector<uint8_t> st(h.count);
+      uint8_t* st = free_batches_.empty()
+                        ? nullptr
+                        : free_batches_.back()->status.data();  // a spare byte array
+      std::vector<uint8_t> fallback;
+      if (st == nullptr) {
+        fallback.resize(h.count);
+        st = fallback.data();
+      }
       for (uint32_t i = 0; i < h.count; ++i) {
         ChunkKey k;
         std::memcpy(&k, body + i * sizeof(k), sizeof(k));
@@ -384,7 +393,7 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
           r = cache_->contains(k) ? cache_->prefetch(k, nullptr, nullptr) : Status(Code::kNotFound);
         st[i] = static_cast<uint8_t>(r.code());
       }
-      reply(s, h, Code::kSuccess, st.data(), h.count);
+      reply(s, h, Code::kSuccess, st, h.count);
       return;
     }
     case Op::kStats: {

@@ -79,6 +79,7 @@ class Agent {
   std::vector<std::unique_ptr<Batch>> batches_;
   std::vector<Batch*> free_batches_;
   AgentCounters counters_;
+  std::vector<ChunkKey> lookup_keys_;  // reserved for the largest message
   uint64_t connected_ = 0;
 };
 
