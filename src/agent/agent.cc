@@ -369,11 +369,12 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
     case Op::kPrefetch:
     case Op::kUnpin: {
       if (!entries_ok(sizeof(ChunkKey))) break;
-      uint8_t* st = free_batches_.empty()
-                        ? nullptr
-                        : free_batches_.back()->status.data();  // a spare byte array
+      // A spare batch's status bytes when they are long enough (no allocation).
+      uint8_t* st = nullptr;
       std::vector<uint8_t> fallback;
-      if (st == nullptr) {
+      if (!free_batches_.empty() && free_batches_.back()->status.size() >= h.count) {
+        st = free_batches_.back()->status.data();
+      } else {
         fallback.resize(h.count);
         st = fallback.data();
       }
