@@ -258,6 +258,11 @@ TEST_F(AgentTest, HostileRequestsGetClearErrors) {
   agent::AgentHeader r;
   std::memcpy(&r, resp.data(), sizeof(r));
   EXPECT_EQ(r.status, static_cast<uint8_t>(Code::kInvalidValue));
+  // A long key batch (more keys than a store batch has entries) is answered whole.
+  std::vector<ChunkKey> many(2000, key_from_block_id(KeyContext{}, 424242));
+  std::vector<Status> many_st(2000);
+  EXPECT_EQ(c->contains(many.data(), 2000, many_st.data()), Code::kNotFound);
+  EXPECT_EQ(many_st[1999], Code::kNotFound);
   // Another client cannot name this client's memory.
   auto other = client();
   Staging s2;
