@@ -242,7 +242,9 @@ void Agent::reply(Session* s, const AgentHeader& req, Status st, const void* bod
     ss = server_->submit(t);
     if (!ss.ok()) (void)server_->free(t);
   }
-  if (!ss.ok()) {
+  // A failed send may itself have closed the connection (the peer died): then the
+  // disconnect event has already run and the session is gone.
+  if (!ss.ok() && !s->gone) {
     // A client that does not read its responses is not kept waiting for.
     LOG_WARN("agent: cannot answer client pid %d (%s); disconnecting",
              static_cast<int>(s->conn->peer().pid), std::string(ss.name()).c_str());

@@ -1,6 +1,7 @@
 #include "client/client.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "agent/agent.h"
@@ -18,11 +19,29 @@ Status Client::connect(const ClientOptions& o, std::unique_ptr<Client>* out) {
   if (c->opts_.socket_path.empty()) c->opts_.socket_path = default_socket_path();
   DPUKV_RETURN_IF_ERROR(ProgressEngine::create(&c->pe_));
   DPUKV_RETURN_IF_ERROR(c->open_channel(o.connect_timeout_ms));
+  Client* raw = c.get();
+  c->keepalive_ = std::thread([raw] { raw->keepalive_loop(); });
   *out = std::move(c);
   return Code::kSuccess;
 }
 
+void Client::keepalive_loop() {
+  const auto period = std::chrono::milliseconds(std::max<uint32_t>(opts_.heartbeat_ms / 4, 10));
+  std::unique_lock<std::mutex> lk(ka_mu_);
+  while (!ka_cv_.wait_for(lk, period, [&] { return ka_stop_; })) {
+    // Skip a turn when a call holds the lock: the call is running the channel.
+    std::unique_lock<std::mutex> g(mu_, std::try_to_lock);
+    if (g.owns_lock()) pe_->progress();
+  }
+}
+
 Client::~Client() {
+  {
+    std::lock_guard<std::mutex> lk(ka_mu_);
+    ka_stop_ = true;
+  }
+  ka_cv_.notify_all();
+  if (keepalive_.joinable()) keepalive_.join();
   if (ch_ && ch_->state() != CtxState::kIdle) {
     (void)ch_->stop();
     while (ch_->state() != CtxState::kIdle) pe_->progress();
@@ -107,7 +126,8 @@ bool Client::connected() {
 }
 
 Status Client::alloc_staging(size_t bytes, Staging* out) {
-  std::lock_guard<std::mutex> g(mu_);
+  // Allocate and pre-fault outside the lock (gigabytes take a second or more), so
+  // the keepalive thread keeps the channel's heartbeats going meanwhile.
   StagingMem s;
   MemRegionOptions mo;
   mo.name = "dpukv-staging";
@@ -116,6 +136,7 @@ Status Client::alloc_staging(size_t bytes, Staging* out) {
                                      kAccessLocalReadWrite | kAccessExportReadWrite, s.mem->fd(), 0,
                                      &s.map));
   DPUKV_RETURN_IF_ERROR(s.map->start());
+  std::lock_guard<std::mutex> g(mu_);
   DPUKV_RETURN_IF_ERROR(ensure_connected());
   ComchSendTask* t;
   DPUKV_RETURN_IF_ERROR(

@@ -8,13 +8,17 @@
 // trying at most once per reconnect_interval_ms from inside a call.
 //
 // Thread safety: every method may be called from any thread; calls are serialized
-// by one lock (one control channel per client).
+// by one lock (one control channel per client). A small keepalive thread runs the
+// channel between calls (heartbeats both ways), so an inference process that does
+// not touch the cache for a while is not taken for dead.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "agent/protocol.h"
@@ -118,6 +122,11 @@ class Client {
   };
   std::vector<Pending> pending_;
   Ticket next_ticket_ = 1;
+  std::thread keepalive_;
+  std::mutex ka_mu_;
+  std::condition_variable ka_cv_;
+  bool ka_stop_ = false;
+  void keepalive_loop();
 };
 
 }  // namespace dpukv

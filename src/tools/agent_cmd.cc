@@ -37,9 +37,10 @@ struct AgentSettings {
   std::string max_chunk = "64M";   // largest chunk
   std::string memory_bytes;        // exact memory tier size (K/M/G); overrides the GB setting
   uint32_t max_chunks = 0;         // index entries; 0: memory tier / 16 KiB + disk tier / 16 KiB
-  uint32_t dma_threads = 2;        // software DMA queues (engine threads)
-  bool compress = false;           // lossless KV codec on store (compress engine)
-  std::string eviction = "lru";    // lru | s3fifo
+  uint32_t dma_threads =
+      1;                  // software DMA queues (engine threads); 2 helps large chunks on 2 cores
+  bool compress = false;  // lossless KV codec on store (compress engine)
+  std::string eviction = "lru";  // lru | s3fifo
   int metrics_port = 9464;
   bool write_through = false;
   uint32_t disk_admit_hits = 0;

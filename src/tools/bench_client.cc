@@ -89,15 +89,17 @@ int run(const Config& c) {
   const uint64_t tier = std::max<uint64_t>(bytes + 2 * max_size * c.batch, 256 << 20);
   pid_t agent = start({"--log-level", "warning", "agent", "--socket", sock, "--memory-bytes",
                        std::to_string(tier), "--max-chunk-size", std::to_string(max_size),
-                       "--metrics-port", "0"});
+                       "--metrics-port", "0", "--dma-threads", "2"});
   ClientOptions o;
   o.socket_path = sock;
   o.connect_timeout_ms = 20000;
   std::unique_ptr<Client> cl;
   Staging st;
   const uint64_t staging_bytes = 2 * max_size * c.batch;
-  if (agent < 0 || !Client::connect(o, &cl).ok() || !cl->alloc_staging(staging_bytes, &st).ok()) {
-    std::cerr << "dpukv bench client: cannot start or reach the agent\n";
+  Status cs = agent < 0 ? Status(Code::kDriver) : Client::connect(o, &cl);
+  if (cs.ok()) cs = cl->alloc_staging(staging_bytes, &st);
+  if (!cs.ok()) {
+    std::cerr << "dpukv bench client: cannot start or reach the agent: " << cs.name() << "\n";
     stop(agent);
     return 1;
   }
