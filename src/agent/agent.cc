@@ -422,7 +422,8 @@ std::string Agent::stats_json() const {
       "\"retrieve_bytes\":%llu,\"hits\":%llu,\"misses\":%llu,\"evictions\":%llu,\"spills\":%llu,"
       "\"reloads\":%llu,\"checksum_failures\":%llu,\"io_errors\":%llu,\"recovered\":%llu,"
       "\"lookups\":%llu,\"lookup_keys\":%llu,\"lookup_hits\":%llu,\"requests\":%llu,"
-      "\"bad_requests\":%llu,\"not_permitted\":%llu,\"protocol_errors\":%llu}",
+      "\"bad_requests\":%llu,\"not_permitted\":%llu,\"protocol_errors\":%llu,\"sessions_opened\":%"
+      "llu}",
       (unsigned long long)connected_, (unsigned long long)c.chunks,
       (unsigned long long)c.memory_chunks, (unsigned long long)c.disk_chunks,
       (unsigned long long)c.memory_used, (unsigned long long)c.memory_capacity,
@@ -436,7 +437,8 @@ std::string Agent::stats_json() const {
       (unsigned long long)counters_.lookup_keys, (unsigned long long)counters_.lookup_hits,
       (unsigned long long)counters_.requests, (unsigned long long)counters_.bad_requests,
       (unsigned long long)counters_.not_permitted,
-      (unsigned long long)server_->counters().protocol_errors);
+      (unsigned long long)server_->counters().protocol_errors,
+      (unsigned long long)counters_.sessions_opened);
   return buf;
 }
 

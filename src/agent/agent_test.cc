@@ -325,6 +325,18 @@ TEST_F(AgentTest, AsynchronousSubmitThenWait) {
   EXPECT_EQ(c->poll(tr, &done), Code::kNotFound);  // collected already
 }
 
+// An inference process may not touch the cache for a while: its session must
+// survive several heartbeat timeouts' worth of silence from its own thread.
+TEST_F(AgentTest, IdleClientKeepsItsSession) {
+  start_agent();
+  auto c = client();
+  std::this_thread::sleep_for(std::chrono::milliseconds(4500));  // > 3 x 1 s heartbeat
+  std::string stats;
+  ASSERT_TRUE(c->stats_json(&stats).ok());
+  // One session for the start-up probe, one for this client: no reconnect happened.
+  EXPECT_NE(stats.find("\"sessions_opened\":2}"), std::string::npos) << stats;
+}
+
 TEST_F(AgentTest, MetricsEndpointServesPrometheusText) {
   const int port = 20000 + getpid() % 20000;
   start_agent(false, port);
