@@ -539,21 +539,31 @@ void CacheEngine::dma_done(DmaMemcpyTask* t, UserData task_ud, UserData ctx_ud) 
   self->after_dma(r, st, cs);
 }
 
+// Takes a request for an operation; the engine holds a reference on the user's
+// buffer (if any) until the request finishes.
+Status CacheEngine::accept(int kind, const ChunkKey& key, Buf* user, DoneCb cb, void* arg,
+                           Request** out) {
+  if (state() != CtxState::kRunning) return Code::kBadState;
+  if (user != nullptr && !user->inc_refcount().ok()) return Code::kInvalidValue;
+  Request* r = new_request();
+  if (r == nullptr) {
+    if (user != nullptr) (void)user->dec_refcount();
+    return Code::kAgain;
+  }
+  r->kind = static_cast<Request::Kind>(kind);
+  r->key = key;
+  r->user = user;
+  r->cb = cb;
+  r->arg = arg;
+  *out = r;
+  return Code::kSuccess;
+}
+
 Status CacheEngine::store(const ChunkKey& key, Buf* src, DoneCb cb, void* arg) {
   if (src == nullptr || src->data_len() == 0) return Code::kInvalidValue;
   if (src->data_len() > opts_.max_chunk_bytes) return Code::kTooBig;
-  if (state() != CtxState::kRunning) return Code::kBadState;
-  if (!src->inc_refcount().ok()) return Code::kInvalidValue;
-  Request* r = new_request();
-  if (r == nullptr) {
-    (void)src->dec_refcount();
-    return Code::kAgain;
-  }
-  r->kind = Request::Kind::kStore;
-  r->key = key;
-  r->user = src;
-  r->cb = cb;
-  r->arg = arg;
+  Request* r;
+  DPUKV_RETURN_IF_ERROR(accept(static_cast<int>(Request::Kind::kStore), key, src, cb, arg, &r));
   const int32_t existing = find(key);
   if (existing >= 0) {  // chunks are immutable: an existing key is a success, and fresh again
     touch(existing);
@@ -718,18 +728,8 @@ void CacheEngine::complete_store(Request* r, uint64_t cs) {
 
 Status CacheEngine::retrieve(const ChunkKey& key, Buf* dst, DoneCb cb, void* arg) {
   if (dst == nullptr) return Code::kInvalidValue;
-  if (state() != CtxState::kRunning) return Code::kBadState;
-  if (!dst->inc_refcount().ok()) return Code::kInvalidValue;
-  Request* r = new_request();
-  if (r == nullptr) {
-    (void)dst->dec_refcount();
-    return Code::kAgain;
-  }
-  r->kind = Request::Kind::kRetrieve;
-  r->key = key;
-  r->user = dst;
-  r->cb = cb;
-  r->arg = arg;
+  Request* r;
+  DPUKV_RETURN_IF_ERROR(accept(static_cast<int>(Request::Kind::kRetrieve), key, dst, cb, arg, &r));
   const int32_t e = find(key);
   if (e < 0 ||
       !(entries_[static_cast<size_t>(e)].mem_ready || entries_[static_cast<size_t>(e)].on_disk)) {
@@ -771,13 +771,9 @@ void CacheEngine::begin_read(Request* r) {
 }
 
 Status CacheEngine::prefetch(const ChunkKey& key, DoneCb cb, void* arg) {
-  if (state() != CtxState::kRunning) return Code::kBadState;
-  Request* r = new_request();
-  if (r == nullptr) return Code::kAgain;
-  r->kind = Request::Kind::kPrefetch;
-  r->key = key;
-  r->cb = cb;
-  r->arg = arg;
+  Request* r;
+  DPUKV_RETURN_IF_ERROR(
+      accept(static_cast<int>(Request::Kind::kPrefetch), key, nullptr, cb, arg, &r));
   const int32_t e = find(key);
   if (e < 0 ||
       !(entries_[static_cast<size_t>(e)].mem_ready || entries_[static_cast<size_t>(e)].on_disk)) {

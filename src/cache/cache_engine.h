@@ -134,6 +134,7 @@ class CacheEngine final : public Context {
   bool evictable(int32_t e) const;
   void start_spill(int32_t e);
   Request* new_request();
+  Status accept(int kind, const ChunkKey& key, Buf* user, DoneCb cb, void* arg, Request** out);
   void finish(Request* r, Status st);
   Status start_dma(Request* r, Buf* src, Buf* dst);
   void begin_store(Request* r);
