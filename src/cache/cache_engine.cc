@@ -659,24 +659,8 @@ void CacheEngine::after_codec(Request* r, Status st, uint64_t out_len) {
   const int32_t e = r->entry;
   Entry& en = entries_[static_cast<size_t>(e)];
   if (r->state == Request::State::kDecode) {
-    --en.readers;
-    if (st == Code::kCorrupted) {  // the decoder checks the original's xxh3-64
-      ++st_.checksum_failures;
-      LOG_WARN("cache: encoded chunk failed its checksum on read; dropped");
-      if (en.readers == 0 && !en.spilling && !en.loading) drop_entry(e);
-      ++st_.misses;
-      finish(r, Code::kNotFound);
-      return;
-    }
-    if (!st.ok()) {
-      finish(r, st);
-      return;
-    }
-    ++st_.hits;
-    ++st_.retrieves;
-    st_.retrieve_bytes += en.size;
-    touch(e);
-    finish(r, Code::kSuccess);
+    // The decoder checks the original's xxh3-64 and answers CORRUPTED on a mismatch.
+    finish_read(r, st, st == Code::kCorrupted);
     return;
   }
   // Encoded on store.
@@ -865,11 +849,19 @@ void CacheEngine::after_dma_step(Request* r, Status st, uint64_t cs) {
     return;
   }
   // Retrieve: the bytes the DMA read must be the bytes that were stored.
+  finish_read(r, st, st.ok() && cs != en.checksum);
+}
+
+// The end of a retrieve's copy (DMA or decode) into the client's buffer. A chunk
+// whose bytes failed their check is dropped and reported as a miss.
+void CacheEngine::finish_read(Request* r, Status st, bool corrupted) {
+  const int32_t e = r->entry;
+  Entry& en = entries_[static_cast<size_t>(e)];
   --en.readers;
-  if (st.ok() && cs != en.checksum) {
+  if (corrupted) {
     ++st_.checksum_failures;
     LOG_WARN("cache: chunk failed its checksum on read; dropped");
-    if (en.readers == 0 && !en.spilling && !en.loading) drop_entry(r->entry);
+    if (en.readers == 0 && !en.spilling && !en.loading) drop_entry(e);
     ++st_.misses;
     finish(r, Code::kNotFound);
     return;
@@ -881,7 +873,7 @@ void CacheEngine::after_dma_step(Request* r, Status st, uint64_t cs) {
   ++st_.hits;
   ++st_.retrieves;
   st_.retrieve_bytes += en.size;
-  touch(r->entry);
+  touch(e);
   finish(r, Code::kSuccess);
 }
 

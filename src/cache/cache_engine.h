@@ -141,6 +141,7 @@ class CacheEngine final : public Context {
   Status start_codec(Request* r, CompressTask::Op op, Buf* src, Buf* dst);
   void after_codec(Request* r, Status st, uint64_t out_len);
   void complete_store(Request* r, uint64_t checksum);
+  void finish_read(Request* r, Status st, bool corrupted);
   void begin_read(Request* r);
   static void codec_done(CompressTask* t, UserData task_ud, UserData ctx_ud);
   Status start_reload(Request* r);

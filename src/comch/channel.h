@@ -45,6 +45,11 @@ struct ComchOptions {
   uint32_t heartbeat_interval_ms = 1000;
   uint32_t heartbeat_misses = 3;  // silence of interval x misses = peer gone
   uint32_t max_imports_per_connection = 64;
+
+  bool valid() const {
+    return max_msg_size != 0 && max_msg_size <= comch::kMaxMsgLimit && send_queue_depth != 0 &&
+           recv_budget != 0 && heartbeat_interval_ms != 0 && heartbeat_misses != 0;
+  }
 };
 
 class ComchSendTask {

@@ -21,10 +21,7 @@ ComchClient::ComchClient(ProgressEngine* pe, const ComchClientOptions& opts)
 Status ComchClient::create(ProgressEngine* pe, const ComchClientOptions& opts,
                            std::unique_ptr<ComchClient>* out) {
   if (pe == nullptr || out == nullptr || opts.path.empty()) return Code::kInvalidValue;
-  if (opts.max_msg_size == 0 || opts.max_msg_size > comch::kMaxMsgLimit ||
-      opts.send_queue_depth == 0 || opts.recv_budget == 0 || opts.heartbeat_interval_ms == 0 ||
-      opts.heartbeat_misses == 0 || opts.retry_interval_ms == 0)
-    return Code::kInvalidValue;
+  if (!opts.valid() || opts.retry_interval_ms == 0) return Code::kInvalidValue;
   out->reset(new ComchClient(pe, opts));
   return Code::kSuccess;
 }

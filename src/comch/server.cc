@@ -35,10 +35,7 @@ ComchServer::ComchServer(ProgressEngine* pe, const ComchServerOptions& opts)
 Status ComchServer::create(ProgressEngine* pe, const ComchServerOptions& opts,
                            std::unique_ptr<ComchServer>* out) {
   if (pe == nullptr || out == nullptr || opts.path.empty()) return Code::kInvalidValue;
-  if (opts.max_msg_size == 0 || opts.max_msg_size > comch::kMaxMsgLimit ||
-      opts.send_queue_depth == 0 || opts.recv_budget == 0 || opts.heartbeat_interval_ms == 0 ||
-      opts.heartbeat_misses == 0 || opts.max_connections == 0)
-    return Code::kInvalidValue;
+  if (!opts.valid() || opts.max_connections == 0) return Code::kInvalidValue;
   out->reset(new ComchServer(pe, opts));
   return Code::kSuccess;
 }

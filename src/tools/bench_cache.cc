@@ -52,6 +52,31 @@ struct Driver {
     ++d->done;
     if (!st.ok()) ++d->failed;
   }
+
+  // Stores (or retrieves) keys 0..n-1 from (into) chunk slots of [base, base+pool),
+  // keeping up to qd in flight, until all n have completed.
+  void run(CacheEngine* cache, BufInventory* inv, Mmap* map, uint8_t* base, uint64_t pool,
+           uint64_t size, uint64_t n, uint32_t qd, bool store) {
+    done = failed = 0;
+    for (uint64_t next = 0; done < n;) {
+      while (next < n && inflight < qd) {
+        uint8_t* p = base + (next % (pool / size)) * size;
+        Buf* b;
+        Status st = store ? inv->get_by_data(map, p, size, &b) : inv->get_by_addr(map, p, size, &b);
+        if (!st.ok()) break;
+        ++inflight;
+        st = store ? cache->store(bkey(next), b, &Driver::cb, this)
+                   : cache->retrieve(bkey(next), b, &Driver::cb, this);
+        (void)b->dec_refcount();  // the cache holds its own reference until the callback
+        if (!st.ok()) {
+          --inflight;
+          break;
+        }
+        ++next;
+      }
+      pe->wait(kSpinNs, 100);
+    }
+  }
 };
 
 // Raw io_uring O_DIRECT on a file in the same directory: writes `count` chunks,
@@ -185,29 +210,9 @@ int run(const Config& c) {
     const uint64_t n = pool / o.memory_bytes * (pool / size) * 3 / 4;  // fill 3/4 of the tier
     Driver d{pe.get()};
     auto run_ops = [&](bool store) {
-      d.done = d.failed = 0;
-      uint64_t next = 0;
       const uint64_t t0 = bench::now_ns();
-      while (d.done < n) {
-        while (next < n && d.inflight < c.queue_depth) {
-          const uint64_t slot = next % (pool / size);
-          Buf* b;
-          Status st = store ? inv->get_by_data(src_map.get(), src + slot * size, size, &b)
-                            : inv->get_by_addr(dst_map.get(), dstp + slot * size, size, &b);
-          if (!st.ok()) break;
-          ++d.inflight;
-          st = store ? cache->store(bkey(next), b, &Driver::cb, &d)
-                     : cache->retrieve(bkey(next), b, &Driver::cb, &d);
-          // The buffer's reference stays with the request until its callback; drop ours.
-          (void)b->dec_refcount();
-          if (!st.ok()) {
-            --d.inflight;
-            break;
-          }
-          ++next;
-        }
-        pe->wait(kSpinNs, 100);
-      }
+      d.run(cache.get(), inv.get(), store ? src_map.get() : dst_map.get(), store ? src : dstp, pool,
+            size, n, c.queue_depth, store);
       return n * size / ((bench::now_ns() - t0) / 1e9) / 1e9;
     };
     const double store_gbps = run_ops(true);
@@ -294,48 +299,15 @@ int run(const Config& c) {
     Driver d{pe.get()};
     // Stores beyond the memory tier spill the least recent chunks (write back).
     const uint64_t t0 = bench::now_ns();
-    uint64_t next = 0;
-    while (d.done < n) {
-      while (next < n && d.inflight < qd) {
-        Buf* b;
-        if (!inv->get_by_data(src_map.get(), src + (next % (pool / size)) * size, size, &b).ok())
-          break;
-        ++d.inflight;
-        Status st = cache->store(bkey(next), b, &Driver::cb, &d);
-        (void)b->dec_refcount();
-        if (!st.ok()) {
-          --d.inflight;
-          break;
-        }
-        ++next;
-      }
-      pe->wait(kSpinNs, 100);
-    }
+    d.run(cache.get(), inv.get(), src_map.get(), src, pool, size, n, qd, true);
     const uint64_t spills = cache->stats().spills;
     if (d.failed)
       std::cerr << "dpukv bench cache: " << d.failed << " stores failed in the spill phase\n";
     const double spill_gbps = spills * size / ((bench::now_ns() - t0) / 1e9) / 1e9;
     // Reload: retrieve the oldest chunks, which are on disk only.
-    d.done = 0;
     const uint64_t m = std::min<uint64_t>(spills, n) / 2;
     const uint64_t r0 = bench::now_ns();
-    next = 0;
-    while (d.done < m) {
-      while (next < m && d.inflight < qd) {
-        Buf* b;
-        if (!inv->get_by_addr(dst_map.get(), dstp + (next % (pool / size)) * size, size, &b).ok())
-          break;
-        ++d.inflight;
-        Status st = cache->retrieve(bkey(next), b, &Driver::cb, &d);
-        (void)b->dec_refcount();
-        if (!st.ok()) {
-          --d.inflight;
-          break;
-        }
-        ++next;
-      }
-      pe->wait(kSpinNs, 100);
-    }
+    d.run(cache.get(), inv.get(), dst_map.get(), dstp, pool, size, m, qd, false);
     const double reload_gbps = m * size / ((bench::now_ns() - r0) / 1e9) / 1e9;
     const uint64_t reloads = cache->stats().reloads;
     (void)cache->stop();
