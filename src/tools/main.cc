@@ -11,6 +11,7 @@
 #include "tools/bench_comch.h"
 #include "tools/bench_compress.h"
 #include "tools/bench_dma.h"
+#include "tools/nvme_cmd.h"
 #include "tools/replay.h"
 
 int main(int argc, char** argv) {
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
 
   dpukv::add_agent_commands(&app, &exit_code);
   dpukv::add_replay_command(&app, &exit_code);
+  dpukv::add_nvme_commands(&app, &exit_code);
 
   app.parse_complete_callback([&] {
     dpukv::LogLevel lvl;

@@ -1,0 +1,87 @@
+// The vfio-user emulation manager: emulated NVMe functions created and destroyed
+// at run time, each listening on its own UNIX socket, all served by one poller
+// thread (the reactor) that busy-polls doorbells and checks sockets between
+// polls. On a BlueField this is the DevEmu PCI emulation manager with its
+// hotplug state machine; the states and their order are the same.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nvme/bdev.h"
+#include "nvme/nvme_pci_function.h"
+#include "runtime/status.h"
+
+namespace dpukv::nvme {
+
+enum class HotplugState : uint8_t { kPowerOff, kPlugInProgress, kPowerOn, kUnplugInProgress };
+const char* hotplug_state_name(HotplugState s);
+
+struct FunctionSpec {
+  std::string id;           // empty: "vfio-user-N"
+  std::string socket_path;  // where the function listens
+  FunctionConfig config;
+  std::vector<std::shared_ptr<Bdev>> namespaces;  // nsid 1, 2, ...
+};
+
+struct FunctionInfo {
+  std::string id, socket_path;
+  HotplugState state;
+  bool client_connected;
+  uint32_t namespaces;
+  uint32_t io_queues;
+  ControllerStats stats;
+};
+
+struct ManagerOptions {
+  int cpu = -1;                   // pin the reactor; -1: no pinning
+  uint32_t idle_after_us = 2000;  // busy-poll this long after the last work...
+  uint32_t idle_sleep_us = 200;   // ...then sleep this long between checks
+  uint32_t socket_check_us = 50;  // how often a busy reactor looks at its sockets
+};
+
+class EmulationManager {
+ public:
+  static Status create(const ManagerOptions& o, std::unique_ptr<EmulationManager>* out);
+  ~EmulationManager();
+  EmulationManager(const EmulationManager&) = delete;
+  EmulationManager& operator=(const EmulationManager&) = delete;
+
+  // Power off -> plug in progress -> power on (listening). Returns its id.
+  Status create_function(const FunctionSpec& spec, std::string* id);
+  // Power on -> unplug in progress (client dropped, I/O drained) -> power off, gone.
+  Status destroy_function(const std::string& id);
+  std::vector<FunctionInfo> list_functions();
+
+ private:
+  class Endpoint;
+  EmulationManager() = default;
+  void run();
+  Status call(std::function<Status()> fn);  // runs fn on the reactor thread
+  bool poll_sockets(int timeout_us);        // true if any socket had activity
+
+  ManagerOptions opts_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  int wake_fd_ = -1;
+
+  std::mutex mu_;  // guards endpoints_ changes against list_functions, and calls_
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Endpoint>> endpoints_;
+  struct Call {
+    std::function<Status()> fn;
+    Status result;
+    bool done = false;
+  };
+  std::vector<Call*> calls_;
+  std::atomic<bool> calls_pending_{false};
+  uint64_t next_id_ = 0;
+};
+
+}  // namespace dpukv::nvme
