@@ -186,10 +186,10 @@ void NvmePciFunction::handle(const uint8_t* msg, size_t len, int* fds, int nfds,
   reply_fds->clear();
   ++counters_.messages;
   vu::Header h{};
-  std::memcpy(&h, msg, std::min(len, sizeof h));
+  if (len > 0) std::memcpy(&h, msg, std::min(len, sizeof h));
   std::vector<uint8_t> body;
   int err = 0;
-  const uint8_t* p = msg + sizeof h;
+  const uint8_t* p = len >= sizeof h ? msg + sizeof h : nullptr;
   size_t n = len >= sizeof h ? len - sizeof h : 0;
   if (len < sizeof h || h.msg_size != len || (h.flags & vu::kFlagTypeMask) != vu::kFlagCommand) {
     err = EINVAL;
