@@ -558,6 +558,44 @@ TEST_F(NvmeTest, FullCompletionQueueHoldsBackFetching) {
   }
 }
 
+TEST_F(NvmeTest, DeletingQueuesUnderIo) {
+  start_target({"--bdev", "file", "--file", file_});
+  attach();
+  DmaBuffer b = buf(32 * 8192);
+  for (int round = 0; round < 3; ++round) {
+    for (uint16_t i = 0; i < 32; ++i) {
+      Sqe c{};
+      c.opc = kNvmWrite;
+      c.cid = i;
+      c.nsid = 1;
+      c.cdw10 = i * 2u;
+      c.cdw12 = 1;
+      DmaBuffer s{b.host + i * 8192u, b.iova + i * 8192u, 8192};
+      ASSERT_TRUE(drv_->submit(0, c, &s, 8192, nullptr).ok());
+    }
+    // Delete the SQ while its commands are on the medium or not yet fetched, then
+    // the CQ: both succeed, nothing is lost from the admin queue's view.
+    Sqe d{};
+    d.opc = kAdminDeleteSq;
+    d.cdw10 = 1;
+    EXPECT_EQ(sc(admin(d)), kSuccess);
+    d.opc = kAdminDeleteCq;
+    EXPECT_EQ(sc(admin(d)), kSuccess);
+    // What completed before the deletion is whole and named once.
+    Cqe e[32];
+    int n = drv_->reap(0, e, 32);
+    std::vector<bool> seen(32);
+    for (int i = 0; i < n; ++i) {
+      ASSERT_LT(e[i].cid, 32);
+      EXPECT_FALSE(seen[e[i].cid]);
+      seen[e[i].cid] = true;
+      EXPECT_EQ(sc(e[i]), kSuccess);
+    }
+    ASSERT_TRUE(drv_->initialize().ok());
+    EXPECT_EQ(sc(io(kNvmRead, 0, 1, &b)), kSuccess);
+  }
+}
+
 TEST_F(NvmeTest, MsixInterruptsAndMasking) {
   start_target();
   DriverOptions o;
