@@ -201,10 +201,10 @@ Status NvmeDriver::initialize() {
     if (nsid == 0) break;
     active_ns_.push_back(nsid);
   }
-  ns_block_size_.assign(NvmeController::kMaxNamespaces + 1, 0);
-  ns_blocks_.assign(NvmeController::kMaxNamespaces + 1, 0);
+  ns_block_size_.assign(ControllerCore::kMaxNamespaces + 1, 0);
+  ns_blocks_.assign(ControllerCore::kMaxNamespaces + 1, 0);
   for (uint32_t nsid : active_ns_) {
-    if (nsid > NvmeController::kMaxNamespaces) continue;
+    if (nsid > ControllerCore::kMaxNamespaces) continue;
     if (Status st = identify(kCnsNamespace, nsid, id, &status); !st.ok() || status != kSuccess)
       return Code::kIoFailed;
     uint64_t nsze;

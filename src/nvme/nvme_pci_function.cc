@@ -61,7 +61,7 @@ Status NvmePciFunction::init() {
   irq_pending_.assign(n, 0);
   build_config_space();
   device_reset();
-  ctrl_ = std::make_unique<NvmeController>(
+  ctrl_ = std::make_unique<PcieController>(
       cfg_.controller, &dma_, this, reinterpret_cast<uint32_t*>(doorbell_map_ + kDoorbellPageSize));
   return Code::kSuccess;
 }

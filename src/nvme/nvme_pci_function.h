@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "nvme/dma_map_table.h"
-#include "nvme/nvme_controller.h"
+#include "nvme/pcie_controller.h"
 #include "nvme/vfio_user_wire.h"
 
 namespace dpukv::nvme {
@@ -36,7 +36,7 @@ class NvmePciFunction final : public InterruptSink {
   NvmePciFunction(const NvmePciFunction&) = delete;
   NvmePciFunction& operator=(const NvmePciFunction&) = delete;
 
-  NvmeController& controller() { return *ctrl_; }
+  PcieController& controller() { return *ctrl_; }
 
   // Handles one complete message. fds are owned by the call: the function keeps
   // those it uses and closes the rest. Sets *reply (empty when the request asked
@@ -92,7 +92,7 @@ class NvmePciFunction final : public InterruptSink {
   std::vector<uint8_t> irq_masked_;   // vfio-user SET_IRQS mask state
   std::vector<uint8_t> irq_pending_;  // the PBA
   DmaMapTable dma_;
-  std::unique_ptr<NvmeController> ctrl_;
+  std::unique_ptr<PcieController> ctrl_;
   bool negotiated_ = false;
   Counters counters_;
 };

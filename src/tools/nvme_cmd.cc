@@ -436,7 +436,7 @@ void add_nvme_commands(CLI::App* app, int* exit_code) {
   t->add_option("--file", tc.file, "Backing file for --bdev file");
   t->add_option("--block-size", tc.block_size, "LBA size: 512 or 4096")->capture_default_str();
   t->add_option("--namespaces", tc.namespaces, "Namespaces, each its own device")
-      ->check(CLI::Range(1u, NvmeController::kMaxNamespaces))
+      ->check(CLI::Range(1u, ControllerCore::kMaxNamespaces))
       ->capture_default_str();
   t->add_option("--serial", tc.serial, "Controller serial number")->capture_default_str();
   t->add_option("--cpu", tc.cpu, "Pin the poller thread to this CPU (-1: no pinning)")

@@ -1,0 +1,202 @@
+// The transport-independent half of an NVMe controller: registers, the admin
+// commands every transport shares (Identify, Get Log Page, Get/Set Features,
+// Asynchronous Event Request, Abort, Keep Alive), the NVM command set on block
+// devices, and the state behind them (features, logs, events, namespaces).
+//
+// A transport turns its wire into Requests: it copies the command, prepares the
+// data buffer (`iov`: PRP-mapped host memory for PCIe, a receive buffer for TCP)
+// and calls execute(). The core answers through complete(), which the transport
+// implements (a CQE in host memory, a response capsule on a socket), and the
+// transport then gives the request back with release(). Commands the core does
+// not know (queue management on PCIe, Fabrics commands) go to admin_transport().
+//
+// Threading: one thread owns a controller and everything it touches.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nvme/bdev.h"
+#include "nvme/nvme_spec.h"
+
+namespace dpukv::nvme {
+
+struct ControllerConfig {
+  std::string serial = "DPUKV00000001";
+  std::string model = "dpukv NVMe emulation";
+  std::string firmware = "0.1";
+  std::string subnqn = "nqn.2026-11.io.dpukv:nvme";
+  uint16_t vendor_id = 0x15b3;
+  uint16_t cntlid = 1;
+  uint16_t max_io_queues = 31;    // I/O queue pairs the controller can allocate
+  uint16_t mqes = 1023;           // CAP.MQES: largest queue size, 0-based
+  uint16_t num_vectors = 32;      // MSI-X vectors (PCIe)
+  uint8_t mdts = 8;               // max transfer = 2^mdts minimum pages (1 MiB)
+  bool fabrics = false;           // NVMe over Fabrics identify fields and rules
+  uint32_t in_capsule_bytes = 0;  // fabrics: in-capsule data the I/O queues accept
+};
+
+struct ControllerStats {
+  uint64_t admin_commands = 0, io_commands = 0, errors = 0;
+  uint64_t reads = 0, writes = 0, bytes_read = 0, bytes_written = 0;
+  uint64_t interrupts = 0, invalid_doorbells = 0, fatal = 0;
+};
+
+// Namespaces of a subsystem: shared by every controller of it.
+struct NamespaceSet {
+  static constexpr uint32_t kMax = 32;
+  std::array<std::shared_ptr<Bdev>, kMax + 1> ns{};  // [nsid]; 0 unused
+  uint64_t generation = 0;                           // bumped on every change
+  Bdev* get(uint32_t nsid) const { return nsid >= 1 && nsid <= kMax ? ns[nsid].get() : nullptr; }
+};
+
+class ControllerCore {
+ public:
+  static constexpr uint32_t kMaxNamespaces = NamespaceSet::kMax;
+  static constexpr uint32_t kMaxInflight = 256;
+  static constexpr uint32_t kMaxIov = 257;      // 1 MiB of 4 KiB pages, unaligned
+  static constexpr uint16_t kPending = 0xffff;  // admin_transport: completes later
+
+  struct DsmRange {
+    uint32_t attributes, nlb;
+    uint64_t slba;
+  };
+  struct Request {
+    BdevIo io;  // first: the completion callback finds the request from it
+    ControllerCore* ctrl = nullptr;
+    Sqe cmd{};
+    uint16_t qid = 0;
+    uint32_t dw0 = 0, dw1 = 0;
+    const iovec* iov = nullptr;  // the command's data buffer, prepared by the transport
+    int iovcnt = 0;
+    uint32_t step = 0, steps = 0;  // DSM ranges / namespaces of a flush-all
+    void* transport = nullptr;     // the transport's per-request context
+    union {
+      iovec iov_storage[kMaxIov];  // for transports that map host memory (PCIe)
+      DsmRange ranges[256];
+    };
+  };
+
+  explicit ControllerCore(const ControllerConfig& cfg,
+                          std::shared_ptr<NamespaceSet> namespaces = nullptr);
+  virtual ~ControllerCore();
+  ControllerCore(const ControllerCore&) = delete;
+  ControllerCore& operator=(const ControllerCore&) = delete;
+
+  Status add_namespace(uint32_t nsid, std::shared_ptr<Bdev> bdev);
+  Status remove_namespace(uint32_t nsid);
+  const NamespaceSet& namespaces() const { return *ns_; }
+
+  // Registers [0, 0x40): 1..8-byte reads; 4- and 8-byte aligned writes (PCIe MMIO
+  // and Fabrics Property Get/Set).
+  uint64_t read_reg(uint32_t offset, uint32_t size) const;
+  void write_reg(uint32_t offset, uint32_t size, uint64_t value);
+
+  // How many data bytes a command moves and in which direction; an error status
+  // if the length itself is invalid (beyond MDTS). No data: *len = 0.
+  uint16_t data_length(const Sqe& cmd, bool admin, uint64_t* len, bool* to_host) const;
+
+  Request* alloc_request();  // nullptr when all kMaxInflight are in use
+  bool has_free_request() const { return !free_requests_.empty(); }
+  void release(Request* r);
+  // Runs a command whose data buffer is ready; completes through complete().
+  void execute(Request* r);
+
+  // Reaps block-device completions; returns how many.
+  int poll_bdevs();
+  void drain_inflight();
+
+  bool ready() const { return (csts_ & kCstsRdy) != 0; }
+  uint32_t csts() const { return csts_; }
+  uint32_t cc() const { return cc_; }
+  const ControllerStats& stats() const { return stats_; }
+  const ControllerConfig& config() const { return cfg_; }
+  uint32_t keep_alive_timeout_ms() const { return feat_kato_; }
+  uint16_t allocated_queues() const { return allocated_queues_; }
+  uint32_t inflight() const { return inflight_; }
+
+ protected:
+  // Transport hooks.
+  virtual void complete(Request* r, uint16_t status) = 0;
+  virtual uint16_t admin_transport(Request* r) {
+    (void)r;
+    return kInvalidOpcode;
+  }
+  virtual bool on_enable() { return true; }  // false: fatal
+  virtual void on_disable() {}
+  virtual void on_event_ready() {}  // an AER completed (PCIe raises the admin vector)
+
+  void fatal(const char* why);
+  void controller_reset();  // CC.EN 1 -> 0
+  void registers_to_power_on();
+  void record_error(uint16_t qid, uint16_t cid, uint16_t status, uint64_t lba, uint32_t nsid);
+  void queue_event(uint8_t type, uint8_t info, uint8_t log_page);
+  uint32_t page_size() const { return 1u << (12 + cc_mps(cc_)); }
+  uint64_t max_transfer() const { return uint64_t{page_size()} << cfg_.mdts; }
+
+  ControllerConfig cfg_;
+  std::shared_ptr<NamespaceSet> ns_;
+  std::vector<Bdev*> distinct_bdevs_;
+  uint64_t seen_generation_ = ~uint64_t{0};
+  uint64_t cap_;
+  uint32_t cc_ = 0, csts_ = 0, aqa_ = 0, intms_ = 0;
+  uint64_t asq_ = 0, acq_ = 0;
+  uint16_t allocated_queues_;  // Number of Queues feature
+  bool queues_created_since_reset_ = false;
+  ControllerStats stats_;
+
+ private:
+  void write_cc(uint32_t value);
+  void execute_admin(Request* r);
+  void execute_io(Request* r);
+  uint16_t identify(Request* r);
+  void nguid(uint32_t nsid, uint8_t* out) const;
+  uint16_t get_log_page(Request* r);
+  uint16_t set_features(Request* r);
+  uint16_t get_features(Request* r);
+  void async_event_request(Request* r);
+  void deliver_events();
+  uint16_t copy_to_data(Request* r, const void* src, size_t len);
+  uint16_t copy_from_data(Request* r, void* dst, size_t len);
+  static void bdev_done(BdevIo* io, Status st);
+  void finish(Request* r, uint16_t status);
+  void start_chain(Request* r);
+  void rebuild_bdev_list();
+  void submit_bdev(Bdev* b, Request* r);
+
+  std::vector<Request> requests_;
+  std::vector<Request*> free_requests_;
+  uint32_t inflight_ = 0;
+  uint32_t at_bdev_ = 0;  // requests a block device holds (what a drain waits for)
+
+  // Features (current values).
+  uint32_t feat_arbitration_ = 0, feat_power_ = 0, feat_error_recovery_ = 0, feat_vwc_ = 1;
+  uint32_t feat_coalescing_ = 0, feat_aec_ = 0, feat_kato_ = 0, feat_write_atomicity_ = 0;
+  uint16_t temp_over_ = 343, temp_under_ = 0;  // Kelvin, composite sensor
+  uint16_t temperature_ = 313;
+  uint8_t critical_warning_ = 0;
+
+  // Asynchronous events.
+  std::vector<Request*> aers_;
+  struct Event {
+    uint8_t type, info, log;
+  };
+  std::vector<Event> events_;
+  std::array<bool, 8> event_masked_{};
+
+  struct ErrorEntry {
+    uint64_t count;
+    uint16_t sqid, cid, status;
+    uint64_t lba;
+    uint32_t nsid;
+  };
+  std::array<ErrorEntry, 8> error_log_{};
+  uint64_t error_count_ = 0;
+};
+
+}  // namespace dpukv::nvme
