@@ -32,7 +32,7 @@ void put_ascii(uint8_t* p, size_t n, const std::string& s) {
 }  // namespace
 
 ControllerCore::ControllerCore(const ControllerConfig& cfg,
-                               std::shared_ptr<NamespaceSet> namespaces)
+                               std::shared_ptr<NamespaceSet> namespaces, uint32_t pool_size)
     : cfg_(cfg), ns_(namespaces ? std::move(namespaces) : std::make_shared<NamespaceSet>()) {
   cfg_.max_io_queues = std::clamp<uint16_t>(cfg_.max_io_queues, 1, kMaxQueuePairs - 1);
   cfg_.num_vectors = std::clamp<uint16_t>(cfg_.num_vectors, 1, 2048);
@@ -42,7 +42,7 @@ ControllerCore::ControllerCore(const ControllerConfig& cfg,
          | (uint64_t{1} << 37)                      // CSS: NVM command set
          | (uint64_t{0} << 48) | (uint64_t{cfg_.fabrics ? 0u : 4u} << 52);  // MPSMIN 4K, MPSMAX
   allocated_queues_ = cfg_.max_io_queues;
-  requests_.resize(kMaxInflight);
+  requests_.resize(std::max<uint32_t>(pool_size, 1));
   for (auto& r : requests_) {
     r.ctrl = this;
     free_requests_.push_back(&r);
@@ -234,6 +234,7 @@ ControllerCore::Request* ControllerCore::alloc_request() {
   r->dw0 = r->dw1 = 0;
   r->step = r->steps = 0;
   r->transport = nullptr;
+  r->tag = 0;
   return r;
 }
 

@@ -76,14 +76,17 @@ class ControllerCore {
     int iovcnt = 0;
     uint32_t step = 0, steps = 0;  // DSM ranges / namespaces of a flush-all
     void* transport = nullptr;     // the transport's per-request context
+    uint32_t tag = 0;              // the transport's slot for the request
     union {
       iovec iov_storage[kMaxIov];  // for transports that map host memory (PCIe)
       DsmRange ranges[256];
     };
   };
 
+  // pool_size: requests that can be in flight at once over all queues.
   explicit ControllerCore(const ControllerConfig& cfg,
-                          std::shared_ptr<NamespaceSet> namespaces = nullptr);
+                          std::shared_ptr<NamespaceSet> namespaces = nullptr,
+                          uint32_t pool_size = kMaxInflight);
   virtual ~ControllerCore();
   ControllerCore(const ControllerCore&) = delete;
   ControllerCore& operator=(const ControllerCore&) = delete;

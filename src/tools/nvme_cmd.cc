@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -13,6 +14,8 @@
 #include "nvme/bdev.h"
 #include "nvme/emulation_manager.h"
 #include "nvme/nvme_driver.h"
+#include "nvme/nvmf_target.h"
+#include "nvme/tcp_host.h"
 #include "runtime/log.h"
 #include "tools/bench_common.h"
 
@@ -31,6 +34,11 @@ struct TargetConfig {
   uint32_t namespaces = 1;
   int cpu = -1;
   std::string serial = "DPUKV00000001";
+  std::string transport = "vfio-user";
+  std::string listen = "127.0.0.1:4420";
+  std::string nqn = "nqn.2026-11.io.dpukv:cnode1";
+  std::vector<std::string> hosts;  // empty: any host
+  std::string port_file;
 };
 
 Status make_bdev(const TargetConfig& c, uint32_t index, std::shared_ptr<Bdev>* out) {
@@ -52,9 +60,77 @@ Status make_bdev(const TargetConfig& c, uint32_t index, std::shared_ptr<Bdev>* o
 
 volatile sig_atomic_t g_stop = 0;
 
+void wait_for_signal() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_stop = 1; };
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  while (!g_stop) pause();
+}
+
+bool split_host_port(const std::string& s, std::string* host, uint16_t* port) {
+  size_t colon = s.rfind(':');
+  if (colon == std::string::npos) return false;
+  *host = s.substr(0, colon);
+  char* end = nullptr;
+  unsigned long p = std::strtoul(s.c_str() + colon + 1, &end, 10);
+  if (end == s.c_str() + colon + 1 || *end != '\0' || p > 65535) return false;
+  *port = static_cast<uint16_t>(p);
+  return true;
+}
+
+int run_tcp_target(const TargetConfig& c, std::vector<std::shared_ptr<Bdev>> bdevs) {
+  std::string addr;
+  uint16_t port = 0;
+  if (!split_host_port(c.listen, &addr, &port)) {
+    std::cerr << "dpukv nvme target: --listen wants ADDR:PORT\n";
+    return 2;
+  }
+  TcpTransportOptions to;
+  to.cpu = c.cpu;
+  std::unique_ptr<NvmfTarget> t;
+  if (Status st = NvmfTarget::create(to, &t); !st.ok()) return 1;
+  SubsystemConfig sc;
+  sc.nqn = c.nqn;
+  sc.serial = c.serial;
+  sc.allow_any_host = c.hosts.empty();
+  sc.hosts = c.hosts;
+  if (Status st = t->create_subsystem(sc); !st.ok()) {
+    std::cerr << "dpukv nvme target: bad subsystem NQN or serial: " << st.name() << "\n";
+    return 2;
+  }
+  for (auto& b : bdevs) {
+    uint32_t nsid = 0;
+    if (!t->add_namespace(c.nqn, b, 0, &nsid).ok()) return 1;
+  }
+  uint16_t bound = 0;
+  if (Status st = t->add_listener(c.nqn, addr, port, &bound); !st.ok()) {
+    std::cerr << "dpukv nvme target: cannot listen on " << c.listen << ": " << st.name() << "\n";
+    return 1;
+  }
+  if (!c.port_file.empty()) {
+    FILE* f = std::fopen((c.port_file + ".tmp").c_str(), "w");
+    if (f == nullptr) return 1;
+    std::fprintf(f, "%u\n", bound);
+    std::fclose(f);
+    std::rename((c.port_file + ".tmp").c_str(), c.port_file.c_str());
+  }
+  std::cerr << "dpukv nvme target: subsystem " << c.nqn << " listening on tcp " << addr << ":"
+            << bound << " (" << c.namespaces << " x " << c.bdev << " " << c.size << ", "
+            << c.block_size << "-byte blocks, "
+            << (c.hosts.empty() ? "any host" : std::to_string(c.hosts.size()) + " allowed hosts")
+            << ")\n";
+  wait_for_signal();
+  TargetStats st = t->stats();
+  std::cerr << "dpukv nvme target: " << st.connections << " connections, " << st.commands
+            << " commands, " << st.errors << " errors, " << st.term_reqs_sent << " terminations, "
+            << st.connect_rejects << " refused connects\n";
+  return 0;
+}
+
 int run_target(const TargetConfig& c) {
-  if (c.socket.empty()) {
-    std::cerr << "dpukv nvme target: --socket is required\n";
+  if (c.transport != "tcp" && c.socket.empty()) {
+    std::cerr << "dpukv nvme target: --socket is required for vfio-user\n";
     return 2;
   }
   if (!valid_block_size(c.block_size)) {
@@ -77,6 +153,7 @@ int run_target(const TargetConfig& c) {
     }
     spec.namespaces.push_back(std::move(b));
   }
+  if (c.transport == "tcp") return run_tcp_target(c, spec.namespaces);
   ManagerOptions mo;
   mo.cpu = c.cpu;
   std::unique_ptr<EmulationManager> mgr;
@@ -90,11 +167,7 @@ int run_target(const TargetConfig& c) {
   std::cerr << "dpukv nvme target: function " << id << " listening on " << c.socket << " ("
             << c.namespaces << " x " << c.bdev << " " << c.size << ", " << c.block_size
             << "-byte blocks)\n";
-  struct sigaction sa {};
-  sa.sa_handler = [](int) { g_stop = 1; };
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  while (!g_stop) pause();
+  wait_for_signal();
   for (const FunctionInfo& f : mgr->list_functions())
     std::cerr << "dpukv nvme target: " << f.id << ": " << f.stats.io_commands << " I/O commands, "
               << f.stats.admin_commands << " admin, " << f.stats.errors << " errors, "
@@ -428,7 +501,18 @@ void add_nvme_commands(CLI::App* app, int* exit_code) {
   static TargetConfig tc;
   CLI::App* t =
       nvme->add_subcommand("target", "Serve an emulated NVMe PCIe function on a vfio-user socket");
-  t->add_option("--socket", tc.socket, "vfio-user socket path")->required();
+  t->add_option("--transport", tc.transport,
+                "vfio-user (an emulated PCIe function) or tcp (NVMe/TCP)")
+      ->check(CLI::IsMember({"vfio-user", "tcp"}))
+      ->capture_default_str();
+  t->add_option("--socket", tc.socket, "vfio-user socket path");
+  t->add_option("--listen", tc.listen, "tcp: ADDR:PORT to listen on (port 0: any)")
+      ->capture_default_str();
+  t->add_option("--nqn", tc.nqn, "tcp: subsystem NQN")->capture_default_str();
+  t->add_option("--allow-host", tc.hosts,
+                "tcp: host NQN allowed to connect (repeat; none: any host)");
+  t->add_option("--port-file", tc.port_file,
+                "tcp: write the bound port to this file when listening");
   t->add_option("--bdev", tc.bdev, "Namespace medium: malloc, null or file")
       ->check(CLI::IsMember({"malloc", "null", "file"}))
       ->capture_default_str();
