@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `dpukv nvme perf --json` with no target address starts its own malloc target in
 # a child process and prints one object with a same-run baseline per row;
-# `dpukv nvme identify` reads a running target; `--transport tcp` says it is not
-# built rather than pretending.
+# `dpukv nvme identify` reads a running target; an unknown transport is refused;
+# built rather than pretending. The tcp transport runs the same way against its
+# own NVMe/TCP target, next to a raw TCP ping-pong of the same sizes.
 set -euo pipefail
 bin=$1
 py=/usr/bin/python3
@@ -24,6 +25,21 @@ for r in rows:
     assert 0 < r["p50_us"] <= r["p99_us"], r
     assert abs(r["ratio"] - r["iops"] / r["baseline_iops"]) < 1e-9, r
 '
+out=$("$bin" nvme perf --transport tcp --workload randread,randwrite --qd 1,8 --time 0.3 --warmup 0.1 \
+      --target-size 64M --digests --json)
+echo "$out" | "$py" -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["bench"] == "nvme", d
+rows = d["results"]
+assert [(r["workload"], r["qd"]) for r in rows] == [
+    ("randread", 1), ("randread", 8), ("randwrite", 1), ("randwrite", 8)], rows
+for r in rows:
+    assert r["transport"] == "tcp" and r["digests"] is True, r
+    assert r["iops"] > 0 and r["baseline_iops"] > 0 and r["errors"] == 0, r
+    assert 0 < r["p50_us"] <= r["p99_us"] and r["baseline_p50_us"] > 0, r
+    assert abs(r["ratio"] - r["iops"] / r["baseline_iops"]) < 1e-9, r
+'
 sock=/tmp/dpukv-cli-nvme-$$.sock
 "$bin" nvme target --socket "$sock" --size 32M --block-size 512 --namespaces 2 2>/dev/null &
 target=$!
@@ -39,9 +55,9 @@ assert all(n["block_size"] == 512 and n["bytes"] == 32 << 20 for n in d["namespa
 "$bin" nvme identify --socket "$sock" | grep -q "namespace 2: 65536 blocks of 512 bytes"
 kill $target
 wait $target
-if "$bin" nvme perf --transport tcp --qd 1 --time 0.1 2>"$sock.err"; then
-  echo "tcp transport claimed to work"; exit 1
+if "$bin" nvme perf --transport rdma --qd 1 --time 0.1 2>"$sock.err"; then
+  echo "rdma transport claimed to work"; exit 1
 fi
-grep -q "not built yet" "$sock.err"
+grep -q "unknown transport" "$sock.err"
 rm -f "$sock.err"
 echo "cli nvme: ok"

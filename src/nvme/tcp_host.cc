@@ -116,28 +116,40 @@ Status NvmeTcpHost::open_queue(Queue* q, uint16_t qid, uint16_t depth, uint16_t*
   return Code::kSuccess;
 }
 
-Status NvmeTcpHost::send_capsule(Queue& q, const Sqe& cmd, const uint8_t* icd, uint32_t icd_len) {
+Status NvmeTcpHost::flush(Queue& q) {
+  if (q.obuf.empty()) return Code::kSuccess;
+  Status st = send_all(q.fd, q.obuf.data(), q.obuf.size());
+  q.obuf.clear();
+  return st;
+}
+
+// Capsules go out in batches: everything submitted between two reaps leaves in
+// one send, as a busy initiator should.
+Status NvmeTcpHost::send_capsule(Queue& q, const Sqe& cmd, const uint8_t* icd, uint32_t icd_len,
+                                 bool now) {
   uint32_t hd = opts_.header_digest ? kDigestLen : 0,
            dd = (icd_len > 0 && opts_.data_digest) ? kDigestLen : 0;
   uint32_t pdo = icd_len > 0 ? sizeof(CapsuleCmd) + hd : 0;
   uint32_t plen = sizeof(CapsuleCmd) + hd + icd_len + dd;
   uint8_t flags = static_cast<uint8_t>((hd ? kFlagHdgst : 0) | (dd ? kFlagDdgst : 0));
-  std::vector<uint8_t> pdu(plen);
+  size_t at = q.obuf.size();
+  q.obuf.resize(at + plen);
+  uint8_t* pdu = q.obuf.data() + at;
   CapsuleCmd cc{
       CommonHeader{kCapsuleCmd, flags, sizeof(CapsuleCmd), static_cast<uint8_t>(pdo), plen}, cmd};
-  std::memcpy(pdu.data(), &cc, sizeof cc);
+  std::memcpy(pdu, &cc, sizeof cc);
   if (hd) {
-    uint32_t d = crc32c(pdu.data(), sizeof cc);
-    std::memcpy(pdu.data() + sizeof cc, &d, 4);
+    uint32_t d = crc32c(pdu, sizeof cc);
+    std::memcpy(pdu + sizeof cc, &d, 4);
   }
   if (icd_len > 0) {
-    std::memcpy(pdu.data() + pdo, icd, icd_len);
+    std::memcpy(pdu + pdo, icd, icd_len);
     if (dd) {
       uint32_t d = crc32c(icd, icd_len);
-      std::memcpy(pdu.data() + pdo + icd_len, &d, 4);
+      std::memcpy(pdu + pdo + icd_len, &d, 4);
     }
   }
-  return send_all(q.fd, pdu.data(), pdu.size());
+  return now ? flush(q) : Status(Code::kSuccess);
 }
 
 Status NvmeTcpHost::send_h2c(Queue& q, uint16_t cid, uint16_t ttag, uint32_t off, uint32_t len) {
@@ -247,7 +259,7 @@ Status NvmeTcpHost::sync(Queue& q, Sqe cmd, Cqe* cqe, uint8_t* data, uint32_t le
   if (Status st = send_capsule(q, cmd, icd ? data : nullptr, icd ? len : 0); !st.ok()) return st;
   uint64_t deadline = now_ms() + static_cast<uint64_t>(opts_.timeout_ms);
   for (;;) {
-    for (size_t i = 0; i < q.ready.size(); ++i)
+    for (size_t i = q.ready_head; i < q.ready.size(); ++i)
       if (q.ready[i].cid == cmd.cid) {
         *cqe = q.ready[i];
         q.ready.erase(q.ready.begin() + static_cast<long>(i));
@@ -383,16 +395,18 @@ Status NvmeTcpHost::submit(uint32_t qi, Sqe cmd, uint8_t* buf, uint32_t len, boo
     SglDescriptor sgl{0, len, {}, icd ? kSglDataBlockOffset : kSglTransportDataBlock};
     std::memcpy(reinterpret_cast<uint8_t*>(&cmd) + 24, &sgl, sizeof sgl);
   }
-  return send_capsule(q, cmd, icd ? buf : nullptr, icd ? len : 0);
+  return send_capsule(q, cmd, icd ? buf : nullptr, icd ? len : 0, /*now=*/false);
 }
 
 int NvmeTcpHost::reap(uint32_t qi, Cqe* out, int max) {
   Queue& q = queue(qi);
-  if (q.ready.empty() && pump(q) < 0 && q.ready.empty()) return -1;
+  if (!flush(q).ok()) q.broken = true;
+  if (q.ready_head == q.ready.size() && pump(q) < 0 && q.ready_head == q.ready.size()) return -1;
   int n = 0;
-  while (n < max && !q.ready.empty()) {
-    out[n++] = q.ready.front();
-    q.ready.erase(q.ready.begin());
+  while (n < max && q.ready_head < q.ready.size()) out[n++] = q.ready[q.ready_head++];
+  if (q.ready_head == q.ready.size()) {
+    q.ready.clear();
+    q.ready_head = 0;
   }
   return n;
 }
@@ -410,6 +424,7 @@ Status NvmeTcpHost::wait_one(uint32_t qi, Cqe* out, int timeout_ms) {
 }
 
 Status NvmeTcpHost::send_raw(uint32_t qi, const void* p, size_t n) {
+  if (Status st = flush(queue(qi)); !st.ok()) return st;
   return send_all(queue(qi).fd, static_cast<const uint8_t*>(p), n);
 }
 

@@ -79,11 +79,15 @@ class NvmeTcpHost {
     size_t rlen = 0;
     std::vector<Pending> pending;  // by cid
     std::vector<Cqe> ready;        // completions parsed, not yet reaped
+    size_t ready_head = 0;
+    std::vector<uint8_t> obuf;  // capsules submitted, sent at the next reap (one send)
     bool broken = false;
   };
   NvmeTcpHost() = default;
   Status open_queue(Queue* q, uint16_t qid, uint16_t depth, uint16_t* status);
-  Status send_capsule(Queue& q, const Sqe& cmd, const uint8_t* icd, uint32_t icd_len);
+  Status send_capsule(Queue& q, const Sqe& cmd, const uint8_t* icd, uint32_t icd_len,
+                      bool now = true);
+  Status flush(Queue& q);
   Status send_h2c(Queue& q, uint16_t cid, uint16_t ttag, uint32_t off, uint32_t len);
   int pump(Queue& q);  // reads and handles PDUs; -1 on a broken connection
   Queue& queue(uint32_t q) { return q == kAdmin ? admin_ : io_[q]; }

@@ -18,6 +18,7 @@
 #include "nvme/tcp_host.h"
 #include "runtime/log.h"
 #include "tools/bench_common.h"
+#include "tools/nvme_perf.h"
 
 namespace dpukv {
 namespace {
@@ -124,7 +125,8 @@ int run_tcp_target(const TargetConfig& c, std::vector<std::shared_ptr<Bdev>> bde
   TargetStats st = t->stats();
   std::cerr << "dpukv nvme target: " << st.connections << " connections, " << st.commands
             << " commands, " << st.errors << " errors, " << st.term_reqs_sent << " terminations, "
-            << st.connect_rejects << " refused connects\n";
+            << st.connect_rejects << " refused connects, " << st.keep_alive_expiries
+            << " keep-alive expiries\n";
   return 0;
 }
 
@@ -240,257 +242,6 @@ int run_identify(const std::string& socket, bool json) {
   return 0;
 }
 
-// ---- perf -------------------------------------------------------------------
-
-struct PerfConfig {
-  std::string socket;
-  std::string transport = "vfio-user";
-  std::string workloads = "randread";
-  std::string qds = "1,32";
-  std::string block_size = "4K";
-  double seconds = 3;
-  double warmup = 0.5;
-  std::string target_size = "1G";
-  int cpu = 0, target_cpu = 1;
-  bool interrupts = false;
-  bool json = false;
-  bench::OutputOptions out;
-};
-
-struct PerfResult {
-  double iops = 0, mbps = 0, p50 = 0, p99 = 0, p999 = 0;
-  uint64_t errors = 0;
-};
-
-uint64_t next_rand(uint64_t* s) {
-  *s ^= *s << 13;
-  *s ^= *s >> 7;
-  *s ^= *s << 17;
-  return *s;
-}
-
-bool workload_known(const std::string& w) {
-  return w == "randread" || w == "randwrite" || w == "read" || w == "write";
-}
-
-Status run_perf_one(NvmeDriver& d, const std::string& workload, uint32_t qd, uint32_t bs,
-                    const PerfConfig& c, PerfResult* res) {
-  uint32_t nsid = d.namespaces().empty() ? 0 : d.namespaces()[0];
-  uint32_t lba_size = d.block_size(nsid);
-  if (nsid == 0 || lba_size == 0 || bs % lba_size != 0) return Code::kInvalidValue;
-  uint64_t nlb = bs / lba_size;
-  uint64_t span = d.num_blocks(nsid) / nlb;  // block-sized slots
-  if (span == 0 || qd == 0 || qd >= d.queue_entries()) return Code::kInvalidValue;
-  std::vector<DmaBuffer> bufs(qd);
-  for (auto& b : bufs)
-    if (Status st = d.alloc(bs, &b); !st.ok()) return st;
-  for (auto& b : bufs) std::memset(b.host, 0x5a, bs);
-  bool rnd = workload[0] == 'r' && workload[1] == 'a';
-  bool write = workload.find("write") != std::string::npos;
-  uint64_t seed = 0x9e3779b97f4a7c15ull, seq = 0;
-  std::vector<uint64_t> started(qd);
-  bench::LatencyRecorder lat;
-  auto issue = [&](uint16_t cid) -> Status {
-    Sqe cmd{};
-    cmd.opc = write ? kNvmWrite : kNvmRead;
-    cmd.cid = cid;
-    cmd.nsid = nsid;
-    uint64_t slot = rnd ? next_rand(&seed) % span : seq++ % span;
-    uint64_t lba = slot * nlb;
-    cmd.cdw10 = static_cast<uint32_t>(lba);
-    cmd.cdw11 = static_cast<uint32_t>(lba >> 32);
-    cmd.cdw12 = static_cast<uint32_t>(nlb - 1);
-    started[cid] = bench::now_ns();
-    return d.submit(0, cmd, &bufs[cid], bs, nullptr);
-  };
-  uint64_t t0 = bench::now_ns();
-  uint64_t measure_from = t0 + static_cast<uint64_t>(c.warmup * 1e9);
-  uint64_t end = measure_from + static_cast<uint64_t>(c.seconds * 1e9);
-  for (uint16_t i = 0; i < qd; ++i)
-    if (Status st = issue(i); !st.ok()) return st;
-  uint32_t outstanding = qd;
-  uint64_t done = 0, errors = 0, last_progress = bench::now_ns();
-  Cqe cqes[64];
-  while (outstanding > 0) {
-    int n = d.reap(0, cqes, 64);
-    uint64_t now = bench::now_ns();
-    if (n == 0) {
-      if (now - last_progress > 5'000'000'000ull) return Code::kTimeout;  // a stuck controller
-      if (c.interrupts) (void)d.wait_interrupt(0, 10);
-      continue;
-    }
-    last_progress = now;
-    for (int i = 0; i < n; ++i) {
-      uint16_t cid = cqes[i].cid;
-      if (cid >= qd) return Code::kCorrupted;
-      if (status_of_cqe(cqes[i].status) != kSuccess) ++errors;
-      if (started[cid] >= measure_from && now <= end) {
-        lat.add(now - started[cid]);
-        ++done;
-      }
-      if (now < end) {
-        if (Status st = issue(cid); !st.ok()) return st;
-      } else {
-        --outstanding;
-      }
-    }
-  }
-  double secs = c.seconds;
-  lat.finish();
-  res->iops = static_cast<double>(done) / secs;
-  res->mbps = res->iops * bs / 1e6;
-  res->p50 = lat.percentile_us(50);
-  res->p99 = lat.percentile_us(99);
-  res->p999 = lat.percentile_us(99.9);
-  res->errors = errors;
-  return Code::kSuccess;
-}
-
-// The same I/O done directly on an in-process malloc block device: what the
-// emulation costs on top of the medium.
-double baseline_iops(Bdev& b, const std::string& workload, uint32_t bs, double seconds) {
-  std::vector<uint8_t> buf(bs, 0x5a);
-  iovec iov{buf.data(), bs};
-  bool rnd = workload[0] == 'r' && workload[1] == 'a';
-  bool write = workload.find("write") != std::string::npos;
-  uint64_t nlb = bs / b.block_size(), span = b.num_blocks() / nlb, seed = 0x9e3779b97f4a7c15ull,
-           seq = 0;
-  BdevIo io;
-  io.op = write ? BdevOp::kWrite : BdevOp::kRead;
-  io.nblocks = nlb;
-  io.iov = &iov;
-  io.iovcnt = 1;
-  io.done = [](BdevIo*, Status) {};
-  uint64_t n = 0, t0 = bench::now_ns(), end = t0 + static_cast<uint64_t>(seconds * 1e9), now = t0;
-  while (now < end) {
-    for (int i = 0; i < 256; ++i) {
-      io.lba = (rnd ? next_rand(&seed) % span : seq++ % span) * nlb;
-      b.submit(&io);
-    }
-    n += 256;
-    now = bench::now_ns();
-  }
-  return static_cast<double>(n) / (static_cast<double>(now - t0) / 1e9);
-}
-
-int run_perf(const PerfConfig& c) {
-  if (c.transport == "tcp") {
-    std::cerr << "dpukv nvme perf: the NVMe/TCP transport is not built yet (issue 8); use "
-                 "--transport vfio-user\n";
-    return 2;
-  }
-  if (c.transport != "vfio-user") {
-    std::cerr << "dpukv nvme perf: unknown transport " << c.transport << "\n";
-    return 2;
-  }
-  std::vector<std::string> workloads;
-  for (size_t p = 0; p <= c.workloads.size();) {
-    size_t q = c.workloads.find(',', p);
-    if (q == std::string::npos) q = c.workloads.size();
-    workloads.push_back(c.workloads.substr(p, q - p));
-    p = q + 1;
-  }
-  for (const auto& w : workloads)
-    if (!workload_known(w)) {
-      std::cerr << "dpukv nvme perf: unknown workload '" << w
-                << "' (randread, randwrite, read, write)\n";
-      return 2;
-    }
-  std::vector<uint64_t> qds;
-  uint64_t bs = 0, tsize = 0;
-  if (!bench::parse_size_list(c.qds, &qds).ok() || !bench::parse_size(c.block_size, &bs).ok() ||
-      bs == 0 || bs > (1u << 20) || !bench::parse_size(c.target_size, &tsize).ok()) {
-    std::cerr << "dpukv nvme perf: bad --qd, --block-size or --target-size\n";
-    return 2;
-  }
-  std::string socket = c.socket;
-  pid_t child = -1;
-  bool pin = bench::num_cpus() >= 2;
-  if (socket.empty()) {
-    socket = "/tmp/dpukv-nvme-perf-" + std::to_string(getpid()) + ".sock";
-    std::vector<std::string> args = {"nvme",   "target", "--socket", socket,
-                                     "--bdev", "malloc", "--size",   c.target_size};
-    if (pin) args.insert(args.end(), {"--cpu", std::to_string(c.target_cpu)});
-    child = bench::spawn_self(args, -1);
-    if (child < 0) {
-      std::cerr << "dpukv nvme perf: cannot start a target\n";
-      return 1;
-    }
-  }
-  auto stop_child = [&] {
-    if (child > 0) {
-      kill(child, SIGTERM);
-      waitpid(child, nullptr, 0);
-      child = -1;
-    }
-  };
-  if (pin) bench::pin_current_thread(c.cpu);
-  DriverOptions o;
-  o.interrupts = c.interrupts;
-  uint64_t max_qd = 1;
-  for (uint64_t q : qds) max_qd = std::max(max_qd, q);
-  o.queue_entries = static_cast<uint32_t>(std::max<uint64_t>(64, max_qd + 1));
-  o.memory_bytes = std::max<size_t>(64u << 20, static_cast<size_t>(max_qd * bs * 2 + (32u << 20)));
-  std::unique_ptr<NvmeDriver> d;
-  if (Status st = NvmeDriver::attach(socket, o, &d); !st.ok()) {
-    std::cerr << "dpukv nvme perf: cannot attach to " << socket << ": " << st.name() << "\n";
-    stop_child();
-    return 1;
-  }
-  std::unique_ptr<Bdev> base;
-  if (!create_malloc_bdev("baseline", tsize / 4096, 4096, &base).ok()) {
-    stop_child();
-    return 1;
-  }
-  std::vector<Json> rows;
-  if (!c.json)
-    std::printf("%-10s %-9s %4s %6s %12s %10s %9s %9s %14s %7s\n", "transport", "workload", "qd",
-                "bs", "IOPS", "MB/s", "p50 us", "p99 us", "baseline IOPS", "ratio");
-  int rc = 0;
-  for (const auto& w : workloads) {
-    double base_iops = baseline_iops(*base, w, static_cast<uint32_t>(bs), 0.5);
-    for (uint64_t qd : qds) {
-      PerfResult r;
-      if (bench::progress_enabled() && !c.json)
-        std::fprintf(stderr, "running %s qd %llu for %.1f s...\r", w.c_str(),
-                     static_cast<unsigned long long>(qd), c.seconds + c.warmup);
-      Status st = run_perf_one(*d, w, static_cast<uint32_t>(qd), static_cast<uint32_t>(bs), c, &r);
-      if (!st.ok()) {
-        std::cerr << "dpukv nvme perf: " << w << " qd " << qd << " failed: " << st.name() << "\n";
-        rc = 1;
-        continue;
-      }
-      if (r.errors > 0) rc = 1;
-      Json row;
-      row["transport"] = c.transport;
-      row["workload"] = w;
-      row["qd"] = qd;
-      row["block_size"] = bs;
-      row["iops"] = r.iops;
-      row["mbps"] = r.mbps;
-      row["p50_us"] = r.p50;
-      row["p99_us"] = r.p99;
-      row["p999_us"] = r.p999;
-      row["errors"] = r.errors;
-      row["interrupts"] = c.interrupts;
-      row["baseline"] = "in-process malloc bdev, same workload";
-      row["baseline_iops"] = base_iops;
-      row["ratio"] = base_iops > 0 ? r.iops / base_iops : 0.0;
-      rows.push_back(row);
-      if (!c.json)
-        std::printf("%-10s %-9s %4llu %6s %12.0f %10.1f %9.2f %9.2f %14.0f %7.3f\n",
-                    c.transport.c_str(), w.c_str(), static_cast<unsigned long long>(qd),
-                    bench::format_size(bs).c_str(), r.iops, r.mbps, r.p50, r.p99, base_iops,
-                    row["ratio"].get<double>());
-    }
-  }
-  d.reset();
-  stop_child();
-  if (c.json) bench::print_json("nvme", rows);
-  if (!bench::write_csv(c.out, rows)) rc = 1;
-  return rc;
-}
-
 }  // namespace
 
 void add_nvme_commands(CLI::App* app, int* exit_code) {
@@ -535,30 +286,7 @@ void add_nvme_commands(CLI::App* app, int* exit_code) {
   i->add_flag("--json", id_json, "One JSON object");
   i->callback([exit_code] { *exit_code = run_identify(id_socket, id_json); });
 
-  static PerfConfig pc;
-  CLI::App* p = nvme->add_subcommand("perf",
-                                     "I/O benchmark through a vfio-user NVMe client (starts its "
-                                     "own malloc target without --socket)");
-  p->add_option("--socket", pc.socket, "Target socket; empty: start a target in a child process");
-  p->add_option("--transport", pc.transport, "vfio-user (tcp: not built yet)")
-      ->capture_default_str();
-  p->add_option("--workload,-w", pc.workloads, "randread,randwrite,read,write (comma list)")
-      ->capture_default_str();
-  p->add_option("--qd,-q", pc.qds, "Queue depths (comma list)")->capture_default_str();
-  p->add_option("--block-size,-o", pc.block_size, "I/O size")->capture_default_str();
-  p->add_option("--time,-t", pc.seconds, "Seconds measured per point")->capture_default_str();
-  p->add_option("--warmup", pc.warmup, "Seconds run before measuring")->capture_default_str();
-  p->add_option("--target-size", pc.target_size,
-                "Malloc namespace size of a started target (and the baseline)")
-      ->capture_default_str();
-  p->add_option("--cpu", pc.cpu, "Initiator CPU")->capture_default_str();
-  p->add_option("--target-cpu", pc.target_cpu, "CPU of a started target's poller")
-      ->capture_default_str();
-  p->add_flag("--interrupts", pc.interrupts,
-              "Wait on MSI-X eventfds instead of polling completions");
-  p->add_flag("--json", pc.json, "One JSON object {\"bench\": \"nvme\", \"results\": [...]}");
-  p->add_option("--csv-output-file", pc.out.csv_path, "Also write rows to this CSV file");
-  p->callback([exit_code] { *exit_code = run_perf(pc); });
+  add_nvme_perf_command(nvme, exit_code);
 }
 
 }  // namespace dpukv

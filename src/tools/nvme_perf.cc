@@ -1,0 +1,608 @@
+#include "tools/nvme_perf.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nvme/bdev.h"
+#include "nvme/nvme_driver.h"
+#include "nvme/tcp_host.h"
+#include "runtime/log.h"
+#include "tools/bench_common.h"
+
+namespace dpukv {
+namespace {
+
+using bench::Json;
+using namespace nvme;
+
+struct PerfConfig {
+  std::string socket;   // vfio-user target
+  std::string address;  // tcp target ADDR:PORT
+  std::string nqn = "nqn.2026-11.io.dpukv:cnode1";
+  std::string transport = "vfio-user";
+  std::string workloads = "randread";
+  std::string qds = "1,32";
+  std::string block_size = "4K";
+  double seconds = 3;
+  double warmup = 0.5;
+  std::string target_size = "1G";
+  int cpu = 0, target_cpu = 1;
+  bool interrupts = false;
+  bool digests = false;
+  bool json = false;
+  bench::OutputOptions out;
+};
+
+struct PerfResult {
+  double iops = 0, mbps = 0, p50 = 0, p99 = 0, p999 = 0;
+  uint64_t errors = 0;
+};
+
+uint64_t next_rand(uint64_t* s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+bool workload_known(const std::string& w) {
+  return w == "randread" || w == "randwrite" || w == "read" || w == "write";
+}
+bool is_random(const std::string& w) {
+  return w.rfind("rand", 0) == 0;
+}
+bool is_write(const std::string& w) {
+  return w.find("write") != std::string::npos;
+}
+
+// What the benchmark loop needs from an initiator: one queue, a buffer per slot.
+class Initiator {
+ public:
+  virtual ~Initiator() = default;
+  virtual uint32_t nsid() = 0;
+  virtual uint32_t block_size() = 0;
+  virtual uint64_t num_blocks() = 0;
+  virtual uint32_t max_qd() = 0;
+  virtual Status prepare(uint32_t qd, uint32_t bytes) = 0;
+  virtual Status submit(uint16_t slot, bool write, uint64_t lba, uint32_t nlb, uint32_t bytes) = 0;
+  virtual int reap(Cqe* out, int max) = 0;  // < 0: the connection is gone
+  virtual void idle_wait() {}
+};
+
+class VfioInitiator final : public Initiator {
+ public:
+  VfioInitiator(std::unique_ptr<NvmeDriver> d, bool irq) : d_(std::move(d)), irq_(irq) {}
+  uint32_t nsid() override { return d_->namespaces().empty() ? 0 : d_->namespaces()[0]; }
+  uint32_t block_size() override { return d_->block_size(nsid()); }
+  uint64_t num_blocks() override { return d_->num_blocks(nsid()); }
+  uint32_t max_qd() override { return d_->queue_entries() - 1; }
+  Status prepare(uint32_t qd, uint32_t bytes) override {
+    if (bufs_.size() >= qd && bytes_ == bytes) return Code::kSuccess;
+    bufs_.resize(qd);
+    bytes_ = bytes;
+    for (auto& b : bufs_) {
+      if (Status st = d_->alloc(bytes, &b); !st.ok()) return st;
+      std::memset(b.host, 0x5a, bytes);
+    }
+    return Code::kSuccess;
+  }
+  Status submit(uint16_t slot, bool write, uint64_t lba, uint32_t nlb, uint32_t bytes) override {
+    Sqe cmd{};
+    cmd.opc = write ? kNvmWrite : kNvmRead;
+    cmd.cid = slot;
+    cmd.nsid = nsid();
+    cmd.cdw10 = static_cast<uint32_t>(lba);
+    cmd.cdw11 = static_cast<uint32_t>(lba >> 32);
+    cmd.cdw12 = nlb - 1;
+    return d_->submit(0, cmd, &bufs_[slot], bytes, nullptr);
+  }
+  int reap(Cqe* out, int max) override { return d_->reap(0, out, max); }
+  void idle_wait() override {
+    if (irq_) (void)d_->wait_interrupt(0, 10);
+  }
+
+ private:
+  std::unique_ptr<NvmeDriver> d_;
+  bool irq_;
+  std::vector<DmaBuffer> bufs_;
+  uint32_t bytes_ = 0;
+};
+
+class TcpInitiator final : public Initiator {
+ public:
+  explicit TcpInitiator(std::unique_ptr<NvmeTcpHost> h, uint32_t depth)
+      : h_(std::move(h)), depth_(depth) {}
+  uint32_t nsid() override { return h_->namespaces().empty() ? 0 : h_->namespaces()[0]; }
+  uint32_t block_size() override { return h_->block_size(nsid()); }
+  uint64_t num_blocks() override { return h_->num_blocks(nsid()); }
+  uint32_t max_qd() override { return depth_ - 1; }
+  Status prepare(uint32_t qd, uint32_t bytes) override {
+    bufs_.assign(qd, std::vector<uint8_t>(bytes, 0x5a));
+    return Code::kSuccess;
+  }
+  Status submit(uint16_t slot, bool write, uint64_t lba, uint32_t nlb, uint32_t bytes) override {
+    Sqe cmd{};
+    cmd.opc = write ? kNvmWrite : kNvmRead;
+    cmd.cid = slot;
+    cmd.nsid = nsid();
+    cmd.cdw10 = static_cast<uint32_t>(lba);
+    cmd.cdw11 = static_cast<uint32_t>(lba >> 32);
+    cmd.cdw12 = nlb - 1;
+    return h_->submit(0, cmd, bufs_[slot].data(), bytes, write);
+  }
+  int reap(Cqe* out, int max) override { return h_->reap(0, out, max); }
+
+ private:
+  std::unique_ptr<NvmeTcpHost> h_;
+  uint32_t depth_;
+  std::vector<std::vector<uint8_t>> bufs_;
+};
+
+Status run_one(Initiator& ini, const std::string& workload, uint32_t qd, uint32_t bs,
+               const PerfConfig& c, PerfResult* res) {
+  uint32_t lba_size = ini.block_size();
+  if (ini.nsid() == 0 || lba_size == 0 || bs % lba_size != 0) return Code::kInvalidValue;
+  uint32_t nlb = bs / lba_size;
+  uint64_t span = ini.num_blocks() / nlb;  // block-sized slots
+  if (span == 0 || qd == 0 || qd > ini.max_qd()) return Code::kInvalidValue;
+  if (Status st = ini.prepare(qd, bs); !st.ok()) return st;
+  bool rnd = is_random(workload), write = is_write(workload);
+  uint64_t seed = 0x9e3779b97f4a7c15ull, seq = 0;
+  std::vector<uint64_t> started(qd);
+  bench::LatencyRecorder lat;
+  auto issue = [&](uint16_t slot) {
+    uint64_t lba = (rnd ? next_rand(&seed) % span : seq++ % span) * nlb;
+    started[slot] = bench::now_ns();
+    return ini.submit(slot, write, lba, nlb, bs);
+  };
+  uint64_t t0 = bench::now_ns();
+  uint64_t measure_from = t0 + static_cast<uint64_t>(c.warmup * 1e9);
+  uint64_t end = measure_from + static_cast<uint64_t>(c.seconds * 1e9);
+  for (uint16_t i = 0; i < qd; ++i)
+    if (Status st = issue(i); !st.ok()) return st;
+  uint32_t outstanding = qd;
+  uint64_t done = 0, errors = 0, last_progress = bench::now_ns();
+  Cqe cqes[64];
+  while (outstanding > 0) {
+    int n = ini.reap(cqes, 64);
+    if (n < 0) return Code::kConnectionReset;
+    uint64_t now = bench::now_ns();
+    if (n == 0) {
+      if (now - last_progress > 5'000'000'000ull) return Code::kTimeout;  // a stuck target
+      ini.idle_wait();
+      continue;
+    }
+    last_progress = now;
+    for (int i = 0; i < n; ++i) {
+      uint16_t cid = cqes[i].cid;
+      if (cid >= qd) return Code::kCorrupted;
+      if (status_of_cqe(cqes[i].status) != kSuccess) ++errors;
+      if (started[cid] >= measure_from && now <= end) {
+        lat.add(now - started[cid]);
+        ++done;
+      }
+      if (now < end) {
+        if (Status st = issue(cid); !st.ok()) return st;
+      } else {
+        --outstanding;
+      }
+    }
+  }
+  lat.finish();
+  res->iops = static_cast<double>(done) / c.seconds;
+  res->mbps = res->iops * bs / 1e6;
+  res->p50 = lat.percentile_us(50);
+  res->p99 = lat.percentile_us(99);
+  res->p999 = lat.percentile_us(99.9);
+  res->errors = errors;
+  return Code::kSuccess;
+}
+
+// vfio-user baseline: the same I/O done directly on an in-process malloc block
+// device, one memcpy per I/O: what the emulation costs on top of the medium.
+double bdev_baseline_iops(Bdev& b, const std::string& workload, uint32_t bs, double seconds) {
+  std::vector<uint8_t> buf(bs, 0x5a);
+  iovec iov{buf.data(), bs};
+  uint64_t nlb = bs / b.block_size(), span = b.num_blocks() / nlb, seed = 0x9e3779b97f4a7c15ull,
+           seq = 0;
+  BdevIo io;
+  io.op = is_write(workload) ? BdevOp::kWrite : BdevOp::kRead;
+  io.nblocks = nlb;
+  io.iov = &iov;
+  io.iovcnt = 1;
+  io.done = [](BdevIo*, Status) {};
+  bool rnd = is_random(workload);
+  uint64_t n = 0, t0 = bench::now_ns(), end = t0 + static_cast<uint64_t>(seconds * 1e9), now = t0;
+  while (now < end) {
+    for (int i = 0; i < 256; ++i) {
+      io.lba = (rnd ? next_rand(&seed) % span : seq++ % span) * nlb;
+      b.submit(&io);
+    }
+    n += 256;
+    now = bench::now_ns();
+  }
+  return static_cast<double>(n) / (static_cast<double>(now - t0) / 1e9);
+}
+
+// ---- raw TCP ping-pong: the tcp baseline -------------------------------------
+
+// Each request is an 8-byte header {request bytes, response bytes} and the
+// request bytes; the server answers with the response bytes. The server busy
+// polls like the target's poll group.
+int run_pingpong_server(const std::string& port_file, int cpu) {
+  if (cpu >= 0) bench::pin_current_thread(cpu);
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t sl = sizeof sa;
+  if (lfd < 0 || bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      listen(lfd, 4) != 0 || getsockname(lfd, reinterpret_cast<sockaddr*>(&sa), &sl) != 0)
+    return 1;
+  {
+    std::ofstream f(port_file + ".tmp");
+    f << ntohs(sa.sin_port) << "\n";
+  }
+  std::filesystem::rename(port_file + ".tmp", port_file);
+  int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) return 1;
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  std::vector<uint8_t> in(4u << 20), out(4u << 20, 0x5a);
+  size_t have = 0;
+  uint64_t last = bench::now_ns();
+  for (;;) {
+    ssize_t n = recv(fd, in.data() + have, in.size() - have, MSG_DONTWAIT);
+    if (n == 0) return 0;
+    if (n < 0) {
+      if (errno != EAGAIN) return 1;
+      // Spin while busy, sleep when idle: it shares a CPU with the target.
+      if (bench::now_ns() - last > 1'000'000) {
+        pollfd pf{fd, POLLIN, 0};
+        ::poll(&pf, 1, 100);
+      }
+      continue;
+    }
+    last = bench::now_ns();
+    have += static_cast<size_t>(n);
+    size_t pos = 0, reply = 0;
+    while (have - pos >= 8) {
+      uint32_t req, resp;
+      std::memcpy(&req, in.data() + pos, 4);
+      std::memcpy(&resp, in.data() + pos + 4, 4);
+      if (have - pos < 8 + size_t{req}) break;
+      pos += 8 + req;
+      reply += resp;
+    }
+    std::memmove(in.data(), in.data() + pos, have - pos);
+    have -= pos;
+    while (reply > 0) {  // one send for everything this pass answered
+      ssize_t k = send(fd, out.data(), std::min(reply, out.size()), MSG_NOSIGNAL);
+      if (k <= 0) return 1;
+      reply -= static_cast<size_t>(k);
+    }
+  }
+}
+
+struct PingPong {
+  double iops = 0, p50 = 0;
+};
+
+// qd requests in flight, each `req` bytes out and `resp` bytes back.
+PingPong pingpong(int fd, uint32_t req, uint32_t resp, uint32_t qd, double seconds) {
+  std::vector<uint8_t> msg(8 + req, 0x5a);
+  std::memcpy(msg.data(), &req, 4);
+  std::memcpy(msg.data() + 4, &resp, 4);
+  std::vector<uint8_t> in(1u << 20);
+  std::vector<uint64_t> sent;
+  sent.reserve(1u << 20);
+  bench::LatencyRecorder lat;
+  size_t head = 0;
+  // Like the NVMe/TCP host: requests answered in one receive go out again in one send.
+  std::vector<uint8_t> batch;
+  auto queue_one = [&] {
+    sent.push_back(bench::now_ns());
+    batch.insert(batch.end(), msg.begin(), msg.end());
+  };
+  auto flush = [&] {
+    for (size_t off = 0; off < batch.size();) {
+      ssize_t k = send(fd, batch.data() + off, batch.size() - off, MSG_NOSIGNAL);
+      if (k <= 0) return false;
+      off += static_cast<size_t>(k);
+    }
+    batch.clear();
+    return true;
+  };
+  for (uint32_t i = 0; i < qd; ++i) queue_one();
+  if (!flush()) return {};
+  uint64_t t0 = bench::now_ns(), end = t0 + static_cast<uint64_t>(seconds * 1e9), got = 0, done = 0;
+  while (head < sent.size()) {
+    ssize_t n = recv(fd, in.data(), in.size(), MSG_DONTWAIT);
+    if (n == 0) return {};
+    if (n < 0) continue;
+    got += static_cast<uint64_t>(n);
+    uint64_t now = bench::now_ns();
+    while (got >= resp && head < sent.size()) {
+      got -= resp;
+      lat.add(now - sent[head++]);
+      ++done;
+      if (now < end) queue_one();
+    }
+    if (!flush()) return {};
+  }
+  lat.finish();
+  return PingPong{static_cast<double>(done) / (static_cast<double>(bench::now_ns() - t0) / 1e9),
+                  lat.percentile_us(50)};
+}
+
+// ---- the command ---------------------------------------------------------------
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> v;
+  for (size_t p = 0; p <= s.size();) {
+    size_t q = s.find(',', p);
+    if (q == std::string::npos) q = s.size();
+    v.push_back(s.substr(p, q - p));
+    p = q + 1;
+  }
+  return v;
+}
+
+pid_t spawn_and_wait_port(std::vector<std::string> args, const std::string& port_file, int* port) {
+  std::filesystem::remove(port_file);
+  pid_t p = bench::spawn_self(args, -1);
+  for (int i = 0; p > 0 && i < 1000 && !std::filesystem::exists(port_file); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::ifstream f(port_file);
+  f >> *port;
+  std::filesystem::remove(port_file);
+  return p;
+}
+
+void stop(pid_t* p) {
+  if (*p > 0) {
+    kill(*p, SIGTERM);
+    waitpid(*p, nullptr, 0);
+    *p = -1;
+  }
+}
+
+int run_perf(const PerfConfig& c) {
+  if (c.transport != "vfio-user" && c.transport != "tcp") {
+    std::cerr << "dpukv nvme perf: unknown transport " << c.transport << " (vfio-user, tcp)\n";
+    return 2;
+  }
+  std::vector<std::string> workloads = split(c.workloads);
+  for (const auto& w : workloads)
+    if (!workload_known(w)) {
+      std::cerr << "dpukv nvme perf: unknown workload '" << w
+                << "' (randread, randwrite, read, write)\n";
+      return 2;
+    }
+  std::vector<uint64_t> qds;
+  uint64_t bs = 0, tsize = 0;
+  if (!bench::parse_size_list(c.qds, &qds).ok() || !bench::parse_size(c.block_size, &bs).ok() ||
+      bs == 0 || bs > (128u << 10) || !bench::parse_size(c.target_size, &tsize).ok()) {
+    std::cerr << "dpukv nvme perf: bad --qd, --block-size (up to 128K) or --target-size\n";
+    return 2;
+  }
+  uint64_t max_qd = 1;
+  for (uint64_t q : qds) max_qd = std::max(max_qd, q);
+  bool tcp = c.transport == "tcp";
+  if (max_qd > (tcp ? 127u : 1023u)) {
+    std::cerr << "dpukv nvme perf: --qd up to " << (tcp ? 127 : 1023) << " on " << c.transport
+              << "\n";
+    return 2;
+  }
+  bool pin = bench::num_cpus() >= 2;
+  std::string pid = std::to_string(getpid());
+  pid_t target = -1, pp_server = -1;
+  std::unique_ptr<Initiator> ini;
+  std::unique_ptr<Bdev> base;
+  int pp_fd = -1;
+  auto cleanup = [&] {
+    ini.reset();
+    if (pp_fd >= 0) ::close(pp_fd);
+    stop(&target);
+    stop(&pp_server);
+  };
+  std::vector<std::string> cpu_args;
+  if (pin) cpu_args = {"--cpu", std::to_string(c.target_cpu)};
+  if (!tcp) {
+    std::string socket = c.socket;
+    if (socket.empty()) {
+      socket = "/tmp/dpukv-nvme-perf-" + pid + ".sock";
+      std::vector<std::string> a = {"nvme",   "target", "--socket", socket,
+                                    "--bdev", "malloc", "--size",   c.target_size};
+      a.insert(a.end(), cpu_args.begin(), cpu_args.end());
+      target = bench::spawn_self(a, -1);
+    }
+    if (pin) bench::pin_current_thread(c.cpu);
+    DriverOptions o;
+    o.interrupts = c.interrupts;
+    o.queue_entries = static_cast<uint32_t>(std::max<uint64_t>(64, max_qd + 1));
+    o.memory_bytes =
+        std::max<size_t>(64u << 20, static_cast<size_t>(max_qd * bs * 2 + (32u << 20)));
+    std::unique_ptr<NvmeDriver> d;
+    if (Status st = NvmeDriver::attach(socket, o, &d); !st.ok()) {
+      std::cerr << "dpukv nvme perf: cannot attach to " << socket << ": " << st.name() << "\n";
+      cleanup();
+      return 1;
+    }
+    ini = std::make_unique<VfioInitiator>(std::move(d), c.interrupts);
+    if (!create_malloc_bdev("baseline", tsize / 4096, 4096, &base).ok()) {
+      cleanup();
+      return 1;
+    }
+  } else {
+    std::string addr = "127.0.0.1";
+    int port = 0;
+    if (c.address.empty()) {
+      std::vector<std::string> a = {"nvme",        "target",
+                                    "--transport", "tcp",
+                                    "--listen",    "127.0.0.1:0",
+                                    "--nqn",       c.nqn,
+                                    "--bdev",      "malloc",
+                                    "--size",      c.target_size,
+                                    "--port-file", "/tmp/dpukv-nvme-perf-" + pid + ".port"};
+      a.insert(a.end(), cpu_args.begin(), cpu_args.end());
+      target = spawn_and_wait_port(a, "/tmp/dpukv-nvme-perf-" + pid + ".port", &port);
+    } else {
+      size_t colon = c.address.rfind(':');
+      addr = c.address.substr(0, colon);
+      port = colon == std::string::npos ? 4420 : std::atoi(c.address.c_str() + colon + 1);
+    }
+    // The baseline server runs where the target runs.
+    std::vector<std::string> a = {"nvme", "pingpong-server", "--port-file",
+                                  "/tmp/dpukv-nvme-pp-" + pid + ".port"};
+    a.insert(a.end(), cpu_args.begin(), cpu_args.end());
+    int pp_port = 0;
+    pp_server = spawn_and_wait_port(a, "/tmp/dpukv-nvme-pp-" + pid + ".port", &pp_port);
+    if (pin) bench::pin_current_thread(c.cpu);
+    TcpHostOptions o;
+    o.addr = addr;
+    o.port = static_cast<uint16_t>(port);
+    o.subnqn = c.nqn;
+    o.header_digest = o.data_digest = c.digests;
+    o.queue_depth = 128;
+    std::unique_ptr<NvmeTcpHost> h;
+    if (Status st = NvmeTcpHost::connect(o, &h); !st.ok() || port <= 0) {
+      std::cerr << "dpukv nvme perf: cannot connect to " << addr << ":" << port << ": " << st.name()
+                << "\n";
+      cleanup();
+      return 1;
+    }
+    ini = std::make_unique<TcpInitiator>(std::move(h), o.queue_depth);
+    pp_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(pp_port));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int one = 1;
+    if (pp_port <= 0 || connect(pp_fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+      std::cerr << "dpukv nvme perf: cannot reach the ping-pong baseline server\n";
+      cleanup();
+      return 1;
+    }
+    setsockopt(pp_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  std::vector<Json> rows;
+  if (!c.json)
+    std::printf("%-10s %-9s %4s %6s %12s %10s %9s %9s %14s %7s\n", "transport", "workload", "qd",
+                "bs", "IOPS", "MB/s", "p50 us", "p99 us", "baseline IOPS", "ratio");
+  int rc = 0;
+  for (const auto& w : workloads) {
+    double base_bdev = base ? bdev_baseline_iops(*base, w, static_cast<uint32_t>(bs), 0.5) : 0;
+    for (uint64_t qd : qds) {
+      PerfResult r;
+      if (bench::progress_enabled() && !c.json)
+        std::fprintf(stderr, "running %s qd %llu for %.1f s...\r", w.c_str(),
+                     static_cast<unsigned long long>(qd), c.seconds + c.warmup);
+      Status st = run_one(*ini, w, static_cast<uint32_t>(qd), static_cast<uint32_t>(bs), c, &r);
+      if (!st.ok()) {
+        std::cerr << "dpukv nvme perf: " << w << " qd " << qd << " failed: " << st.name() << "\n";
+        rc = 1;
+        continue;
+      }
+      if (r.errors > 0) rc = 1;
+      Json row;
+      row["transport"] = c.transport;
+      row["workload"] = w;
+      row["qd"] = qd;
+      row["block_size"] = bs;
+      row["iops"] = r.iops;
+      row["mbps"] = r.mbps;
+      row["p50_us"] = r.p50;
+      row["p99_us"] = r.p99;
+      row["p999_us"] = r.p999;
+      row["errors"] = r.errors;
+      if (tcp) {
+        // The same bytes each way as the NVMe/TCP exchange: a 72-byte capsule (+ data
+        // for writes) out, a 24-byte C2HData header + data (reads) or response back.
+        bool wr = is_write(w);
+        uint32_t req = 72 + (wr ? static_cast<uint32_t>(bs) : 0),
+                 resp = wr ? 24 : 24 + static_cast<uint32_t>(bs);
+        PingPong pp = pingpong(pp_fd, req, resp, static_cast<uint32_t>(qd), 1.0);
+        row["digests"] = c.digests;
+        row["baseline"] = "raw TCP ping-pong, same sizes and depth";
+        row["baseline_iops"] = pp.iops;
+        row["baseline_p50_us"] = pp.p50;
+        row["ratio"] = pp.iops > 0 ? r.iops / pp.iops : 0.0;
+      } else {
+        row["interrupts"] = c.interrupts;
+        row["baseline"] = "in-process malloc bdev, same workload";
+        row["baseline_iops"] = base_bdev;
+        row["ratio"] = base_bdev > 0 ? r.iops / base_bdev : 0.0;
+      }
+      rows.push_back(row);
+      if (!c.json)
+        std::printf("%-10s %-9s %4llu %6s %12.0f %10.1f %9.2f %9.2f %14.0f %7.3f\n",
+                    c.transport.c_str(), w.c_str(), static_cast<unsigned long long>(qd),
+                    bench::format_size(bs).c_str(), r.iops, r.mbps, r.p50, r.p99,
+                    row["baseline_iops"].get<double>(), row["ratio"].get<double>());
+    }
+  }
+  cleanup();
+  if (c.json) bench::print_json("nvme", rows);
+  if (!bench::write_csv(c.out, rows)) rc = 1;
+  return rc;
+}
+
+}  // namespace
+
+void add_nvme_perf_command(CLI::App* nvme, int* exit_code) {
+  static PerfConfig pc;
+  CLI::App* p = nvme->add_subcommand("perf",
+                                     "I/O benchmark through dpukv's NVMe initiators (starts its "
+                                     "own malloc target without an address)");
+  p->add_option("--transport", pc.transport, "vfio-user or tcp")->capture_default_str();
+  p->add_option("--socket", pc.socket,
+                "vfio-user: target socket; empty: start a target in a child process");
+  p->add_option("--address", pc.address,
+                "tcp: target ADDR:PORT; empty: start a target in a child process");
+  p->add_option("--nqn", pc.nqn, "tcp: subsystem NQN")->capture_default_str();
+  p->add_option("--workload,-w", pc.workloads, "randread,randwrite,read,write (comma list)")
+      ->capture_default_str();
+  p->add_option("--qd,-q", pc.qds, "Queue depths (comma list)")->capture_default_str();
+  p->add_option("--block-size,-o", pc.block_size, "I/O size")->capture_default_str();
+  p->add_option("--time,-t", pc.seconds, "Seconds measured per point")->capture_default_str();
+  p->add_option("--warmup", pc.warmup, "Seconds run before measuring")->capture_default_str();
+  p->add_option("--target-size", pc.target_size,
+                "Malloc namespace size of a started target (and the baseline)")
+      ->capture_default_str();
+  p->add_option("--cpu", pc.cpu, "Initiator CPU")->capture_default_str();
+  p->add_option("--target-cpu", pc.target_cpu, "CPU of a started target's poller")
+      ->capture_default_str();
+  p->add_flag("--interrupts", pc.interrupts,
+              "vfio-user: wait on MSI-X eventfds instead of polling");
+  p->add_flag("--digests", pc.digests, "tcp: header and data digests");
+  p->add_flag("--json", pc.json, "One JSON object {\"bench\": \"nvme\", \"results\": [...]}");
+  p->add_option("--csv-output-file", pc.out.csv_path, "Also write rows to this CSV file");
+  p->callback([exit_code] { *exit_code = run_perf(pc); });
+
+  static std::string pp_port_file;
+  static int pp_cpu = -1;
+  CLI::App* s =
+      nvme->add_subcommand("pingpong-server", "Raw TCP ping-pong server (the tcp perf baseline)");
+  s->group("");  // internal: started by `nvme perf`
+  s->add_option("--port-file", pp_port_file, "Write the bound port here")->required();
+  s->add_option("--cpu", pp_cpu, "Pin to this CPU");
+  s->callback([exit_code] { *exit_code = run_pingpong_server(pp_port_file, pp_cpu); });
+}
+
+}  // namespace dpukv
