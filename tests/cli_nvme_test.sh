@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # `dpukv nvme perf --json` with no target address starts its own malloc target in
 # a child process and prints one object with a same-run baseline per row;
-# `dpukv nvme identify` reads a running target; an unknown transport is refused;
-# built rather than pretending. The tcp transport runs the same way against its
-# own NVMe/TCP target, next to a raw TCP ping-pong of the same sizes.
+# `dpukv nvme identify` reads a running target; an unknown transport is refused.
+# The tcp transport runs the same way against its own NVMe/TCP target, next to a
+# raw TCP ping-pong of the same sizes.
 set -euo pipefail
 bin=$1
 py=/usr/bin/python3
