@@ -169,7 +169,7 @@ Status EmulationManager::create(const ManagerOptions& o, std::unique_ptr<Emulati
   m->opts_ = o;
   m->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (m->wake_fd_ < 0) return Code::kDriver;
-  m->thread_ = std::thread([p = m.get()] { p->run(); });
+  if (o.own_thread) m->thread_ = std::thread([p = m.get()] { p->run(); });
   *out = std::move(m);
   return Code::kSuccess;
 }
@@ -184,6 +184,7 @@ EmulationManager::~EmulationManager() {
 }
 
 Status EmulationManager::call(std::function<Status()> fn) {
+  if (!opts_.own_thread) return fn();  // the caller is the polling thread
   Call c{std::move(fn), Code::kSuccess, false};
   std::unique_lock<std::mutex> lk(mu_);
   calls_.push_back(&c);
@@ -197,14 +198,17 @@ Status EmulationManager::call(std::function<Status()> fn) {
 Status EmulationManager::create_function(const FunctionSpec& spec, std::string* id) {
   auto ep = std::make_unique<Endpoint>();
   ep->path = spec.socket_path;
-  if (spec.namespaces.empty()) return Code::kInvalidValue;
-  if (Status st = NvmePciFunction::create(spec.config, &ep->fn); !st.ok()) return st;
+  if (spec.namespaces.empty() && !spec.namespace_set) return Code::kInvalidValue;
+  if (Status st = NvmePciFunction::create(spec.config, spec.namespace_set, &ep->fn); !st.ok())
+    return st;
   for (size_t i = 0; i < spec.namespaces.size(); ++i)
     if (Status st =
             ep->fn->controller().add_namespace(static_cast<uint32_t>(i + 1), spec.namespaces[i]);
         !st.ok())
       return st;
   ep->namespaces = static_cast<uint32_t>(spec.namespaces.size());
+  if (spec.namespace_set)
+    for (const auto& n : spec.namespace_set->ns) ep->namespaces += n != nullptr;
   Endpoint* raw = ep.get();
   return call(
       [&, raw, owned = std::make_shared<std::unique_ptr<Endpoint>>(std::move(ep))]() -> Status {
@@ -279,6 +283,17 @@ bool EmulationManager::poll_sockets(int timeout_us) {
       who[i].first->read_client();
   }
   return true;
+}
+
+int EmulationManager::poll_once() {
+  int work = 0;
+  for (auto& e : endpoints_) work += e->fn->poll();
+  uint64_t now = now_us();
+  if (now - last_check_ >= opts_.socket_check_us) {
+    if (poll_sockets(0)) ++work;
+    last_check_ = now;
+  }
+  return work;
 }
 
 void EmulationManager::run() {

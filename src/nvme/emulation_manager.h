@@ -28,6 +28,9 @@ struct FunctionSpec {
   std::string socket_path;  // where the function listens
   FunctionConfig config;
   std::vector<std::shared_ptr<Bdev>> namespaces;  // nsid 1, 2, ...
+  // Instead of `namespaces`: a subsystem's namespace set, shared with its other
+  // controllers (the owner polls everything on one thread).
+  std::shared_ptr<NamespaceSet> namespace_set;
 };
 
 struct FunctionInfo {
@@ -44,6 +47,9 @@ struct ManagerOptions {
   uint32_t idle_after_us = 2000;  // busy-poll this long after the last work...
   uint32_t idle_sleep_us = 200;   // ...then sleep this long between checks
   uint32_t socket_check_us = 50;  // how often a busy reactor looks at its sockets
+  // false: no thread of its own; the owner calls poll_once() from its poll loop
+  // and every other method from that same thread.
+  bool own_thread = true;
 };
 
 class EmulationManager {
@@ -58,6 +64,9 @@ class EmulationManager {
   // Power on -> unplug in progress (client dropped, I/O drained) -> power off, gone.
   Status destroy_function(const std::string& id);
   std::vector<FunctionInfo> list_functions();
+  // One pass of the reactor (for managers without their own thread): doorbells,
+  // and sockets every socket_check_us. Returns the work done.
+  int poll_once();
 
  private:
   class Endpoint;
@@ -82,6 +91,7 @@ class EmulationManager {
   std::vector<Call*> calls_;
   std::atomic<bool> calls_pending_{false};
   uint64_t next_id_ = 0;
+  uint64_t last_check_ = 0;
 };
 
 }  // namespace dpukv::nvme

@@ -39,14 +39,15 @@ constexpr uint32_t kMsixEnable = 1u << 15, kMsixFunctionMask = 1u << 14;
 
 }  // namespace
 
-Status NvmePciFunction::create(const FunctionConfig& cfg, std::unique_ptr<NvmePciFunction>* out) {
+Status NvmePciFunction::create(const FunctionConfig& cfg, std::shared_ptr<NamespaceSet> ns,
+                               std::unique_ptr<NvmePciFunction>* out) {
   std::unique_ptr<NvmePciFunction> f(new NvmePciFunction(cfg));
-  if (Status st = f->init(); !st.ok()) return st;
+  if (Status st = f->init(std::move(ns)); !st.ok()) return st;
   *out = std::move(f);
   return Code::kSuccess;
 }
 
-Status NvmePciFunction::init() {
+Status NvmePciFunction::init(std::shared_ptr<NamespaceSet> ns) {
   doorbell_fd_ = memfd_create("dpukv-nvme-bar0", MFD_CLOEXEC);
   if (doorbell_fd_ < 0 || ftruncate(doorbell_fd_, 2 * kDoorbellPageSize) != 0) return Code::kDriver;
   void* m =
@@ -62,7 +63,8 @@ Status NvmePciFunction::init() {
   build_config_space();
   device_reset();
   ctrl_ = std::make_unique<PcieController>(
-      cfg_.controller, &dma_, this, reinterpret_cast<uint32_t*>(doorbell_map_ + kDoorbellPageSize));
+      cfg_.controller, std::move(ns), &dma_, this,
+      reinterpret_cast<uint32_t*>(doorbell_map_ + kDoorbellPageSize));
   return Code::kSuccess;
 }
 

@@ -31,7 +31,9 @@ class NvmePciFunction final : public InterruptSink {
   static constexpr uint32_t kConfigSize = 0x1000;
   static constexpr uint32_t kCapPm = 0x40, kCapMsix = 0x50, kCapPcie = 0x60;
 
-  static Status create(const FunctionConfig& cfg, std::unique_ptr<NvmePciFunction>* out);
+  // ns: a namespace set shared with other controllers, or nullptr for its own.
+  static Status create(const FunctionConfig& cfg, std::shared_ptr<NamespaceSet> ns,
+                       std::unique_ptr<NvmePciFunction>* out);
   ~NvmePciFunction();
   NvmePciFunction(const NvmePciFunction&) = delete;
   NvmePciFunction& operator=(const NvmePciFunction&) = delete;
@@ -59,7 +61,7 @@ class NvmePciFunction final : public InterruptSink {
 
  private:
   explicit NvmePciFunction(const FunctionConfig& cfg) : cfg_(cfg) {}
-  Status init();
+  Status init(std::shared_ptr<NamespaceSet> ns);
   void build_config_space();
 
   // Each returns 0 or an errno for the reply.

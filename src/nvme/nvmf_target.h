@@ -19,6 +19,7 @@
 
 #include "nvme/bdev.h"
 #include "nvme/controller_core.h"
+#include "nvme/emulation_manager.h"
 
 namespace dpukv::nvme {
 
@@ -64,6 +65,8 @@ class NvmfTarget {
   NvmfTarget(const NvmfTarget&) = delete;
   NvmfTarget& operator=(const NvmfTarget&) = delete;
 
+  // Transport options can change until the first TCP listener exists.
+  Status set_tcp_options(const TcpTransportOptions& o);
   Status create_subsystem(const SubsystemConfig& c);
   Status delete_subsystem(const std::string& nqn);  // disconnects its hosts
   Status add_host(const std::string& nqn, const std::string& hostnqn);
@@ -81,6 +84,16 @@ class NvmfTarget {
   const TcpTransportOptions& options() const { return opts_; }
   // True if any subsystem uses the block device (bdev_delete refuses then).
   bool uses_bdev(const Bdev* b);
+  // The subsystem's namespace set (for a vfio-user function of the subsystem); use
+  // it on the poll thread only.
+  std::shared_ptr<NamespaceSet> namespace_set(const std::string& nqn);
+
+  // Polls a vfio-user emulation manager (created with own_thread = false) in this
+  // target's poll group, so that both transports share one thread and one view of
+  // every namespace.
+  void attach_emulation(EmulationManager* m);
+  // Runs fn on the poll thread (for calls into an attached emulation manager).
+  Status run_on_poller(std::function<Status()> fn) { return call(std::move(fn)); }
 
   struct Impl;  // defined in tcp_target.cc
 

@@ -14,9 +14,9 @@ uint32_t load_acquire(const uint32_t* p) {
 
 }  // namespace
 
-PcieController::PcieController(const ControllerConfig& cfg, DmaMapTable* dma, InterruptSink* irq,
-                               uint32_t* doorbells)
-    : ControllerCore(cfg), dma_(dma), irq_(irq), db_(doorbells) {
+PcieController::PcieController(const ControllerConfig& cfg, std::shared_ptr<NamespaceSet> ns,
+                               DmaMapTable* dma, InterruptSink* irq, uint32_t* doorbells)
+    : ControllerCore(cfg, std::move(ns)), dma_(dma), irq_(irq), db_(doorbells) {
   sqs_.resize(cfg_.max_io_queues + 1u);
   cqs_.resize(cfg_.max_io_queues + 1u);
 }

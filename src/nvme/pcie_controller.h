@@ -23,8 +23,8 @@ class InterruptSink {
 class PcieController final : public ControllerCore {
  public:
   // doorbells: the 4 KiB page at BAR0 + 0x1000, shared with the host.
-  PcieController(const ControllerConfig& cfg, DmaMapTable* dma, InterruptSink* irq,
-                 uint32_t* doorbells);
+  PcieController(const ControllerConfig& cfg, std::shared_ptr<NamespaceSet> ns, DmaMapTable* dma,
+                 InterruptSink* irq, uint32_t* doorbells);
   ~PcieController() override;
 
   // A doorbell written by message instead of through the shared page.

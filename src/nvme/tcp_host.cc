@@ -286,6 +286,12 @@ Status NvmeTcpHost::connect(const TcpHostOptions& o, std::unique_ptr<NvmeTcpHost
   std::unique_ptr<NvmeTcpHost> h;
   if (Status st = connect_admin_only(o, &status, &h); !st.ok()) return st;
   if (status != kSuccess) return Code::kNotPermitted;
+  // I/O queues no deeper than the controller allows (CAP.MQES, 0-based).
+  uint64_t cap = 0;
+  if (Status st = h->property_get(kRegCap, 8, &cap, &status); !st.ok() || status != kSuccess)
+    return Code::kIoFailed;
+  h->opts_.queue_depth =
+      static_cast<uint16_t>(std::min<uint64_t>(o.queue_depth, (cap & 0xffff) + 1));
   // Enable: CC.EN with 64-byte SQEs and 16-byte CQEs, then wait for CSTS.RDY.
   if (Status st = h->property_set(kRegCc, 4, kCcEn | 6u << 16 | 4u << 20, &status);
       !st.ok() || status != kSuccess)
@@ -331,7 +337,8 @@ Status NvmeTcpHost::connect(const TcpHostOptions& o, std::unique_ptr<NvmeTcpHost
     return Code::kIoFailed;
   h->io_.resize(o.io_queues);
   for (uint32_t q = 0; q < o.io_queues; ++q) {
-    if (Status st = h->open_queue(&h->io_[q], static_cast<uint16_t>(q + 1), o.queue_depth, &status);
+    if (Status st =
+            h->open_queue(&h->io_[q], static_cast<uint16_t>(q + 1), h->opts_.queue_depth, &status);
         !st.ok())
       return st;
     if (status != kSuccess) return Code::kIoFailed;

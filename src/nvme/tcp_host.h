@@ -64,6 +64,7 @@ class NvmeTcpHost {
   const std::vector<uint32_t>& namespaces() const { return nsids_; }
   uint32_t in_capsule_bytes() const { return icd_bytes_; }
   uint32_t max_transfer() const { return max_transfer_; }
+  uint16_t queue_depth() const { return opts_.queue_depth; }
 
  private:
   struct Pending {

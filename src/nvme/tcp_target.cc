@@ -113,6 +113,7 @@ struct NvmfTarget::Impl {
   std::vector<std::unique_ptr<Listener>> listeners;
   std::vector<std::unique_ptr<Connection>> conns;
   TargetStats stats;
+  EmulationManager* emu = nullptr;
 
   void run();
   void accept_on(Listener* l);
@@ -854,6 +855,7 @@ void NvmfTarget::Impl::run() {
     }
     for (auto& s : subsystems)
       for (auto& c : s.second->controllers) work += c->poll_bdevs();
+    if (emu != nullptr) work += emu->poll_once();
     bool closed_any = false;
     for (auto& c : conns) {
       if (c->has_output()) {
@@ -893,12 +895,18 @@ void NvmfTarget::Impl::run() {
 
 // ---- configuration ------------------------------------------------------------
 
+namespace {
+bool valid_tcp_options(const TcpTransportOptions& o) {
+  return o.max_h2c_data >= 4096 && o.max_h2c_data % 4 == 0 && o.max_io_size >= 4096 &&
+         (o.max_io_size & (o.max_io_size - 1)) == 0 && o.max_io_size <= (1u << 20) &&
+         o.max_queue_depth >= 2 && o.max_queue_depth <= 1024 && o.max_io_queues >= 1 &&
+         o.max_io_queues <= 64 && o.in_capsule_data_size <= 128 * 1024 &&
+         o.in_capsule_data_size % 16 == 0;
+}
+}  // namespace
+
 Status NvmfTarget::create(const TcpTransportOptions& o, std::unique_ptr<NvmfTarget>* out) {
-  if (o.max_h2c_data < 4096 || o.max_h2c_data % 4 != 0 || o.max_io_size < 4096 ||
-      (o.max_io_size & (o.max_io_size - 1)) != 0 || o.max_io_size > (1u << 20) ||
-      o.max_queue_depth < 2 || o.max_io_queues == 0 || o.in_capsule_data_size > 128 * 1024 ||
-      o.in_capsule_data_size % 16 != 0)
-    return Code::kInvalidValue;
+  if (!valid_tcp_options(o)) return Code::kInvalidValue;
   std::unique_ptr<NvmfTarget> t(new NvmfTarget());
   t->opts_ = o;
   t->impl_ = std::make_unique<Impl>();
@@ -949,6 +957,18 @@ bool valid_nqn(const std::string& n) {
          std::all_of(n.begin(), n.end(), [](char ch) { return ch > 0x20 && ch < 0x7f; });
 }
 }  // namespace
+
+Status NvmfTarget::set_tcp_options(const TcpTransportOptions& o) {
+  if (!valid_tcp_options(o)) return Code::kInvalidValue;
+  return call([&]() -> Status {
+    if (!impl_->listeners.empty()) return Code::kBadState;
+    int cpu = impl_->opts.cpu;
+    impl_->opts = o;
+    impl_->opts.cpu = cpu;
+    opts_ = impl_->opts;
+    return Code::kSuccess;
+  });
+}
 
 Status NvmfTarget::create_subsystem(const SubsystemConfig& c) {
   if (!valid_nqn(c.nqn) || c.nqn == kDiscoveryNqn || c.serial.empty() || c.serial.size() > 20 ||
@@ -1128,6 +1148,22 @@ TargetStats NvmfTarget::stats() {
     return Code::kSuccess;
   });
   return st;
+}
+
+void NvmfTarget::attach_emulation(EmulationManager* m) {
+  (void)call([&]() -> Status {
+    impl_->emu = m;
+    return Code::kSuccess;
+  });
+}
+
+std::shared_ptr<NamespaceSet> NvmfTarget::namespace_set(const std::string& nqn) {
+  std::shared_ptr<NamespaceSet> ns;
+  (void)call([&]() -> Status {
+    if (Subsystem* s = impl_->find_subsystem(nqn)) ns = s->ns;
+    return Code::kSuccess;
+  });
+  return ns;
 }
 
 bool NvmfTarget::uses_bdev(const Bdev* b) {

@@ -13,6 +13,7 @@
 #include "tools/bench_dma.h"
 #include "tools/nvme_cmd.h"
 #include "tools/replay.h"
+#include "tools/rpc_cmd.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"dpukv: KV-cache offload and sharing engine for LLM inference"};
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
   dpukv::add_agent_commands(&app, &exit_code);
   dpukv::add_replay_command(&app, &exit_code);
   dpukv::add_nvme_commands(&app, &exit_code);
+  dpukv::add_rpc_command(&app, &exit_code);
 
   app.parse_complete_callback([&] {
     dpukv::LogLevel lvl;

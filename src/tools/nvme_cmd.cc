@@ -14,6 +14,7 @@
 #include "nvme/bdev.h"
 #include "nvme/emulation_manager.h"
 #include "nvme/nvme_driver.h"
+#include "nvme/nvmf_app.h"
 #include "nvme/nvmf_target.h"
 #include "nvme/tcp_host.h"
 #include "runtime/log.h"
@@ -242,12 +243,44 @@ int run_identify(const std::string& socket, bool json) {
   return 0;
 }
 
+int run_app(const AppOptions& o) {
+  std::unique_ptr<NvmfApp> app;
+  if (Status st = NvmfApp::create(o, &app); !st.ok()) {
+    std::cerr << "dpukv nvme: cannot start (" << st.name() << "); see the log above\n";
+    return 1;
+  }
+  std::cerr << "dpukv nvme: JSON-RPC on " << o.rpc_socket
+            << (o.wait_for_rpc ? " (waiting for framework_start_init)" : "") << "\n";
+  wait_for_signal();
+  return 0;
+}
+
 }  // namespace
 
 void add_nvme_commands(CLI::App* app, int* exit_code) {
   CLI::App* nvme = app->add_subcommand(
-      "nvme", "Emulated NVMe controller over vfio-user: target, identify, perf");
-  nvme->require_subcommand(1);
+      "nvme",
+      "NVMe target: with no subcommand, the NVMe-oF target application configured over JSON-RPC "
+      "(bdevs, TCP and vfio-user transports, subsystems); target, identify, perf");
+  nvme->require_subcommand(0, 1);
+  static AppOptions ao;
+  static std::string rpcs_allowed;
+  nvme->add_option("-r,--rpc-socket", ao.rpc_socket, "JSON-RPC UNIX socket")->capture_default_str();
+  nvme->add_option("-c,--config", ao.config, "JSON config (SPDK format) replayed at start");
+  nvme->add_flag("--wait-for-rpc", ao.wait_for_rpc,
+                 "Serve only startup RPCs until framework_start_init");
+  nvme->add_option("--rpcs-allowed", rpcs_allowed, "Comma-separated methods served (default: all)");
+  nvme->add_option("-m,--poll-cpu", ao.cpu, "Pin the poll group to this CPU");
+  nvme->callback([nvme, exit_code] {
+    if (!nvme->get_subcommands().empty()) return;
+    for (size_t p = 0; p < rpcs_allowed.size();) {
+      size_t q = rpcs_allowed.find(',', p);
+      if (q == std::string::npos) q = rpcs_allowed.size();
+      if (q > p) ao.rpcs_allowed.push_back(rpcs_allowed.substr(p, q - p));
+      p = q + 1;
+    }
+    *exit_code = run_app(ao);
+  });
 
   static TargetConfig tc;
   CLI::App* t =

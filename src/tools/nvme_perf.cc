@@ -487,7 +487,8 @@ int run_perf(const PerfConfig& c) {
       cleanup();
       return 1;
     }
-    ini = std::make_unique<TcpInitiator>(std::move(h), o.queue_depth);
+    uint16_t depth = h->queue_depth();
+    ini = std::make_unique<TcpInitiator>(std::move(h), depth);
     pp_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;

@@ -1,0 +1,123 @@
+#include "tools/rpc_cmd.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "rpc/jsonrpc_server.h"
+
+namespace dpukv {
+namespace {
+
+using Json = nlohmann::json;
+
+// key=value: the value is JSON if it parses (numbers, true/false, objects),
+// otherwise a string; dotted keys build nested objects (listen_address.traddr=...).
+bool parse_params(const std::vector<std::string>& args, Json* out, std::string* err) {
+  *out = Json::object();
+  if (args.size() == 1 && !args[0].empty() && args[0][0] == '{') {
+    *out = Json::parse(args[0], nullptr, false);
+    if (out->is_discarded() || !out->is_object()) {
+      *err = "params: not a JSON object";
+      return false;
+    }
+    return true;
+  }
+  for (const auto& a : args) {
+    size_t eq = a.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      *err = "expected key=value, got '" + a + "'";
+      return false;
+    }
+    std::string key = a.substr(0, eq), val = a.substr(eq + 1);
+    Json v = Json::parse(val, nullptr, false);
+    if (v.is_discarded()) v = val;
+    Json* at = out;
+    for (size_t dot; (dot = key.find('.')) != std::string::npos; key = key.substr(dot + 1)) {
+      Json& next = (*at)[key.substr(0, dot)];
+      if (!next.is_object()) next = Json::object();
+      at = &next;
+    }
+    (*at)[key] = v;
+  }
+  return true;
+}
+
+int run_rpc(const std::string& socket_path, const std::string& method,
+            const std::vector<std::string>& args, int timeout_s) {
+  Json params;
+  std::string err;
+  if (!parse_params(args, &params, &err)) {
+    std::cerr << "dpukv rpc: " << err << "\n";
+    return 2;
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof addr.sun_path) return 2;
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    std::cerr << "dpukv rpc: cannot connect to " << socket_path << ": " << strerror(errno)
+              << " (is `dpukv nvme` running?)\n";
+    return 1;
+  }
+  Json req{{"jsonrpc", "2.0"}, {"id", 1}, {"method", method}};
+  if (!params.empty()) req["params"] = params;
+  std::string out = req.dump();
+  if (send(fd, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) return 1;
+  std::string in;
+  char buf[65536];
+  for (;;) {
+    size_t end = rpc::json_value_end(in);
+    if (end != 0 && end != std::string::npos) break;
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, timeout_s * 1000) != 1) {
+      std::cerr << "dpukv rpc: no answer within " << timeout_s << " s\n";
+      return 1;
+    }
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) {
+      std::cerr << "dpukv rpc: connection closed\n";
+      return 1;
+    }
+    in.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  Json resp = Json::parse(in.substr(0, rpc::json_value_end(in)), nullptr, false);
+  if (resp.is_discarded() || !resp.is_object()) {
+    std::cerr << "dpukv rpc: malformed response\n";
+    return 1;
+  }
+  if (resp.contains("error")) {
+    std::cerr << "dpukv rpc: " << method << " failed (" << resp["error"].value("code", 0)
+              << "): " << resp["error"].value("message", std::string()) << "\n";
+    return 1;
+  }
+  std::cout << resp["result"].dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+void add_rpc_command(CLI::App* app, int* exit_code) {
+  static std::string socket_path = "/var/tmp/dpukv-nvme.sock", method;
+  static std::vector<std::string> args;
+  static int timeout = 60;
+  CLI::App* r = app->add_subcommand(
+      "rpc", "Call a JSON-RPC method of `dpukv nvme` (params: JSON or key=value)");
+  r->add_option("-s,--server", socket_path, "JSON-RPC socket")->capture_default_str();
+  r->add_option("-t,--timeout", timeout, "Seconds to wait for the answer")->capture_default_str();
+  r->add_option("method", method, "Method name (rpc_get_methods lists them)")->required();
+  r->add_option("params", args, "One JSON object, or key=value pairs (a.b=v nests)");
+  r->callback([exit_code] { *exit_code = run_rpc(socket_path, method, args, timeout); });
+}
+
+}  // namespace dpukv
