@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -65,7 +66,15 @@ class EmulationManager::Endpoint {
     std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
     listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (listen_fd < 0) return Code::kDriver;
-    ::unlink(path.c_str());  // a stale socket of a previous run
+    struct stat sb {};
+    if (lstat(path.c_str(), &sb) ==
+        0) {  // a stale socket of a previous run goes; nothing else does
+      if (!S_ISSOCK(sb.st_mode)) {
+        LOG_ERR("nvme function %s: %s exists and is not a socket", id.c_str(), path.c_str());
+        return Code::kBadState;
+      }
+      ::unlink(path.c_str());
+    }
     if (bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
         ::listen(listen_fd, 4) != 0) {
       LOG_ERR("nvme function %s: cannot listen on %s: %s", id.c_str(), path.c_str(),

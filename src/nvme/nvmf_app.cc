@@ -1,6 +1,7 @@
 #include "nvme/nvmf_app.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -125,6 +126,10 @@ RpcError from_status(Status st, const std::string& what) {
 Status NvmfApp::create(const AppOptions& o, std::unique_ptr<NvmfApp>* out) {
   std::unique_ptr<NvmfApp> a(new NvmfApp());
   a->opts_ = o;
+  a->max_malloc_bytes_ = o.max_malloc_bytes != 0
+                             ? o.max_malloc_bytes
+                             : static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                                   static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) / 2;
   TcpTransportOptions to;
   to.cpu = o.cpu;
   if (Status st = NvmfTarget::create(to, &a->target_); !st.ok()) return st;
@@ -284,6 +289,9 @@ void NvmfApp::register_methods() {
     uint64_t bs = a.num("block_size", 512, false, 512, 4096);
     if (a.ok() && !valid_block_size(static_cast<uint32_t>(bs)))
       a.fail("block_size must be 512 or 4096");
+    if (a.ok() && blocks * bs > max_malloc_bytes_)
+      a.fail("num_blocks * block_size is larger than the malloc limit of " +
+             std::to_string(max_malloc_bytes_) + " bytes");
     check_name(a, name);
     if (!a.ok()) return a.error();
     if (!p.contains("name")) ++malloc_seq_;

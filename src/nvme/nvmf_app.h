@@ -25,6 +25,7 @@ struct AppOptions {
   bool wait_for_rpc = false;              // serve only startup methods until framework_start_init
   std::vector<std::string> rpcs_allowed;  // empty: every method
   int cpu = -1;                           // pin the poll group
+  uint64_t max_malloc_bytes = 0;          // per malloc bdev; 0: half the physical memory
 };
 
 class NvmfApp {
@@ -55,6 +56,7 @@ class NvmfApp {
   std::map<std::string, std::shared_ptr<Bdev>> bdevs_;  // RPC thread only
   bool tcp_transport_ = false, vfiouser_transport_ = false;
   uint32_t malloc_seq_ = 0;
+  uint64_t max_malloc_bytes_ = 0;
   struct Function {
     std::string id, nqn, socket_path;
   };

@@ -123,7 +123,14 @@ Status JsonRpcServer::start(const std::string& path, const std::vector<std::stri
   listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (listen_fd_ < 0 || wake_fd_ < 0) return Code::kDriver;
-  ::unlink(path.c_str());
+  struct stat sb {};
+  if (lstat(path.c_str(), &sb) == 0) {
+    if (!S_ISSOCK(sb.st_mode)) {
+      LOG_ERR("rpc: %s exists and is not a socket", path.c_str());
+      return Code::kBadState;
+    }
+    ::unlink(path.c_str());
+  }
   mode_t old = umask(0077);
   bool ok = bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
             listen(listen_fd_, 16) == 0;
