@@ -4,7 +4,7 @@
 # parser for a bounded time. Exit status is non-zero if anything fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh
+scripts/deps.sh --test
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 
 echo "== format check"

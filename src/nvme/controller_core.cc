@@ -245,6 +245,8 @@ void ControllerCore::release(Request* r) {
 
 void ControllerCore::finish(Request* r, uint16_t status) {
   if (status != kSuccess) {
+    LOG_DBG("nvme: queue %u command 0x%02x (cid %u) failed with status 0x%03x", r->qid, r->cmd.opc,
+            r->cmd.cid, status);
     ++stats_.errors;
     uint64_t lba = uint64_t{r->cmd.cdw10} | uint64_t{r->cmd.cdw11} << 32;
     record_error(r->qid, r->cmd.cid, status, r->qid == 0 ? 0 : lba, r->cmd.nsid);
@@ -430,6 +432,11 @@ uint16_t ControllerCore::identify(Request* r) {
         if (ns_->get(id) != nullptr) put32(d + 4 * n++, id);
       break;
     }
+    case kCnsIoCommandSetController:
+      // The NVM command set's controller data (VSL, WZSL, WUSL, DMRL, DMRSL, DMSL):
+      // zeroes say "no limit beyond MDTS"; other command sets are not supported.
+      if ((cmd.cdw11 >> 24) != 0) return kInvalidField;
+      break;
     case kCnsNsDescriptors: {
       if (ns_->get(cmd.nsid) == nullptr) return kInvalidNamespace;
       d[0] = 2;  // NIDT: NGUID, the same one Identify Namespace reports

@@ -110,6 +110,7 @@ enum IdentifyCns : uint8_t {
   kCnsController = 0x01,
   kCnsActiveNsList = 0x02,
   kCnsNsDescriptors = 0x03,
+  kCnsIoCommandSetController = 0x06,
 };
 
 enum FeatureId : uint8_t {
