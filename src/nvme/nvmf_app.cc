@@ -1,5 +1,7 @@
 #include "nvme/nvmf_app.h"
 
+#include "nvme/bdev_kv.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -326,6 +328,32 @@ void NvmfApp::register_methods() {
     if (!a.ok()) return a.error();
     std::unique_ptr<Bdev> b;
     Status st = create_file_bdev(name, file, size, static_cast<uint32_t>(bs), &b);
+    return add_bdev(name, std::move(b), st, r);
+  });
+  rpc_.add("bdev_kv_create", [this, check_name](const Json& p, Json* r) {
+    Params a(p, {"name", "num_blocks", "block_size", "chunk_size", "memory_size", "disk_dir",
+                 "disk_size"});
+    std::string name = a.str("name", "", true);
+    KvBdevOptions o;
+    o.num_blocks = a.num("num_blocks", 0, true, 1, uint64_t{1} << 40);
+    o.block_size = static_cast<uint32_t>(a.num("block_size", 4096, false, 512, 4096));
+    o.chunk_bytes = static_cast<uint32_t>(a.num("chunk_size", 64 * 1024, false, 4096, 4u << 20));
+    o.memory_bytes = a.num("memory_size", 64ull << 20, false, 4096, uint64_t{1} << 40);
+    o.disk_dir = a.str("disk_dir");
+    o.disk_bytes = a.num("disk_size", 0, false, 0, uint64_t{1} << 44);
+    if (a.ok() && !valid_block_size(o.block_size)) a.fail("block_size must be 512 or 4096");
+    if (a.ok() && (o.chunk_bytes % o.block_size != 0 || (o.chunk_bytes & (o.chunk_bytes - 1)) != 0))
+      a.fail("chunk_size must be a power of two and a multiple of block_size");
+    if (a.ok() && o.memory_bytes > max_malloc_bytes_)
+      a.fail("memory_size is larger than the memory limit");
+    if (a.ok() && o.memory_bytes < o.chunk_bytes)
+      a.fail("memory_size must hold at least one chunk");
+    if (a.ok() && o.disk_dir.empty() != (o.disk_bytes == 0))
+      a.fail("disk_dir and disk_size go together");
+    check_name(a, name);
+    if (!a.ok()) return a.error();
+    std::unique_ptr<Bdev> b;
+    Status st = create_kv_bdev(name, o, &b);
     return add_bdev(name, std::move(b), st, r);
   });
   rpc_.add("bdev_get_bdevs", [this](const Json& p, Json* r) {

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "nvme/nvme_driver.h"
 #include "nvme/tcp_host.h"
 #include "nvme/tcp_wire.h"
 #include "runtime/log.h"
@@ -95,12 +96,16 @@ class NvmfTest : public ::testing::Test {
     EXPECT_TRUE(h.wait_one(q, &e, 5000).ok());
     return e;
   }
+
+ public:
   static std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
     std::vector<uint8_t> v(n);
     std::mt19937 rng(seed);
     for (auto& b : v) b = static_cast<uint8_t>(rng());
     return v;
   }
+
+ protected:
   void write_read_verify(NvmeTcpHost& h, uint32_t blocks, uint64_t lba, uint32_t seed) {
     auto w = pattern(blocks * 4096ull, seed);
     std::vector<uint8_t> r(w.size());
@@ -437,6 +442,94 @@ TEST_F(NvmfTest, HostKilledMidWrite) {
   }
   EXPECT_GT(verified, 0);
   munmap(acked, 4096);
+}
+
+// The target application (`dpukv nvme` from a JSON config): a KV-cache namespace
+// exported over NVMe/TCP and, through a vfio-user function, as an emulated PCIe
+// device; what a host writes over TCP reads back over PCIe (one namespace set).
+TEST(NvmfApp, KvNamespaceSharedByTcpAndVfioUser) {
+  log_set_level(LogSource::kLib, LogLevel::kError);
+  std::string dir = "/tmp/dpukv-nvmf-app-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  int port = 30000 + getpid() % 20000;
+  std::string nqn = "nqn.2026-11.io.dpukv:kv";
+  {
+    std::ofstream cfg(dir + "/config.json");
+    cfg << R"({"subsystems": [{"subsystem": "bdev", "config": [
+      {"method": "bdev_kv_create", "params": {"name": "Kv0", "num_blocks": 8192, "chunk_size": 65536,
+                                                "memory_size": 16777216}}]},
+      {"subsystem": "nvmf", "config": [
+      {"method": "nvmf_create_transport", "params": {"trtype": "TCP"}},
+      {"method": "nvmf_create_transport", "params": {"trtype": "VFIOUSER"}},
+      {"method": "nvmf_create_subsystem", "params": {"nqn": ")"
+        << nqn << R"(", "allow_any_host": true}},
+      {"method": "nvmf_subsystem_add_ns", "params": {"nqn": ")"
+        << nqn << R"(", "namespace": {"bdev_name": "Kv0"}}},
+      {"method": "nvmf_subsystem_add_listener", "params": {"nqn": ")"
+        << nqn << R"(", "listen_address": {"trtype": "TCP", "traddr": "127.0.0.1", "trsvcid": ")"
+        << port << R"("}}},
+      {"method": "nvmf_subsystem_add_listener", "params": {"nqn": ")"
+        << nqn << R"(", "listen_address": {"trtype": "VFIOUSER", "traddr": ")" << dir
+        << R"(/fn"}}}]}]})";
+  }
+  std::vector<std::string> args = {
+      "--lib-log-level", "critical",          "nvme", "-r", dir + "/rpc.sock",
+      "--config",        dir + "/config.json"};
+  std::vector<char*> argv;
+  std::string bin = DPUKV_BIN;
+  argv.push_back(bin.data());
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t app = -1;
+  ASSERT_EQ(posix_spawn(&app, bin.c_str(), nullptr, nullptr, argv.data(), environ), 0);
+  TcpHostOptions o;
+  o.port = static_cast<uint16_t>(port);
+  o.subnqn = nqn;
+  std::unique_ptr<NvmeTcpHost> h;
+  ASSERT_TRUE(NvmeTcpHost::connect(o, &h).ok());
+  EXPECT_EQ(h->num_blocks(1), 8192u);
+  std::vector<std::vector<uint8_t>> chunks;
+  for (uint32_t i = 0; i < 8;
+       ++i) {  // 64 KiB writes, chunk aligned, and one 12 KiB write across a boundary
+    chunks.push_back(NvmfTest::pattern(65536, 50 + i));
+    Sqe c{};
+    c.opc = kNvmWrite;
+    c.cid = 1;
+    c.nsid = 1;
+    c.cdw10 = i * 16;
+    c.cdw12 = 15;
+    ASSERT_TRUE(h->submit(0, c, chunks.back().data(), 65536, true).ok());
+    Cqe e;
+    ASSERT_TRUE(h->wait_one(0, &e, 5000).ok());
+    ASSERT_EQ(sc(e), kSuccess);
+  }
+  std::unique_ptr<NvmeDriver> d;
+  DriverOptions dopt;
+  dopt.memory_bytes = 16u << 20;
+  ASSERT_TRUE(NvmeDriver::attach(dir + "/fn/cntrl", dopt, &d).ok());
+  DmaBuffer b;
+  ASSERT_TRUE(d->alloc(65536, &b).ok());
+  for (uint32_t i = 0; i < 8; ++i) {
+    Sqe c{};
+    c.opc = kNvmRead;
+    c.cid = 2;
+    c.nsid = 1;
+    c.cdw10 = i * 16;
+    c.cdw12 = 15;
+    ASSERT_TRUE(d->submit(0, c, &b, 65536, nullptr).ok());
+    Cqe e;
+    ASSERT_TRUE(d->wait_one(0, &e, 5000).ok());
+    ASSERT_EQ(sc(e), kSuccess);
+    EXPECT_EQ(std::memcmp(b.host, chunks[i].data(), 65536), 0) << "chunk " << i;
+  }
+  d.reset();
+  h.reset();
+  kill(app, SIGTERM);
+  int status = 0;
+  waitpid(app, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
