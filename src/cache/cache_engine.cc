@@ -154,6 +154,8 @@ Status CacheEngine::init() {
     DiskTierOptions dopts;
     dopts.dir = opts_.disk_dir;
     dopts.capacity = opts_.disk_bytes;
+    dopts.nvme_address = opts_.nvme_address;
+    dopts.nvme_nqn = opts_.nvme_nqn;
     dopts.page_size = page_bytes_;
     std::vector<DiskTier::Recovered> rec;
     DPUKV_RETURN_IF_ERROR(DiskTier::open(dopts, {{arena_->data(), arena_->size()}}, &rec, &disk_));

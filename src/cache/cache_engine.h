@@ -39,6 +39,9 @@ struct CacheOptions {
   uint32_t max_requests = 1024;            // store/retrieve/prefetch in flight
   std::string disk_dir;                    // empty: no disk tier
   uint64_t disk_bytes = 0;
+  // The NVMe tier: the disk tier's data on an NVMe/TCP namespace ("ADDR:PORT" and
+  // subsystem NQN) instead of a local file; the index log stays in disk_dir.
+  std::string nvme_address, nvme_nqn;
   bool write_through = false;    // disk tier: write every stored chunk at once (else on eviction)
   uint32_t disk_admit_hits = 0;  // only chunks hit at least this often go to disk
   uint32_t pin_timeout_ms = 30000;  // lookup pins expire after this

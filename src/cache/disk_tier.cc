@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 
@@ -62,7 +63,8 @@ Status DiskTier::open(const DiskTierOptions& o,
     return Code::kIoFailed;
   }
   DPUKV_RETURN_IF_ERROR(t->alloc_.init(o.capacity, o.page_size));
-  const std::string data = o.dir + "/dpukv-data";
+  // The NVMe tier keeps no local data: the file exists only as a marker.
+  const std::string data = o.dir + (o.nvme_address.empty() ? "/dpukv-data" : "/dpukv-data.nvme");
   const std::string log = o.dir + "/dpukv-index.log";
   t->data_fd_ = ::open(data.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0640);
   if (t->data_fd_ < 0 && errno == EINVAL) {  // no O_DIRECT here (tmpfs): buffered I/O
@@ -70,12 +72,17 @@ Status DiskTier::open(const DiskTierOptions& o,
     t->data_fd_ = ::open(data.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0640);
   }
   if (t->data_fd_ < 0) return Code::kIoFailed;
-  // Reserve the space now, so a full disk shows at start, not mid-write.
-  const int fr = posix_fallocate(t->data_fd_, 0, static_cast<off_t>(t->alloc_.capacity()));
-  if (fr != 0) {
-    LOG_ERR("disk tier: cannot reserve %llu bytes in %s: %s",
-            static_cast<unsigned long long>(t->alloc_.capacity()), data.c_str(), std::strerror(fr));
-    return fr == ENOSPC || fr == EFBIG ? Code::kNoMemory : Code::kIoFailed;
+  if (!o.nvme_address.empty()) {
+    DPUKV_RETURN_IF_ERROR(t->open_nvme(o));
+  } else {
+    // Reserve the space now, so a full disk shows at start, not mid-write.
+    const int fr = posix_fallocate(t->data_fd_, 0, static_cast<off_t>(t->alloc_.capacity()));
+    if (fr != 0) {
+      LOG_ERR("disk tier: cannot reserve %llu bytes in %s: %s",
+              static_cast<unsigned long long>(t->alloc_.capacity()), data.c_str(),
+              std::strerror(fr));
+      return fr == ENOSPC || fr == EFBIG ? Code::kNoMemory : Code::kIoFailed;
+    }
   }
 
   // Replay the log.
@@ -180,6 +187,7 @@ int DiskTier::buf_index(const void* p, uint64_t len) const {
 }
 
 Status DiskTier::write(uint64_t offset, const void* buf, uint64_t len, uint64_t tag) {
+  if (nvme_) return nvme_io(true, offset, static_cast<uint8_t*>(const_cast<void*>(buf)), len, tag);
   io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
   if (sqe == nullptr) return Code::kAgain;
   const uint64_t n = direct_ ? round_up(len) : len;
@@ -194,6 +202,7 @@ Status DiskTier::write(uint64_t offset, const void* buf, uint64_t len, uint64_t 
 }
 
 Status DiskTier::read(uint64_t offset, void* buf, uint64_t len, uint64_t tag) {
+  if (nvme_) return nvme_io(false, offset, static_cast<uint8_t*>(buf), len, tag);
   io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
   if (sqe == nullptr) return Code::kAgain;
   const uint64_t n = direct_ ? round_up(len) : len;
@@ -208,6 +217,7 @@ Status DiskTier::read(uint64_t offset, void* buf, uint64_t len, uint64_t tag) {
 }
 
 size_t DiskTier::poll(Completion* out, size_t max) {
+  if (nvme_) return nvme_poll(out, max);
   size_t n = 0;
   io_uring_cqe* cqe;
   while (n < max && io_uring_peek_cqe(&ring_, &cqe) == 0) {
@@ -269,6 +279,118 @@ bool DiskTier::log_del(const ChunkKey& key) {
 
 Status DiskTier::sync() {
   return ::fdatasync(log_fd_) == 0 ? Status() : Status(Code::kIoFailed);
+}
+
+// ---- the NVMe tier ----------------------------------------------------------
+
+Status DiskTier::open_nvme(const DiskTierOptions& o) {
+  nvme::TcpHostOptions h;
+  size_t colon = o.nvme_address.rfind(':');
+  if (colon == std::string::npos) return Code::kInvalidValue;
+  h.addr = o.nvme_address.substr(0, colon);
+  h.port = static_cast<uint16_t>(std::atoi(o.nvme_address.c_str() + colon + 1));
+  h.subnqn = o.nvme_nqn;
+  h.queue_depth = static_cast<uint16_t>(std::min<uint32_t>(o.queue_depth + 1, 128));
+  if (Status st = nvme::NvmeTcpHost::connect(h, &nvme_); !st.ok()) {
+    LOG_ERR("disk tier: cannot connect to the NVMe/TCP target %s (%s): %s", o.nvme_address.c_str(),
+            o.nvme_nqn.c_str(), std::string(st.name()).c_str());
+    return Code::kIoFailed;
+  }
+  nvme_nsid_ = o.nvme_nsid;
+  nvme_bs_ = nvme_->block_size(nvme_nsid_);
+  if (nvme_bs_ == 0 || 4096 % nvme_bs_ != 0) {
+    LOG_ERR("disk tier: namespace %u of %s is missing or has %u-byte blocks", nvme_nsid_,
+            o.nvme_nqn.c_str(), nvme_bs_);
+    return Code::kInvalidValue;
+  }
+  uint64_t bytes = nvme_->num_blocks(nvme_nsid_) * nvme_bs_;
+  if (bytes < alloc_.capacity()) {
+    LOG_ERR("disk tier: namespace %u holds %llu bytes, less than the tier's %llu", nvme_nsid_,
+            static_cast<unsigned long long>(bytes),
+            static_cast<unsigned long long>(alloc_.capacity()));
+    return Code::kNoMemory;
+  }
+  nvme_max_ = nvme_->max_transfer();
+  uint16_t depth = static_cast<uint16_t>(nvme_->queue_depth() - 1);
+  nvme_slots_.assign(depth, Piece{});
+  for (uint16_t i = depth; i-- > 0;) nvme_free_.push_back(i);
+  LOG_INFO("disk tier: data on NVMe/TCP %s %s namespace %u (%llu bytes)", o.nvme_address.c_str(),
+           o.nvme_nqn.c_str(), nvme_nsid_, static_cast<unsigned long long>(bytes));
+  return Code::kSuccess;
+}
+
+Status DiskTier::nvme_io(bool write, uint64_t offset, uint8_t* buf, uint64_t len, uint64_t tag) {
+  const uint64_t n = round_up(len);
+  if (offset % nvme_bs_ != 0) return Code::kInvalidValue;
+  TagState ts;
+  for (uint64_t done = 0; done < n;) {
+    uint64_t k = std::min<uint64_t>(n - done, nvme_max_);
+    nvme_waiting_.push_back(Piece{tag, (offset + done) / nvme_bs_,
+                                  static_cast<uint32_t>(k / nvme_bs_), buf + done, write});
+    ++ts.remaining;
+    done += k;
+  }
+  nvme_tags_.emplace_back(tag, ts);
+  ++inflight_;
+  nvme_submit();
+  return Code::kSuccess;
+}
+
+void DiskTier::nvme_submit() {
+  while (nvme_waiting_head_ < nvme_waiting_.size() && !nvme_free_.empty()) {
+    Piece p = nvme_waiting_[nvme_waiting_head_++];
+    uint16_t cid = nvme_free_.back();
+    nvme_free_.pop_back();
+    nvme_slots_[cid] = p;
+    nvme::Sqe c{};
+    c.opc = p.write ? nvme::kNvmWrite : nvme::kNvmRead;
+    c.cid = cid;
+    c.nsid = nvme_nsid_;
+    c.cdw10 = static_cast<uint32_t>(p.lba);
+    c.cdw11 = static_cast<uint32_t>(p.lba >> 32);
+    c.cdw12 = p.nlb - 1;
+    if (!nvme_->submit(0, c, p.buf, p.nlb * nvme_bs_, p.write).ok()) {
+      for (auto& [t, s] : nvme_tags_)
+        if (t == p.tag) s.failed = true;
+    }
+  }
+  if (nvme_waiting_head_ == nvme_waiting_.size()) {
+    nvme_waiting_.clear();
+    nvme_waiting_head_ = 0;
+  }
+  (void)nvme_->flush_queue(0);  // the engine may sleep next: send what was queued
+}
+
+size_t DiskTier::nvme_poll(Completion* out, size_t max) {
+  nvme::Cqe cqes[64];
+  int got = nvme_->reap(0, cqes, 64);
+  bool broken = got < 0;
+  for (int i = 0; i < got; ++i) {
+    uint16_t cid = cqes[i].cid;
+    if (cid >= nvme_slots_.size()) continue;
+    uint64_t tag = nvme_slots_[cid].tag;
+    nvme_free_.push_back(cid);
+    for (auto& [t, s] : nvme_tags_)
+      if (t == tag) {
+        --s.remaining;
+        if (nvme::status_of_cqe(cqes[i].status) != nvme::kSuccess) s.failed = true;
+        break;
+      }
+  }
+  size_t n = 0;
+  for (size_t i = 0; i < nvme_tags_.size() && n < max;) {
+    TagState& s = nvme_tags_[i].second;
+    if (s.remaining == 0 || broken) {
+      out[n++] =
+          Completion{nvme_tags_[i].first, s.failed || broken ? Status(Code::kIoFailed) : Status()};
+      nvme_tags_.erase(nvme_tags_.begin() + static_cast<long>(i));
+      --inflight_;
+    } else {
+      ++i;
+    }
+  }
+  nvme_submit();
+  return n;
 }
 
 }  // namespace dpukv

@@ -22,6 +22,7 @@
 
 #include "cache/chunk_key.h"
 #include "cache/slab_allocator.h"
+#include "nvme/tcp_host.h"
 #include "runtime/status.h"
 
 namespace dpukv {
@@ -31,6 +32,12 @@ struct DiskTierOptions {
   uint64_t capacity = 0;
   uint64_t page_size = 64ull << 20;  // largest chunk
   uint32_t queue_depth = 64;
+  // The NVMe tier: chunk data on a namespace of an NVMe/TCP target ("ADDR:PORT",
+  // subsystem NQN, namespace id) instead of the local data file; the index log
+  // stays in dir. Empty address: the file.
+  std::string nvme_address;
+  std::string nvme_nqn;
+  uint32_t nvme_nsid = 1;
 };
 
 class DiskTier {
@@ -56,7 +63,9 @@ class DiskTier {
   DiskTier& operator=(const DiskTier&) = delete;
 
   SlabAllocator& allocator() { return alloc_; }
-  int event_fd() const { return efd_; }
+  // Readable when completions are waiting (the ring's eventfd, or the NVMe queue's socket).
+  int event_fd() const { return nvme_ ? nvme_->queue_fd(0) : efd_; }
+  bool on_nvme() const { return nvme_ != nullptr; }
 
   // Asynchronous I/O of len bytes (rounded up to 4 KiB on the device) between buf
   // and the data file at offset. AGAIN if the ring is full.
@@ -79,6 +88,30 @@ class DiskTier {
   DiskTier() = default;
   int buf_index(const void* p, uint64_t len) const;
   bool append(const void* record);
+  Status open_nvme(const DiskTierOptions& o);
+  Status nvme_io(bool write, uint64_t offset, uint8_t* buf, uint64_t len, uint64_t tag);
+  void nvme_submit();
+  size_t nvme_poll(Completion* out, size_t max);
+
+  // NVMe tier: chunk I/O cut into commands of at most the transfer limit, sent as
+  // queue slots free up; a chunk completes when its last command does.
+  struct Piece {
+    uint64_t tag, lba;
+    uint32_t nlb;
+    uint8_t* buf;
+    bool write;
+  };
+  struct TagState {
+    uint32_t remaining = 0;
+    bool failed = false;
+  };
+  std::unique_ptr<nvme::NvmeTcpHost> nvme_;
+  uint32_t nvme_nsid_ = 1, nvme_bs_ = 4096, nvme_max_ = 0;
+  std::vector<Piece> nvme_slots_;    // by command id
+  std::vector<uint16_t> nvme_free_;  // free command ids
+  std::vector<Piece> nvme_waiting_;  // FIFO of pieces not yet sent
+  size_t nvme_waiting_head_ = 0;
+  std::vector<std::pair<uint64_t, TagState>> nvme_tags_;  // chunks in flight (few)
 
   std::string dir_;
   int data_fd_ = -1, log_fd_ = -1, efd_ = -1;

@@ -22,10 +22,14 @@
 #include <thread>
 #include <vector>
 
+#include "cache/cache_engine.h"
 #include "nvme/nvme_driver.h"
 #include "nvme/tcp_host.h"
 #include "nvme/tcp_wire.h"
+#include "runtime/buf.h"
 #include "runtime/log.h"
+#include "runtime/mem_region.h"
+#include "runtime/progress_engine.h"
 
 extern char** environ;
 
@@ -442,6 +446,74 @@ TEST_F(NvmfTest, HostKilledMidWrite) {
   }
   EXPECT_GT(verified, 0);
   munmap(acked, 4096);
+}
+
+// The cache engine's NVMe tier: chunks the memory tier lets go are written to a
+// namespace of an NVMe/TCP target (a separate process) and reloaded from it.
+TEST_F(NvmfTest, CacheEngineSpillsToAnNvmeTier) {
+  start_target();
+  std::string dir = "/tmp/dpukv-nvme-tier-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::unique_ptr<ProgressEngine> pe;
+  ASSERT_TRUE(ProgressEngine::create(&pe).ok());
+  CacheOptions co;
+  co.memory_bytes = 4u << 20;  // four 1 MiB chunks
+  co.max_chunk_bytes = 1u << 20;
+  co.max_chunks = 256;
+  co.max_requests = 16;
+  co.disk_dir = dir;
+  co.disk_bytes = 32u << 20;
+  co.nvme_address = "127.0.0.1:" + std::to_string(port_);
+  co.nvme_nqn = kNqn;
+  std::unique_ptr<CacheEngine> cache;
+  ASSERT_TRUE(CacheEngine::create(pe.get(), co, &cache).ok());
+  ASSERT_TRUE(cache->start().ok());
+  std::unique_ptr<MemRegion> mem;
+  ASSERT_TRUE(MemRegion::create(2u << 20, MemRegionOptions{}, &mem).ok());
+  std::unique_ptr<Mmap> map;
+  ASSERT_TRUE(
+      Mmap::create(mem->data(), mem->size(), kAccessLocalReadWrite, mem->fd(), 0, &map).ok());
+  ASSERT_TRUE(map->start().ok());
+  std::unique_ptr<BufInventory> inv;
+  ASSERT_TRUE(BufInventory::create(8, &inv).ok());
+  auto* staging = static_cast<uint8_t*>(mem->data());
+  auto wait = [&](Status* st) {
+    for (int i = 0; *st == Code::kInProgress && i < 50'000'000; ++i) pe->progress();
+    return *st;
+  };
+  auto done = [](void* arg, Status st) { *static_cast<Status*>(arg) = st; };
+  auto key = [](uint64_t i) { return key_from_block_id(KeyContext{7, 1, 0, 3}, i); };
+  for (uint32_t i = 0; i < 16; ++i) {
+    auto w = pattern(1u << 20, 500 + i);
+    std::memcpy(staging, w.data(), w.size());
+    Buf* b;
+    ASSERT_TRUE(inv->get_by_data(map.get(), staging, w.size(), &b).ok());
+    Status st = Code::kInProgress;
+    ASSERT_TRUE(cache->store(key(i), b, done, &st).ok());
+    ASSERT_TRUE(wait(&st).ok()) << "store " << i;
+    (void)b->dec_refcount();
+  }
+  for (uint32_t i = 0; i < 16; ++i) {
+    Buf* b;
+    ASSERT_TRUE(inv->get_by_addr(map.get(), staging, 2u << 20, &b).ok());
+    Status st = Code::kInProgress;
+    ASSERT_TRUE(cache->retrieve(key(i), b, done, &st).ok());
+    ASSERT_TRUE(wait(&st).ok()) << "retrieve " << i;
+    EXPECT_EQ(b->data_len(), 1u << 20);
+    EXPECT_EQ(std::memcmp(staging, pattern(1u << 20, 500 + i).data(), 1u << 20), 0)
+        << "chunk " << i;
+    (void)b->dec_refcount();
+  }
+  CacheStats s = cache->stats();
+  EXPECT_GE(s.spills, 12u);
+  EXPECT_GE(s.reloads, 1u);
+  EXPECT_EQ(s.checksum_failures, 0u);
+  EXPECT_EQ(s.io_errors, 0u);
+  (void)cache->stop();
+  while (cache->state() != CtxState::kIdle) pe->progress();
+  cache.reset();
+  (void)map->stop();
+  std::filesystem::remove_all(dir);
 }
 
 // The target application (`dpukv nvme` from a JSON config): a KV-cache namespace

@@ -65,6 +65,10 @@ class NvmeTcpHost {
   uint32_t in_capsule_bytes() const { return icd_bytes_; }
   uint32_t max_transfer() const { return max_transfer_; }
   uint16_t queue_depth() const { return opts_.queue_depth; }
+  // The socket of I/O queue q (readable when the target answered), and sending
+  // what submit() batched without waiting for the next reap().
+  int queue_fd(uint32_t q) const { return q < io_.size() ? io_[q].fd : -1; }
+  Status flush_queue(uint32_t q) { return flush(queue(q)); }
 
  private:
   struct Pending {

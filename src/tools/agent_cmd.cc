@@ -34,9 +34,11 @@ struct AgentSettings {
   double max_local_cpu_size = 0;   // GB of memory tier; 0: from available RAM
   std::string local_disk;          // disk tier directory; empty: off
   double max_local_disk_size = 0;  // GB of disk tier
-  std::string max_chunk = "64M";   // largest chunk
-  std::string memory_bytes;        // exact memory tier size (K/M/G); overrides the GB setting
-  uint32_t max_chunks = 0;         // index entries; 0: memory tier / 16 KiB + disk tier / 16 KiB
+  std::string nvme_tier;           // ADDR:PORT of an NVMe/TCP target for the disk tier's data
+  std::string nvme_tier_nqn = "nqn.2026-11.io.dpukv:cnode1";
+  std::string max_chunk = "64M";  // largest chunk
+  std::string memory_bytes;       // exact memory tier size (K/M/G); overrides the GB setting
+  uint32_t max_chunks = 0;        // index entries; 0: memory tier / 16 KiB + disk tier / 16 KiB
   uint32_t dma_threads =
       1;                  // software DMA queues (engine threads); 2 helps large chunks on 2 cores
   bool compress = false;  // lossless KV codec on store (compress engine)
@@ -158,6 +160,12 @@ int run_agent(AgentSettings s, const std::map<std::string, bool>& given) {
                                  (o.cache.memory_bytes + disk) / (16 << 10) + 1024, 16u << 20));
   o.cache.disk_dir = s.local_disk;
   o.cache.disk_bytes = static_cast<uint64_t>(s.max_local_disk_size * (1ull << 30));
+  o.cache.nvme_address = s.nvme_tier;
+  o.cache.nvme_nqn = s.nvme_tier_nqn;
+  if (!s.nvme_tier.empty() && s.local_disk.empty()) {
+    std::cerr << "dpukv agent: --nvme-tier needs --local-disk (the tier's index log lives there)\n";
+    return 2;
+  }
   if (!s.local_disk.empty() && o.cache.disk_bytes < max_chunk) {
     std::cerr << "dpukv agent: local_disk needs max_local_disk_size (GB) of at least one chunk\n";
     return 2;
@@ -256,6 +264,12 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
       cmd->add_option("--local-disk", s->local_disk, "Disk tier directory (default: no disk tier)");
   auto* o_dsize =
       cmd->add_option("--max-local-disk-size", s->max_local_disk_size, "Disk tier in GB");
+  cmd->add_option(
+      "--nvme-tier", s->nvme_tier,
+      "Put the disk tier's data on an NVMe/TCP namespace at ADDR:PORT (the index log stays in "
+      "--local-disk)");
+  cmd->add_option("--nvme-tier-nqn", s->nvme_tier_nqn, "Subsystem NQN of the NVMe tier")
+      ->capture_default_str();
   cmd->add_option("--max-chunk-size", s->max_chunk, "Largest chunk (K/M/G)")->capture_default_str();
   cmd->add_option("--memory-bytes", s->memory_bytes,
                   "Exact memory tier size (K/M/G), instead of --max-local-cpu-size");
