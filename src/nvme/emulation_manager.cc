@@ -178,6 +178,7 @@ Status EmulationManager::create(const ManagerOptions& o, std::unique_ptr<Emulati
   m->opts_ = o;
   m->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (m->wake_fd_ < 0) return Code::kDriver;
+  m->calls_.set_wake_fd(m->wake_fd_);
   if (o.own_thread) m->thread_ = std::thread([p = m.get()] { p->run(); });
   *out = std::move(m);
   return Code::kSuccess;
@@ -194,14 +195,7 @@ EmulationManager::~EmulationManager() {
 
 Status EmulationManager::call(std::function<Status()> fn) {
   if (!opts_.own_thread) return fn();  // the caller is the polling thread
-  Call c{std::move(fn), Code::kSuccess, false};
-  std::unique_lock<std::mutex> lk(mu_);
-  calls_.push_back(&c);
-  calls_pending_.store(true, std::memory_order_release);
-  uint64_t one = 1;
-  (void)::write(wake_fd_, &one, sizeof one);
-  cv_.wait(lk, [&] { return c.done; });
-  return c.result;
+  return calls_.call(std::move(fn));
 }
 
 Status EmulationManager::create_function(const FunctionSpec& spec, std::string* id) {
@@ -241,7 +235,7 @@ Status EmulationManager::destroy_function(const std::string& id) {
       (*it)->state = HotplugState::kUnplugInProgress;
       (*it)->close_conn("unplug");
       (*it)->state = HotplugState::kPowerOff;
-      endpoints_.erase(it);  // caller holds mu_
+      endpoints_.erase(it);
       LOG_INFO("nvme function %s: power off, removed", id.c_str());
       return Code::kSuccess;
     }
@@ -324,17 +318,7 @@ void EmulationManager::run() {
       if (poll_sockets(idle ? static_cast<int>(opts_.idle_sleep_us) : 0)) last_work = now_us();
       last_check = now_us();
     }
-    if (calls_pending_.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> lk(mu_);
-      for (Call* c : calls_) {
-        c->result = c->fn();
-        c->done = true;
-      }
-      calls_.clear();
-      calls_pending_.store(false, std::memory_order_relaxed);
-      cv_.notify_all();
-      last_work = now_us();
-    }
+    if (calls_.run_pending()) last_work = now_us();
   }
 }
 

@@ -6,16 +6,15 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "nvme/bdev.h"
 #include "nvme/nvme_pci_function.h"
+#include "runtime/call_queue.h"
 #include "runtime/status.h"
 
 namespace dpukv::nvme {
@@ -80,16 +79,8 @@ class EmulationManager {
   std::atomic<bool> stop_{false};
   int wake_fd_ = -1;
 
-  std::mutex mu_;  // guards endpoints_ changes against list_functions, and calls_
-  std::condition_variable cv_;
-  std::vector<std::unique_ptr<Endpoint>> endpoints_;
-  struct Call {
-    std::function<Status()> fn;
-    Status result;
-    bool done = false;
-  };
-  std::vector<Call*> calls_;
-  std::atomic<bool> calls_pending_{false};
+  std::vector<std::unique_ptr<Endpoint>> endpoints_;  // the reactor thread's alone
+  CallQueue calls_;
   uint64_t next_id_ = 0;
   uint64_t last_check_ = 0;
 };

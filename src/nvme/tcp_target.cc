@@ -20,6 +20,7 @@
 
 #include "nvme/nvmf_target.h"
 #include "nvme/tcp_wire.h"
+#include "runtime/call_queue.h"
 #include "runtime/log.h"
 
 namespace dpukv::nvme {
@@ -99,15 +100,7 @@ struct NvmfTarget::Impl {
   int epfd = -1, wake_fd = -1;
   std::thread thread;
   std::atomic<bool> stop{false};
-  std::mutex mu;
-  std::condition_variable cv;
-  struct Call {
-    std::function<Status()> fn;
-    Status result;
-    bool done = false;
-  };
-  std::vector<Call*> calls;
-  std::atomic<bool> calls_pending{false};
+  CallQueue calls;
 
   std::map<std::string, std::unique_ptr<Subsystem>> subsystems;
   std::vector<std::unique_ptr<Listener>> listeners;
@@ -879,17 +872,7 @@ void NvmfTarget::Impl::run() {
             close_controller(c.get(), "keep alive timeout");
           }
     }
-    if (calls_pending.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> lk(mu);
-      for (Call* c : calls) {
-        c->result = c->fn();
-        c->done = true;
-      }
-      calls.clear();
-      calls_pending.store(false, std::memory_order_relaxed);
-      cv.notify_all();
-      last_work = now_us();
-    }
+    if (calls.run_pending()) last_work = now_us();
   }
 }
 
@@ -919,6 +902,7 @@ Status NvmfTarget::create(const TcpTransportOptions& o, std::unique_ptr<NvmfTarg
   ev.events = EPOLLIN;
   ev.data.ptr = nullptr;
   epoll_ctl(m->epfd, EPOLL_CTL_ADD, m->wake_fd, &ev);
+  m->calls.set_wake_fd(m->wake_fd);
   m->thread = std::thread([m] { m->run(); });
   *out = std::move(t);
   return Code::kSuccess;
@@ -941,14 +925,7 @@ NvmfTarget::~NvmfTarget() {
 }
 
 Status NvmfTarget::call(std::function<Status()> fn) {
-  Impl::Call c{std::move(fn), Code::kSuccess, false};
-  std::unique_lock<std::mutex> lk(impl_->mu);
-  impl_->calls.push_back(&c);
-  impl_->calls_pending.store(true, std::memory_order_release);
-  uint64_t one = 1;
-  (void)::write(impl_->wake_fd, &one, sizeof one);
-  impl_->cv.wait(lk, [&] { return c.done; });
-  return c.result;
+  return impl_->calls.call(std::move(fn));
 }
 
 namespace {

@@ -70,6 +70,17 @@ bool is_write(const std::string& w) {
   return w.find("write") != std::string::npos;
 }
 
+Sqe rw_command(uint16_t cid, bool write, uint32_t nsid, uint64_t lba, uint32_t nlb) {
+  Sqe cmd{};
+  cmd.opc = write ? kNvmWrite : kNvmRead;
+  cmd.cid = cid;
+  cmd.nsid = nsid;
+  cmd.cdw10 = static_cast<uint32_t>(lba);
+  cmd.cdw11 = static_cast<uint32_t>(lba >> 32);
+  cmd.cdw12 = nlb - 1;
+  return cmd;
+}
+
 // What the benchmark loop needs from an initiator: one queue, a buffer per slot.
 class Initiator {
  public:
@@ -102,14 +113,7 @@ class VfioInitiator final : public Initiator {
     return Code::kSuccess;
   }
   Status submit(uint16_t slot, bool write, uint64_t lba, uint32_t nlb, uint32_t bytes) override {
-    Sqe cmd{};
-    cmd.opc = write ? kNvmWrite : kNvmRead;
-    cmd.cid = slot;
-    cmd.nsid = nsid();
-    cmd.cdw10 = static_cast<uint32_t>(lba);
-    cmd.cdw11 = static_cast<uint32_t>(lba >> 32);
-    cmd.cdw12 = nlb - 1;
-    return d_->submit(0, cmd, &bufs_[slot], bytes, nullptr);
+    return d_->submit(0, rw_command(slot, write, nsid(), lba, nlb), &bufs_[slot], bytes, nullptr);
   }
   int reap(Cqe* out, int max) override { return d_->reap(0, out, max); }
   void idle_wait() override {
@@ -136,14 +140,8 @@ class TcpInitiator final : public Initiator {
     return Code::kSuccess;
   }
   Status submit(uint16_t slot, bool write, uint64_t lba, uint32_t nlb, uint32_t bytes) override {
-    Sqe cmd{};
-    cmd.opc = write ? kNvmWrite : kNvmRead;
-    cmd.cid = slot;
-    cmd.nsid = nsid();
-    cmd.cdw10 = static_cast<uint32_t>(lba);
-    cmd.cdw11 = static_cast<uint32_t>(lba >> 32);
-    cmd.cdw12 = nlb - 1;
-    return h_->submit(0, cmd, bufs_[slot].data(), bytes, write);
+    return h_->submit(0, rw_command(slot, write, nsid(), lba, nlb), bufs_[slot].data(), bytes,
+                      write);
   }
   int reap(Cqe* out, int max) override { return h_->reap(0, out, max); }
 
