@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The whole test suite: install what is missing, then build and run every test in
-# a release build and in an ASan+UBSan build, check formatting, and fuzz each
-# parser for a bounded time. Exit status is non-zero if anything fails.
+# The whole test suite: install what is missing (with --test: QEMU, a Debian kernel
+# and busybox for the Linux nvme-tcp initiator test), then build and run every
+# test in a release build and in an ASan+UBSan build, check formatting, and fuzz
+# each parser for a bounded time. Exit status is non-zero if anything fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh --test
-FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 
 echo "== format check"
 git ls-files '*.cc' '*.h' | xargs clang-format --dry-run -Werror
