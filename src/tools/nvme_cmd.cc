@@ -283,8 +283,9 @@ void add_nvme_commands(CLI::App* app, int* exit_code) {
   });
 
   static TargetConfig tc;
-  CLI::App* t =
-      nvme->add_subcommand("target", "Serve an emulated NVMe PCIe function on a vfio-user socket");
+  CLI::App* t = nvme->add_subcommand(
+      "target",
+      "Serve one namespace set: an emulated PCIe function (vfio-user) or an NVMe/TCP subsystem");
   t->add_option("--transport", tc.transport,
                 "vfio-user (an emulated PCIe function) or tcp (NVMe/TCP)")
       ->check(CLI::IsMember({"vfio-user", "tcp"}))
