@@ -939,14 +939,6 @@ void CacheEngine::retry_waiting() {
   std::vector<Request*> again;
   again.swap(waiting_);
   waiting_.reserve(opts_.max_requests);
-  if (opts_.policy == CacheOptions::Policy::kS3Fifo) {
-    // As many ghosts as the tier holds chunks of the largest size (at least 1024).
-    const size_t n = std::max<uint64_t>(mem_alloc_.capacity() / page_bytes_, 1024);
-    ghost_ring_.assign(n, 0);
-    size_t t = 1;
-    while (t < 2 * n) t <<= 1;
-    ghost_table_.assign(t, 0);
-  }
   for (Request* r : again) {
     if (r->kind == Request::Kind::kStore) {
       begin_store(r);
