@@ -363,31 +363,31 @@ Status NvmeTcpHost::identify(uint8_t cns, uint32_t nsid, uint8_t* out4k, uint16_
   return Code::kSuccess;
 }
 
-Status NvmeTcpHost::property_get(uint32_t offset, uint32_t size, uint64_t* value,
-                                 uint16_t* status) {
+// Property Get/Set: Fabrics commands on the admin queue; attrib 1 = 8 bytes.
+Status NvmeTcpHost::property(uint8_t fctype, uint32_t offset, uint32_t size, uint64_t value,
+                             Cqe* e) {
   Sqe c{};
   c.opc = kFabricsOpcode;
   auto* raw = reinterpret_cast<uint8_t*>(&c);
-  raw[4] = kPropertyGet;
+  raw[4] = fctype;
   raw[40] = size == 8 ? 1 : 0;
   std::memcpy(raw + 44, &offset, 4);
+  if (fctype == kPropertySet) std::memcpy(raw + 48, &value, 8);
+  return admin(c, e);
+}
+
+Status NvmeTcpHost::property_get(uint32_t offset, uint32_t size, uint64_t* value,
+                                 uint16_t* status) {
   Cqe e{};
-  if (Status st = admin(c, &e); !st.ok()) return st;
+  if (Status st = property(kPropertyGet, offset, size, 0, &e); !st.ok()) return st;
   *status = status_of_cqe(e.status);
   *value = uint64_t{e.dw0} | uint64_t{e.dw1} << 32;
   return Code::kSuccess;
 }
 
 Status NvmeTcpHost::property_set(uint32_t offset, uint32_t size, uint64_t value, uint16_t* status) {
-  Sqe c{};
-  c.opc = kFabricsOpcode;
-  auto* raw = reinterpret_cast<uint8_t*>(&c);
-  raw[4] = kPropertySet;
-  raw[40] = size == 8 ? 1 : 0;
-  std::memcpy(raw + 44, &offset, 4);
-  std::memcpy(raw + 48, &value, 8);
   Cqe e{};
-  if (Status st = admin(c, &e); !st.ok()) return st;
+  if (Status st = property(kPropertySet, offset, size, value, &e); !st.ok()) return st;
   *status = status_of_cqe(e.status);
   return Code::kSuccess;
 }

@@ -93,6 +93,7 @@ class NvmeTcpHost {
   Status send_capsule(Queue& q, const Sqe& cmd, const uint8_t* icd, uint32_t icd_len,
                       bool now = true);
   Status flush(Queue& q);
+  Status property(uint8_t fctype, uint32_t offset, uint32_t size, uint64_t value, Cqe* e);
   Status send_h2c(Queue& q, uint16_t cid, uint16_t ttag, uint32_t off, uint32_t len);
   int pump(Queue& q);  // reads and handles PDUs; -1 on a broken connection
   Queue& queue(uint32_t q) { return q == kAdmin ? admin_ : io_[q]; }
