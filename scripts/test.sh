@@ -10,6 +10,11 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 
 echo "== format check"
 git ls-files '*.cc' '*.h' | xargs clang-format --dry-run -Werror
+# A pid from a failed spawn is -1 or 0, and kill(-1) ends every process of the user:
+# children are signalled only through runtime/child_process.h, which refuses those.
+if git grep -nE '(^|[^_a-z.])kill\(' -- '*.cc' '*.h' ':!src/runtime/child_process.h' ':!src/runtime/child_process_test.cc'; then
+  echo "raw kill() above: use signal_child() from runtime/child_process.h"; exit 1
+fi
 
 for preset in release asan; do
   echo "== build and test: $preset"

@@ -20,6 +20,7 @@
 
 #include "agent/protocol.h"
 #include "client/client.h"
+#include "runtime/child_process.h"
 #include "runtime/log.h"
 
 extern char** environ;
@@ -38,14 +39,15 @@ pid_t spawn(const std::string& bin, const std::vector<std::string>& args) {
 }
 
 int wait_exit(pid_t pid, int timeout_s = 60) {
+  if (pid <= 0) return -1;  // waitpid(-1) would reap any child
   for (int i = 0; i < timeout_s * 100; ++i) {
     int status;
     if (waitpid(pid, &status, WNOHANG) == pid)
       return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
+  signal_child(pid, SIGKILL);
+  reap_child(pid, nullptr);
   return -1;
 }
 
@@ -102,7 +104,7 @@ class AgentTest : public ::testing::Test {
   }
   void stop_agent() {
     if (agent_ > 0) {
-      kill(agent_, SIGTERM);
+      signal_child(agent_, SIGTERM);
       EXPECT_EQ(wait_exit(agent_), 0) << "agent did not shut down cleanly";
       agent_ = -1;
     }
@@ -159,8 +161,8 @@ TEST_F(AgentTest, KilledClientIsReleasedAndAgentKeepsServing) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_GT(staging_mappings(agent_), 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  kill(p, SIGKILL);
-  waitpid(p, nullptr, 0);
+  ASSERT_TRUE(signal_child(p, SIGKILL));
+  reap_child(p, nullptr);
   // The agent unmaps the dead client's memory and closes its socket.
   for (int i = 0; i < 500 && (staging_mappings(agent_) != 0 || count_fds(agent_) != fds_before);
        ++i)
@@ -192,8 +194,8 @@ TEST_F(AgentTest, AgentDeathFailsFastThenClientReconnectsAndDiskTierIsBack) {
   }
   ASSERT_TRUE(c->store(s, keys.data(), offs.data(), lens.data(), 16, nullptr).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // write-through reaches the disk
-  kill(agent_, SIGKILL);
-  waitpid(agent_, nullptr, 0);
+  ASSERT_TRUE(signal_child(agent_, SIGKILL));
+  reap_child(agent_, nullptr);
   agent_ = -1;
   // Gone: lookup says recompute, operations fail fast.
   auto t0 = std::chrono::steady_clock::now();

@@ -1,4 +1,5 @@
 #include "cache/cache_engine.h"
+#include "runtime/child_process.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -517,8 +518,8 @@ TEST(CacheEngine, CrashMidSpillRecoversOnlyWholeChunks) {
     ASSERT_EQ(read(p[0], &c, 1), 1);
     close(p[0]);
     usleep(static_cast<useconds_t>(rng() % 20000));
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
+    ASSERT_TRUE(signal_child(pid, SIGKILL));
+    reap_child(pid, nullptr);
     CacheHarness h(o);
     const uint64_t recovered = h.cache_->stats().recovered;
     EXPECT_GT(recovered, 0u);

@@ -17,6 +17,7 @@
 #include "comch/client.h"
 #include "comch/server.h"
 #include "runtime/buf.h"
+#include "runtime/child_process.h"
 #include "runtime/log.h"
 #include "runtime/mem_region.h"
 
@@ -80,8 +81,8 @@ class ComchTest : public ::testing::Test {
   }
   void TearDown() override {
     for (pid_t p : children_) {
-      kill(p, SIGKILL);
-      waitpid(p, nullptr, 0);
+      signal_child(p, SIGKILL);
+      reap_child(p, nullptr);
     }
     if (srv_ && srv_->state() != CtxState::kIdle) {
       (void)srv_->stop();
@@ -153,6 +154,7 @@ class ComchTest : public ::testing::Test {
   // Waits for a child while serving; returns its exit status or -1.
   int wait_child(pid_t pid, int timeout_ms = 20000) {
     int status = 0;
+    if (pid <= 0) return -1;
     bool done = pump_until([&] { return waitpid(pid, &status, WNOHANG) == pid; }, timeout_ms);
     if (!done) return -1;
     children_.erase(std::remove(children_.begin(), children_.end(), pid), children_.end());
@@ -161,7 +163,8 @@ class ComchTest : public ::testing::Test {
 
   pid_t peer(const std::vector<std::string>& args) {
     pid_t p = spawn_peer(args);
-    children_.push_back(p);
+    EXPECT_GT(p, 0) << "cannot start comch_peer (is it beside the test binary?)";
+    if (p > 0) children_.push_back(p);
     return p;
   }
 
@@ -240,7 +243,7 @@ TEST_F(ComchTest, KilledClientReleasesEverything) {
   pid_t pid = peer({"stream", path_});
   ASSERT_TRUE(pump_until([&] { return !ev_.exports.empty() && ev_.received.size() > 100; }));
   EXPECT_GT(count_fds(), fds_before);  // the connection socket
-  kill(pid, SIGKILL);
+  ASSERT_TRUE(signal_child(pid, SIGKILL));
   ASSERT_TRUE(pump_until([&] { return ev_.disconnected.size() == 1; }));
   EXPECT_EQ(ev_.disconnected[0].second, Code::kConnectionReset);
   EXPECT_EQ(srv_->num_connections(), 0u);
@@ -280,8 +283,8 @@ TEST_F(ComchTest, ClientSeesServerDeathAndReconnects) {
   ASSERT_TRUE(cl->submit(t).ok());
   ASSERT_TRUE(pump_until([&] { return ev_.received.size() == 1; }));
 
-  kill(server, SIGKILL);
-  waitpid(server, nullptr, 0);
+  ASSERT_TRUE(signal_child(server, SIGKILL));
+  reap_child(server, nullptr);
   children_.clear();
   close(out);
   ASSERT_TRUE(pump_until([&] { return cl->state() == CtxState::kIdle; }));
@@ -377,7 +380,7 @@ TEST_F(ComchTest, BackpressureIsAgainNotUnboundedBuffering) {
   EXPECT_GT(sent, 8);
   EXPECT_LT(sent, 2000);
   // Killing the stalled server fails the queued sends with CONNECTION_RESET.
-  kill(server, SIGKILL);
+  ASSERT_TRUE(signal_child(server, SIGKILL));
   ASSERT_TRUE(pump_until([&] { return cl->state() == CtxState::kIdle; }));
 }
 

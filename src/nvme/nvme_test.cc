@@ -20,6 +20,7 @@
 #include "nvme/emulation_manager.h"
 #include "nvme/nvme_driver.h"
 #include "nvme/nvme_pci_function.h"
+#include "runtime/child_process.h"
 #include "runtime/log.h"
 
 extern char** environ;
@@ -62,7 +63,7 @@ class NvmeTest : public ::testing::Test {
   }
   void stop_target() {
     if (target_ > 0) {
-      kill(target_, SIGTERM);
+      signal_child(target_, SIGTERM);
       int status = 0;
       waitpid(target_, &status, 0);
       EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
@@ -743,8 +744,8 @@ TEST_F(NvmeTest, KilledClientMidIoLeavesTheServerReady) {
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    kill(child, SIGKILL);
-    waitpid(child, nullptr, 0);
+    ASSERT_TRUE(signal_child(child, SIGKILL));
+    reap_child(child, nullptr);
     attach();
     DmaBuffer w = buf(4096), r = buf(4096);
     fill(w, static_cast<uint32_t>(round));

@@ -27,6 +27,7 @@
 #include "nvme/tcp_host.h"
 #include "nvme/tcp_wire.h"
 #include "runtime/buf.h"
+#include "runtime/child_process.h"
 #include "runtime/log.h"
 #include "runtime/mem_region.h"
 #include "runtime/progress_engine.h"
@@ -74,7 +75,7 @@ class NvmfTest : public ::testing::Test {
   }
   void stop_target() {
     if (target_ <= 0) return;
-    kill(target_, SIGTERM);
+    signal_child(target_, SIGTERM);
     int status = 0;
     waitpid(target_, &status, 0);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "target exit " << status;
@@ -433,8 +434,8 @@ TEST_F(NvmfTest, HostKilledMidWrite) {
     }
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  kill(child, SIGKILL);
-  waitpid(child, nullptr, 0);
+  ASSERT_TRUE(signal_child(child, SIGKILL));
+  reap_child(child, nullptr);
   ASSERT_TRUE(NvmeTcpHost::connect(opts(), &host_).ok());
   int verified = 0;
   for (uint32_t slot = 0; slot < 16; ++slot) {
@@ -597,7 +598,7 @@ TEST(NvmfApp, KvNamespaceSharedByTcpAndVfioUser) {
   }
   d.reset();
   h.reset();
-  kill(app, SIGTERM);
+  signal_child(app, SIGTERM);
   int status = 0;
   waitpid(app, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);

@@ -1,4 +1,5 @@
 #include "tools/bench_client.h"
+#include "runtime/child_process.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -33,8 +34,8 @@ pid_t start(const std::vector<std::string>& args) {
 }
 void stop(pid_t p) {
   if (p > 0) {
-    kill(p, SIGTERM);
-    waitpid(p, nullptr, 0);
+    signal_child(p, SIGTERM);
+    reap_child(p, nullptr);
   }
 }
 

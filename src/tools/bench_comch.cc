@@ -1,4 +1,5 @@
 #include "tools/bench_comch.h"
+#include "runtime/child_process.h"
 
 #include <signal.h>
 #include <sys/epoll.h>
@@ -314,8 +315,8 @@ int run(const Config& c) {
   const int rawfd = sv[0];
   auto reap = [&] {
     close(rawfd);
-    if (peer > 0) kill(peer, SIGTERM), waitpid(peer, nullptr, 0);
-    if (raw > 0) waitpid(raw, nullptr, 0);
+    if (peer > 0) signal_child(peer, SIGTERM), reap_child(peer, nullptr);
+    if (raw > 0) reap_child(raw, nullptr);
   };
   if (peer < 0 || raw < 0) {
     std::cerr << "dpukv bench comch: cannot start the peer processes\n";

@@ -1,4 +1,5 @@
 #include "tools/nvme_perf.h"
+#include "runtime/child_process.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -374,8 +375,8 @@ pid_t spawn_and_wait_port(std::vector<std::string> args, const std::string& port
 
 void stop(pid_t* p) {
   if (*p > 0) {
-    kill(*p, SIGTERM);
-    waitpid(*p, nullptr, 0);
+    signal_child(*p, SIGTERM);
+    reap_child(*p, nullptr);
     *p = -1;
   }
 }

@@ -1,4 +1,5 @@
 #include "tools/replay.h"
+#include "runtime/child_process.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -223,7 +224,7 @@ int run(const Config& c) {
   }
   auto stop_agent = [&] {
     if (agent_pid > 0) {
-      kill(agent_pid, SIGTERM);
+      signal_child(agent_pid, SIGTERM);
       int status;
       waitpid(agent_pid, &status, 0);
     }
