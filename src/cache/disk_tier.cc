@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -53,6 +55,69 @@ bool write_all(int fd, const void* p, size_t n) {
 
 }  // namespace
 
+// Only one agent may own a disk tier: two would allocate the same extents and
+// overwrite each other's chunks. The lock file holds the owner's pid so that the
+// refusal can name it; the lock itself dies with the process (kill -9 included).
+Status DiskTier::lock_dir(const std::string& dir) {
+  const std::string path = dir + "/dpukv.lock";
+  lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+  if (lock_fd_ < 0) {
+    LOG_ERR("disk tier: cannot open %s: %s", path.c_str(), std::strerror(errno));
+    return Code::kIoFailed;
+  }
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char pid[32] = {};
+    const ssize_t n = ::pread(lock_fd_, pid, sizeof(pid) - 1, 0);
+    if (n > 0) pid[n] = '\0';
+    if (err == EWOULDBLOCK)
+      LOG_ERR(
+          "disk tier: %s is in use by another agent (pid %s); each agent needs its own "
+          "--local-disk",
+          dir.c_str(), n > 0 ? std::to_string(std::atol(pid)).c_str() : "unknown");
+    else
+      LOG_ERR("disk tier: cannot lock %s: %s", path.c_str(), std::strerror(err));
+    return err == EWOULDBLOCK ? Code::kBadState : Code::kIoFailed;
+  }
+  const std::string me = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(lock_fd_, 0) != 0 || ::pwrite(lock_fd_, me.data(), me.size(), 0) < 0)
+    LOG_WARN("disk tier: cannot record the pid in %s: %s", path.c_str(), std::strerror(errno));
+  return Code::kSuccess;
+}
+
+// Reserves the data file's space up front, so a full disk shows at start and not
+// mid-write, and never takes the filesystem's last free byte: the space still
+// needed (beyond what the file already holds) must be free, else nothing is taken.
+Status DiskTier::reserve_data(const std::string& path, bool created) {
+  const uint64_t want = alloc_.capacity();
+  struct stat sb {};
+  struct statvfs vfs {};
+  if (::fstat(data_fd_, &sb) != 0 || ::fstatvfs(data_fd_, &vfs) != 0) {
+    LOG_ERR("disk tier: cannot stat %s: %s", path.c_str(), std::strerror(errno));
+    return Code::kIoFailed;
+  }
+  const uint64_t held = static_cast<uint64_t>(sb.st_blocks) * 512;
+  const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  auto refuse = [&](const char* why) {
+    LOG_ERR(
+        "disk tier: %s in %s: %.1f MiB asked, %.1f MiB free (+%.1f MiB its file already "
+        "holds); lower max_local_disk_size or free space",
+        why, dir_.c_str(), want / 1048576.0, free_bytes / 1048576.0, held / 1048576.0);
+    if (created) ::unlink(path.c_str());
+    return Status(Code::kFull);
+  };
+  if (want > held && want - held > free_bytes) return refuse("not enough free space");
+  const int fr = posix_fallocate(data_fd_, 0, static_cast<off_t>(want));
+  if (fr == ENOSPC || fr == EFBIG) return refuse("the filesystem refused the space");
+  if (fr != 0) {
+    LOG_ERR("disk tier: cannot reserve %llu bytes in %s: %s", static_cast<unsigned long long>(want),
+            path.c_str(), std::strerror(fr));
+    if (created) ::unlink(path.c_str());
+    return Code::kIoFailed;
+  }
+  return Code::kSuccess;
+}
+
 Status DiskTier::open(const DiskTierOptions& o,
                       const std::vector<std::pair<void*, size_t>>& buffers,
                       std::vector<Recovered>* recovered, std::unique_ptr<DiskTier>* out) {
@@ -62,27 +127,25 @@ Status DiskTier::open(const DiskTierOptions& o,
     LOG_ERR("disk tier: mkdir %s: %s", o.dir.c_str(), std::strerror(errno));
     return Code::kIoFailed;
   }
+  DPUKV_RETURN_IF_ERROR(t->lock_dir(o.dir));
   DPUKV_RETURN_IF_ERROR(t->alloc_.init(o.capacity, o.page_size));
   // The NVMe tier keeps no local data: the file exists only as a marker.
   const std::string data = o.dir + (o.nvme_address.empty() ? "/dpukv-data" : "/dpukv-data.nvme");
   const std::string log = o.dir + "/dpukv-index.log";
+  const bool created = ::access(data.c_str(), F_OK) != 0;
   t->data_fd_ = ::open(data.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0640);
   if (t->data_fd_ < 0 && errno == EINVAL) {  // no O_DIRECT here (tmpfs): buffered I/O
     t->direct_ = false;
     t->data_fd_ = ::open(data.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0640);
   }
-  if (t->data_fd_ < 0) return Code::kIoFailed;
+  if (t->data_fd_ < 0) {
+    LOG_ERR("disk tier: cannot open %s: %s", data.c_str(), std::strerror(errno));
+    return Code::kIoFailed;
+  }
   if (!o.nvme_address.empty()) {
     DPUKV_RETURN_IF_ERROR(t->open_nvme(o));
   } else {
-    // Reserve the space now, so a full disk shows at start, not mid-write.
-    const int fr = posix_fallocate(t->data_fd_, 0, static_cast<off_t>(t->alloc_.capacity()));
-    if (fr != 0) {
-      LOG_ERR("disk tier: cannot reserve %llu bytes in %s: %s",
-              static_cast<unsigned long long>(t->alloc_.capacity()), data.c_str(),
-              std::strerror(fr));
-      return fr == ENOSPC || fr == EFBIG ? Code::kNoMemory : Code::kIoFailed;
-    }
+    DPUKV_RETURN_IF_ERROR(t->reserve_data(data, created));
   }
 
   // Replay the log.
@@ -175,6 +238,7 @@ DiskTier::~DiskTier() {
   }
   if (data_fd_ >= 0) ::close(data_fd_);
   if (efd_ >= 0) ::close(efd_);
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the directory
 }
 
 int DiskTier::buf_index(const void* p, uint64_t len) const {

@@ -88,6 +88,8 @@ class DiskTier {
   DiskTier() = default;
   int buf_index(const void* p, uint64_t len) const;
   bool append(const void* record);
+  Status lock_dir(const std::string& dir);
+  Status reserve_data(const std::string& path, bool created);
   Status open_nvme(const DiskTierOptions& o);
   Status nvme_io(bool write, uint64_t offset, uint8_t* buf, uint64_t len, uint64_t tag);
   void nvme_submit();
@@ -115,6 +117,7 @@ class DiskTier {
 
   std::string dir_;
   int data_fd_ = -1, log_fd_ = -1, efd_ = -1;
+  int lock_fd_ = -1;  // flock on dir/dpukv.lock, held for the tier's life
   bool direct_ = true;
   io_uring ring_{};
   bool ring_ok_ = false;
