@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <ctime>
 
@@ -28,7 +29,8 @@ struct CacheEngine::Entry {
   bool encoded = false;
   uint64_t mem_off = 0, disk_off = 0;
   uint64_t pin_deadline = 0;
-  int32_t prev = -1, next = -1;  // LRU links (memory-resident only)
+  int32_t prev = -1, next = -1;    // LRU links (memory-resident only)
+  int32_t dprev = -1, dnext = -1;  // disk queue links (on_disk only)
   uint32_t hits = 0;
   uint16_t pins = 0;     // lookup pins
   uint16_t readers = 0;  // DMA or disk writes reading the memory copy
@@ -169,6 +171,7 @@ Status CacheEngine::init() {
       en.checksum = r.checksum;
       en.disk_off = r.offset;
       en.on_disk = true;
+      d_push(e, true);  // log order: later records are more recent
     }
     st_.recovered = rec.size();
     st_.disk_capacity = disk_->allocator().capacity();
@@ -313,7 +316,13 @@ void CacheEngine::lru_unlink(int32_t e) {
 
 void CacheEngine::touch(int32_t e) {
   Entry& en = entries_[static_cast<size_t>(e)];
-  if (!en.mem_ready) return;
+  if (!en.mem_ready) {
+    if (en.on_disk && !en.in_mem) {  // used again while only on disk
+      d_unlink(e);
+      d_push(e, true);
+    }
+    return;
+  }
   if (opts_.policy == CacheOptions::Policy::kS3Fifo) {
     if (en.freq < 3) ++en.freq;  // FIFO queues do not move on a hit
     return;
@@ -371,6 +380,17 @@ int32_t CacheEngine::pick_victim() {
   return -1;
 }
 
+// With a disk tier the least valuable chunk of the whole cache is the disk queue's
+// last disk-only chunk; memory's victim only when the disk holds none.
+int32_t CacheEngine::pick_index_victim() {
+  for (int32_t v = disk_q_.tail; v >= 0; v = entries_[static_cast<size_t>(v)].dprev) {
+    const Entry& en = entries_[static_cast<size_t>(v)];
+    const bool pinned = en.pins != 0 && now_ns() < en.pin_deadline;
+    if (!en.in_mem && !en.loading && !pinned) return v;
+  }
+  return pick_victim();
+}
+
 bool CacheEngine::ghost_take(uint64_t h) {
   if (ghost_table_.empty()) return false;
   h |= 2;  // 0 and 1 are markers
@@ -425,20 +445,23 @@ bool CacheEngine::evictable(int32_t e) const {
 void CacheEngine::drop_memory(int32_t e) {
   Entry& en = entries_[static_cast<size_t>(e)];
   if (en.in_mem) {
+    if (en.on_disk && en.mem_ready) mem_clean_bytes_ -= en.stored;
     mem_alloc_.free(en.mem_off);
     lru_unlink(e);
     en.in_mem = en.mem_ready = false;
   }
-  if (!en.on_disk) erase(e);
+  if (!en.on_disk) {
+    erase(e);
+    return;
+  }
+  // Now only on disk, and more recent than every other disk-only chunk.
+  d_unlink(e);
+  d_push(e, true);
 }
 
 void CacheEngine::drop_entry(int32_t e) {
   Entry& en = entries_[static_cast<size_t>(e)];
-  if (en.on_disk) {
-    disk_->allocator().free(en.disk_off);
-    (void)disk_->log_del(en.key);
-    en.on_disk = false;
-  }
+  drop_disk_copy(e);
   if (en.in_mem) {
     drop_memory(e);
   } else {
@@ -446,35 +469,160 @@ void CacheEngine::drop_entry(int32_t e) {
   }
 }
 
-// Write back ahead of need: when the memory tier is over 3/4 full, start spilling
-// the least recent dirty chunks (a few at a time), so that eviction usually finds
-// clean chunks it can drop at once instead of waiting for a write.
+void CacheEngine::drop_disk_copy(int32_t e) {
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (!en.on_disk) return;
+  if (en.in_mem && en.mem_ready) mem_clean_bytes_ -= en.stored;
+  d_unlink(e);
+  disk_->allocator().free(en.disk_off);
+  (void)disk_->log_del(en.key);  // a lost tombstone only costs a checksum miss after restart
+  en.on_disk = false;
+}
+
+// ---------------------------------------------------------------- disk queue
+//
+// Every chunk with a disk copy, most valuable first: disk-only chunks in recency
+// order (a chunk joins at the front when its memory copy leaves), and copies of
+// chunks that are also in memory after them, reloaded ones at the very end. The
+// tier makes room from the back, so a redundant copy goes before any chunk that
+// lives only on disk, and the hierarchy holds as many distinct chunks as it can.
+
+void CacheEngine::d_push(int32_t e, bool front) {
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (front) {
+    en.dprev = -1;
+    en.dnext = disk_q_.head;
+    if (disk_q_.head >= 0) entries_[static_cast<size_t>(disk_q_.head)].dprev = e;
+    disk_q_.head = e;
+    if (disk_q_.tail < 0) disk_q_.tail = e;
+  } else {
+    en.dnext = -1;
+    en.dprev = disk_q_.tail;
+    if (disk_q_.tail >= 0) entries_[static_cast<size_t>(disk_q_.tail)].dnext = e;
+    disk_q_.tail = e;
+    if (disk_q_.head < 0) disk_q_.head = e;
+  }
+  disk_q_.bytes += en.stored;
+}
+
+void CacheEngine::d_unlink(int32_t e) {
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (en.dprev >= 0)
+    entries_[static_cast<size_t>(en.dprev)].dnext = en.dnext;
+  else if (disk_q_.head == e)
+    disk_q_.head = en.dnext;
+  else
+    return;  // not linked
+  if (en.dnext >= 0)
+    entries_[static_cast<size_t>(en.dnext)].dprev = en.dprev;
+  else
+    disk_q_.tail = en.dprev;
+  en.dprev = en.dnext = -1;
+  disk_q_.bytes -= en.stored;
+}
+
+// Frees disk space for `size` bytes by dropping copies from the back of the disk
+// queue: a copy whose chunk is also in memory loses only that copy; a disk-only
+// chunk leaves the cache. Chunks being read from disk, and pinned disk-only chunks,
+// stay. False if nothing more can go.
+bool CacheEngine::make_disk_room(uint64_t size, uint64_t* off) {
+  int32_t v = disk_q_.tail;
+  while (!disk_->allocator().alloc(size, off)) {
+    while (v >= 0) {
+      const Entry& en = entries_[static_cast<size_t>(v)];
+      const bool pinned = en.pins != 0 && now_ns() < en.pin_deadline;
+      if (!en.loading && !(pinned && !en.mem_ready)) break;
+      v = en.dprev;
+    }
+    if (v < 0) return false;
+    const int32_t victim = v;
+    v = entries_[static_cast<size_t>(v)].dprev;
+    if (entries_[static_cast<size_t>(victim)].mem_ready) {
+      drop_disk_copy(victim);
+    } else {
+      ++st_.disk_evictions;
+      drop_entry(victim);
+    }
+  }
+  return true;
+}
+
+// Write-back is paced by a watermark: clean memory (chunks with a disk copy, which
+// eviction drops at once) plus free memory is kept at about an eighth of the tier
+// (at most 32 of the largest chunks), with at most kMaxSpills writes in flight. So
+// a store rarely waits for a write, the memory tier stays full of hot chunks, and
+// few chunks hold a slot in both tiers. Below the watermark nothing is written
+// ahead of need.
 void CacheEngine::clean_ahead() {
-  if (!disk_ || mem_alloc_.used_bytes() * 4 < mem_alloc_.capacity() * 3) return;
-  int started = 0;
-  for (int32_t v = main_.tail; v >= 0 && started < 8 && disk_->inflight() < 16;
+  if (!disk_ || !spilling_allowed()) return;
+  const uint64_t cap = mem_alloc_.capacity();
+  const uint64_t target = std::min<uint64_t>(cap / 8, 32 * page_bytes_);
+  uint64_t reserve = cap - mem_alloc_.used_bytes() + mem_clean_bytes_ + spill_bytes_;
+  for (int32_t v = main_.tail; v >= 0 && reserve < target && disk_ios_ < kMaxSpills;
        v = entries_[static_cast<size_t>(v)].prev) {
     Entry& en = entries_[static_cast<size_t>(v)];
     if (en.on_disk || en.spilling || !en.mem_ready || en.hits < opts_.disk_admit_hits) continue;
-    start_spill(v);
-    started += en.spilling;
+    if (start_spill(v) != SpillStart::kStarted) break;
+    reserve += en.stored;
   }
 }
 
+// Frees memory for `size` bytes. A victim without a disk copy is written back
+// first (its memory goes when the write lands); while writes already under way
+// will free enough, or kMaxSpills are in flight, no more start: false, and the
+// caller waits for a completion. A victim the disk cannot take (tier full of
+// pinned chunks, writes stopped after errors) is evicted outright, as it would be
+// without a disk tier.
 bool CacheEngine::make_room(uint64_t size, uint64_t* off) {
   for (;;) {
     if (mem_alloc_.alloc(size, off)) return true;
+    if (evict_pending_bytes_ >= size) return false;
     const int32_t v = pick_victim();
     if (v < 0) return false;
     Entry& en = entries_[static_cast<size_t>(v)];
     if (disk_ && !en.on_disk && en.hits >= opts_.disk_admit_hits) {
-      // Write back: the memory goes when the copy has landed on disk.
-      en.evict_when_clean = true;
-      start_spill(v);
-      if (en.spilling) continue;
+      if (disk_ios_ >= kMaxSpills) return false;
+      const SpillStart r = start_spill(v);
+      if (r == SpillStart::kStarted) {
+        en.evict_when_clean = true;
+        evict_pending_bytes_ += en.stored;
+        continue;
+      }
+      if (r == SpillStart::kBusy) return false;
     }
     ++st_.evictions;
     drop_memory(v);
+  }
+}
+
+// A request that found no room waits while something in flight may still make
+// some: a write-back landing, or a copy finishing (its chunk becomes evictable).
+// Every such completion retries the waiters; with nothing in flight they fail.
+bool CacheEngine::room_may_come() const {
+  return disk_ios_ > 0 || engine_ops_ > 0;
+}
+
+bool CacheEngine::spilling_allowed() const {
+  return spill_off_until_ns_ == 0 || now_ns() >= spill_off_until_ns_;
+}
+
+// A failed spill keeps the chunk in memory and stops writing back for a while, so
+// that a disk that cannot take data (full, log cannot grow, device errors) leaves
+// the memory tier exactly as full as it would be without a disk tier. Logged at
+// most once a second, with the cause and how many were not logged.
+void CacheEngine::disk_failed(const char* what, int err) {
+  ++st_.io_errors;
+  spill_off_until_ns_ = now_ns() + kSpillBackoffNs;
+  const uint64_t now = now_ns();
+  if (now - last_disk_log_ns_ >= 1000000000ull || last_disk_log_ns_ == 0) {
+    LOG_ERR(
+        "cache: disk tier %s: %s (%llu more since the last message); writing back stops "
+        "for 1 s, chunks stay in memory",
+        what, std::strerror(err), static_cast<unsigned long long>(disk_errors_unlogged_));
+    last_disk_log_ns_ = now;
+    disk_errors_unlogged_ = 0;
+  } else {
+    ++disk_errors_unlogged_;
   }
 }
 
@@ -528,6 +676,7 @@ Status CacheEngine::start_dma(Request* r, Buf* src, Buf* dst) {
     (void)dma_->free(t);
     return st;
   }
+  ++engine_ops_;
   r->state = Request::State::kDma;
   return Code::kSuccess;
 }
@@ -538,6 +687,7 @@ void CacheEngine::dma_done(DmaMemcpyTask* t, UserData task_ud, UserData ctx_ud) 
   const Status st = t->status();
   const uint64_t cs = t->checksum();
   (void)self->dma_->free(t);
+  --self->engine_ops_;
   self->after_dma(r, st, cs);
 }
 
@@ -575,7 +725,7 @@ Status CacheEngine::store(const ChunkKey& key, Buf* src, DoneCb cb, void* arg) {
   int32_t e = insert(key);
   // A full index is a capacity like any other: evict (from every tier) to make room.
   while (e < 0) {
-    const int32_t v = pick_victim();
+    const int32_t v = disk_ ? pick_index_victim() : pick_victim();
     if (v < 0) {
       ++st_.store_rejects;
       finish(r, Code::kNoMemory);
@@ -605,7 +755,7 @@ void CacheEngine::begin_store(Request* r) {
   Entry& en = entries_[static_cast<size_t>(r->entry)];
   uint64_t off;
   if (!make_room(en.stored, &off)) {
-    if (disk_ && disk_->inflight() > 0) {
+    if (room_may_come()) {
       r->state = Request::State::kWaitRoom;
       waiting_.push_back(r);
       return;
@@ -643,6 +793,7 @@ Status CacheEngine::start_codec(Request* r, CompressTask::Op op, Buf* src, Buf* 
     (void)codec_->free(t);
     return st;
   }
+  ++engine_ops_;
   r->state = op == CompressTask::Op::kCompress ? Request::State::kEncode : Request::State::kDecode;
   return Code::kSuccess;
 }
@@ -653,6 +804,7 @@ void CacheEngine::codec_done(CompressTask* t, UserData task_ud, UserData ctx_ud)
   const Status st = t->status();
   const uint64_t out = t->result().out_len;
   (void)self->codec_->free(t);
+  --self->engine_ops_;
   self->after_codec(r, st, out);
   self->retry_waiting();
 }
@@ -785,7 +937,7 @@ Status CacheEngine::start_reload(Request* r) {
   }
   uint64_t off;
   if (!make_room(en.stored, &off)) {
-    if (disk_->inflight() > 0) {
+    if (room_may_come()) {
       r->state = Request::State::kWaitRoom;
       waiting_.push_back(r);
       return Code::kSuccess;
@@ -802,19 +954,21 @@ Status CacheEngine::start_reload(Request* r) {
     en.in_mem = en.loading = false;
     return st;
   }
+  ++disk_ios_;
   r->state = Request::State::kDiskRead;
   return Code::kSuccess;
 }
 
-void CacheEngine::start_spill(int32_t e) {
+CacheEngine::SpillStart CacheEngine::start_spill(int32_t e) {
   Entry& en = entries_[static_cast<size_t>(e)];
-  if (!disk_ || en.on_disk || en.spilling || !en.mem_ready) return;
+  if (!disk_ || en.on_disk || en.spilling || !en.mem_ready || !spilling_allowed())
+    return SpillStart::kRefused;
   Request* r = new_request();
-  if (r == nullptr) return;
+  if (r == nullptr) return SpillStart::kBusy;
   uint64_t off;
-  if (!disk_->allocator().alloc(en.stored, &off)) {  // disk tier full: stays in memory only
+  if (!make_disk_room(en.stored, &off)) {  // the tier holds only pinned or busy chunks
     free_requests_.push_back(r);
-    return;
+    return SpillStart::kRefused;
   }
   r->kind = Request::Kind::kSpill;
   r->entry = e;
@@ -825,11 +979,16 @@ void CacheEngine::start_spill(int32_t e) {
   if (!st.ok()) {
     disk_->allocator().free(off);
     free_requests_.push_back(r);
-    return;
+    if (st == Code::kAgain) return SpillStart::kBusy;
+    disk_failed("write could not be submitted", EIO);
+    return SpillStart::kRefused;
   }
   en.spilling = true;
   ++en.readers;
+  ++disk_ios_;
+  spill_bytes_ += en.stored;
   r->state = Request::State::kDiskWrite;
+  return SpillStart::kStarted;
 }
 
 void CacheEngine::after_dma(Request* r, Status st, uint64_t cs) {
@@ -880,27 +1039,35 @@ void CacheEngine::finish_read(Request* r, Status st, bool corrupted) {
 }
 
 void CacheEngine::after_io(Request* r, Status st) {
+  --disk_ios_;
   const int32_t e = r->entry;
   Entry& en = entries_[static_cast<size_t>(e)];
   if (r->kind == Request::Kind::kSpill) {
     en.spilling = false;
     --en.readers;
-    if (st.ok() &&
-        disk_->log_put(en.key, r->disk_off, en.stored, en.checksum, en.size, en.encoded)) {
+    spill_bytes_ -= en.stored;
+    const bool wrote = st.ok();
+    if (!wrote) disk_failed("write failed", st.code() == Code::kNoMemory ? ENOSPC : EIO);
+    if (wrote && disk_->log_put(en.key, r->disk_off, en.stored, en.checksum, en.size, en.encoded)) {
       en.on_disk = true;
       en.disk_off = r->disk_off;
+      mem_clean_bytes_ += en.stored;
+      d_push(e, true);
       ++st_.spills;
     } else {
-      ++st_.io_errors;
+      if (wrote) disk_failed("index log cannot grow", disk_->last_log_errno());
       disk_->allocator().free(r->disk_off);
     }
     r->state = Request::State::kDone;
     free_requests_.push_back(r);
     if (en.evict_when_clean) {
       en.evict_when_clean = false;
-      if (evictable(e)) {
+      evict_pending_bytes_ -= en.stored;
+      // Without a disk copy (the write failed) the chunk stays: memory is not
+      // drained by a disk that cannot take data.
+      if (en.on_disk && evictable(e)) {
         ++st_.evictions;
-        drop_memory(e);  // without a disk copy (I/O failed) the chunk is dropped here
+        drop_memory(e);
       }
     }
     retry_waiting();
@@ -918,6 +1085,10 @@ void CacheEngine::after_io(Request* r, Status st) {
   }
   en.mem_ready = true;
   lru_push_front(e);
+  // The disk copy is now redundant: first to go when the disk tier needs room.
+  mem_clean_bytes_ += en.stored;
+  d_unlink(e);
+  d_push(e, false);
   ++st_.reloads;
   retry_waiting();
   if (r->kind == Request::Kind::kPrefetch) {
@@ -1024,8 +1195,12 @@ CacheStats CacheEngine::stats() const {
     if (!en.used) continue;
     s.memory_chunks += en.mem_ready;
     s.disk_chunks += en.on_disk;
+    s.both_chunks += en.mem_ready && en.on_disk;
   }
-  if (disk_) s.disk_used = disk_->allocator().used_bytes();
+  if (disk_) {
+    s.disk_used = disk_->allocator().used_bytes();
+    s.disk_log_errors = disk_->log_errors();
+  }
   return s;
 }
 

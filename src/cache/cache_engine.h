@@ -62,6 +62,9 @@ struct CacheStats {
   uint64_t stores = 0, store_bytes = 0, retrieves = 0, retrieve_bytes = 0;
   uint64_t hits = 0, misses = 0, evictions = 0, spills = 0, reloads = 0;
   uint64_t checksum_failures = 0, io_errors = 0, recovered = 0, store_rejects = 0;
+  uint64_t disk_evictions = 0;   // chunks dropped from the disk tier to make room
+  uint64_t disk_log_errors = 0;  // index log records that could not be written
+  uint64_t both_chunks = 0;      // chunks with a copy in each tier (counted once in chunks)
   uint64_t encoded_bytes_in = 0, encoded_bytes_out = 0;  // compression on store
 };
 
@@ -127,6 +130,12 @@ class CacheEngine final : public Context {
   void lru_unlink(int32_t e);
   void touch(int32_t e);  // a chunk was used
   int32_t pick_victim();
+  int32_t pick_index_victim();
+  // Disk queue (see make_disk_room).
+  void d_push(int32_t e, bool front);
+  void d_unlink(int32_t e);
+  bool make_disk_room(uint64_t size, uint64_t* off);
+  void drop_disk_copy(int32_t e);
   // Ghost list of S3-FIFO: key hashes of recent small-queue evictions, fixed size.
   bool ghost_take(uint64_t h);
   void ghost_put(uint64_t h);
@@ -135,7 +144,11 @@ class CacheEngine final : public Context {
   void drop_memory(int32_t e);
   void drop_entry(int32_t e);
   bool evictable(int32_t e) const;
-  void start_spill(int32_t e);
+  enum class SpillStart { kStarted, kBusy, kRefused };  // kBusy: retry after a completion
+  SpillStart start_spill(int32_t e);
+  bool spilling_allowed() const;
+  bool room_may_come() const;
+  void disk_failed(const char* what, int err);
   Request* new_request();
   Status accept(int kind, const ChunkKey& key, Buf* user, DoneCb cb, void* arg, Request** out);
   void finish(Request* r, Status st);
@@ -175,6 +188,18 @@ class CacheEngine final : public Context {
   uint64_t table_mask_ = 0;
   uint64_t tombstones_ = 0;
   Queue main_, small_;  // memory-resident chunks, most recent first (LRU uses main_ only)
+  Queue disk_q_;        // chunks with a disk copy, most valuable first
+  static constexpr uint32_t kMaxSpills = 16;  // write-backs in flight
+  static constexpr uint64_t kSpillBackoffNs = 1000000000ull;
+  // Disk reads and writes whose completion the engine has not handled yet (the
+  // tier's own count drops when a batch is reaped, before each is handled).
+  uint32_t disk_ios_ = 0;
+  uint32_t engine_ops_ = 0;           // DMA and codec tasks in flight
+  uint64_t mem_clean_bytes_ = 0;      // memory held by chunks that also have a disk copy
+  uint64_t spill_bytes_ = 0;          // memory being written back
+  uint64_t evict_pending_bytes_ = 0;  // memory freed when the writes under way land
+  uint64_t spill_off_until_ns_ = 0;   // writing back stopped until then (after an error)
+  uint64_t last_disk_log_ns_ = 0, disk_errors_unlogged_ = 0;
   std::vector<uint64_t> ghost_ring_;
   std::vector<uint64_t> ghost_table_;  // open addressing of hashes; 0 empty, 1 tombstone
   size_t ghost_next_ = 0;

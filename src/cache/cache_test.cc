@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -84,6 +85,10 @@ uint8_t byte_of(const ChunkKey& k, size_t i) {
   return static_cast<uint8_t>((k.prefix_hash >> (i % 7 * 8)) + i * 131);
 }
 
+ChunkKey key(uint64_t id) {
+  return key_from_block_id(KeyContext{1, 1, 0, 2}, id);
+}
+
 class CacheHarness {
  public:
   explicit CacheHarness(const CacheOptions& o) {
@@ -94,7 +99,7 @@ class CacheHarness {
     EXPECT_TRUE(
         Mmap::create(mem_->data(), mem_->size(), kAccessLocalReadWrite, mem_->fd(), 0, &map_).ok());
     EXPECT_TRUE(map_->start().ok());
-    EXPECT_TRUE(BufInventory::create(64, &inv_).ok());
+    EXPECT_TRUE(BufInventory::create(1024, &inv_).ok());
   }
   ~CacheHarness() {
     if (cache_->state() != CtxState::kIdle) {
@@ -147,6 +152,30 @@ class CacheHarness {
     (void)b->dec_refcount();
     return st;
   }
+  // Serves completions for ms milliseconds (writes in flight land).
+  void settle(int ms) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (std::chrono::steady_clock::now() < end)
+      if (!pe_->progress()) usleep(200);
+  }
+  // Submits stores of n chunks of len bytes at once (as one batch of the agent
+  // does), each from its own piece of staging, and waits for every completion.
+  std::vector<Status> store_batch(uint64_t first, uint64_t n, size_t len) {
+    std::vector<Status> st(n, Code::kInProgress);
+    std::vector<Buf*> bufs(n, nullptr);
+    for (uint64_t i = 0; i < n; ++i) {
+      uint8_t* p = staging() + i * len;
+      for (size_t b = 0; b < len; ++b) p[b] = byte_of(key(first + i), b);
+      EXPECT_TRUE(inv_->get_by_data(map_.get(), p, len, &bufs[i]).ok());
+      Status r = cache_->store(key(first + i), bufs[i], &CacheHarness::done, &st[i]);
+      if (!r.ok()) st[i] = r;
+    }
+    for (uint64_t i = 0; i < n; ++i) {
+      (void)wait(&st[i]);
+      (void)bufs[i]->dec_refcount();
+    }
+    return st;
+  }
   Status prefetch(const ChunkKey& k) {
     Status st = Code::kInProgress;
     Status r = cache_->prefetch(k, &CacheHarness::done, &st);
@@ -159,10 +188,6 @@ class CacheHarness {
   std::unique_ptr<Mmap> map_;
   std::unique_ptr<BufInventory> inv_;
 };
-
-ChunkKey key(uint64_t id) {
-  return key_from_block_id(KeyContext{1, 1, 0, 2}, id);
-}
 
 CacheOptions small_memory(uint64_t chunks, uint64_t chunk_bytes) {
   CacheOptions o;
@@ -553,9 +578,12 @@ TEST(CacheEngine, DiskFullKeepsServingFromMemory) {
     if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(10);
     for (uint64_t i = 0; i < 12; ++i)
       if (!h.store(key(i), chunk).ok()) _exit(11);
-    while (h.cache_->stats().spills + h.cache_->stats().io_errors < 12) h.pe_->progress();
+    // The first failure stops writing back for a while; the chunks stay in memory.
+    while (h.cache_->stats().io_errors == 0) h.pe_->progress();
+    h.settle(200);
     const CacheStats s = h.cache_->stats();
     if (s.io_errors == 0 || s.spills == 0) _exit(12);
+    if (s.memory_chunks != 12) _exit(15);
     for (uint64_t i = 0; i < 12; ++i)
       if (!h.retrieve(key(i), chunk).ok()) _exit(13);
     _exit(::testing::Test::HasFailure() ? 14 : 0);
@@ -624,6 +652,102 @@ TEST(DiskTier, OneOwnerPerDirectory) {
   EXPECT_TRUE(DiskTier::open(o, {}, &rec, &b).ok());
   b.reset();
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace dpukv
+
+namespace dpukv {
+namespace {
+
+// A full disk tier makes room: sequential stores through a 4-chunk memory tier and
+// a 16-chunk disk tier leave the most recent ~20 chunks in the cache, not the
+// first 16 forever.
+TEST(CacheEngine, DiskTierEvictsItsLeastRecentChunks) {
+  const std::string dir = temp_dir("disk-evict");
+  const uint64_t chunk = 64 << 10;
+  CacheHarness h(with_disk(dir, 4, 16, chunk));
+  for (uint64_t i = 0; i < 100; ++i) {
+    Status st = h.store(key(i), chunk);
+    ASSERT_TRUE(st.ok()) << i << " " << st.name();
+  }
+  h.settle(100);
+  const CacheStats s = h.cache_->stats();
+  EXPECT_GT(s.disk_evictions, 60u);
+  EXPECT_EQ(s.memory_chunks, 4u);
+  EXPECT_LE(s.both_chunks, 1u);  // write-ahead keeps at most one chunk in both tiers here
+  uint32_t recent = 0;
+  for (uint64_t i = 80; i < 100; ++i) recent += h.retrieve(key(i), chunk).ok();
+  EXPECT_GE(recent, 19u);
+  uint32_t old = 0;
+  for (uint64_t i = 0; i < 60; ++i) old += h.cache_->contains(key(i));
+  EXPECT_EQ(old, 0u);
+  std::filesystem::remove_all(dir);
+}
+
+// A reloaded chunk's disk copy is redundant and goes first: reading old chunks
+// back does not push other chunks out of the hierarchy.
+TEST(CacheEngine, RedundantDiskCopiesGoBeforeDiskOnlyChunks) {
+  const std::string dir = temp_dir("disk-dup");
+  const uint64_t chunk = 64 << 10;
+  CacheHarness h(with_disk(dir, 4, 16, chunk));
+  for (uint64_t i = 0; i < 19; ++i) ASSERT_TRUE(h.store(key(i), chunk).ok());
+  h.settle(100);
+  // Memory: 15..18 (15 also written ahead to disk); disk: 0..15, full. Reload 0..3:
+  // their disk copies become redundant, and 16..18 leaving memory must displace
+  // those copies, not the disk-only chunks 4..7.
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(h.retrieve(key(i), chunk).ok()) << i;
+  h.settle(100);
+  for (uint64_t i = 0; i < 19; ++i) EXPECT_TRUE(h.cache_->contains(key(i))) << i;
+  EXPECT_EQ(h.cache_->stats().disk_evictions, 0u);
+  std::filesystem::remove_all(dir);
+}
+
+// Many stores submitted at once through a full memory tier: write-back is paced
+// (a bounded number of writes, stores wait for them), so every store succeeds,
+// no chunk is dropped without its disk copy, and memory stays full.
+TEST(CacheEngine, WriteBackIsPacedAndLosesNothing) {
+  const std::string dir = temp_dir("paced");
+  const uint64_t chunk = 64 << 10;
+  CacheOptions o = with_disk(dir, 64, 512, chunk);
+  o.max_requests = 1024;
+  CacheHarness h(o);
+  std::vector<Status> st = h.store_batch(0, 300, chunk);
+  for (uint64_t i = 0; i < st.size(); ++i) ASSERT_TRUE(st[i].ok()) << i << " " << st[i].name();
+  h.settle(100);
+  const CacheStats s = h.cache_->stats();
+  EXPECT_GE(s.memory_chunks, 56u) << "memory drained by write-back";
+  EXPECT_EQ(s.io_errors, 0u);
+  EXPECT_EQ(s.chunks, 300u);
+  for (uint64_t i = 0; i < 300; ++i) EXPECT_TRUE(h.retrieve(key(i), chunk).ok()) << i;
+  std::filesystem::remove_all(dir);
+}
+
+// The index log cannot grow: the tier's filesystem (a tmpfs made for the test)
+// has room for the preallocated data file, the lock file and one page of log (46
+// records). Spills then fail, are counted and logged, and memory keeps what it
+// would hold with no disk tier at all.
+TEST(CacheEngine, FailingDiskLogDoesNotDrainMemory) {
+  const std::string mnt = temp_dir("logfull");
+  const uint64_t chunk = 64 << 10;
+  std::filesystem::create_directories(mnt);
+  const std::string size = "size=" + std::to_string(32 * chunk + 2 * 4096);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, size.c_str()) != 0) {
+    std::filesystem::remove_all(mnt);
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root): " << std::strerror(errno);
+  }
+  {
+    CacheHarness h(with_disk(mnt + "/tier", 8, 32, chunk));
+    for (uint64_t i = 0; i < 100; ++i) ASSERT_TRUE(h.store(key(i), chunk).ok()) << i;
+    h.settle(100);
+    const CacheStats s = h.cache_->stats();
+    EXPECT_GT(s.disk_log_errors, 0u);
+    EXPECT_GT(s.io_errors, 0u);
+    EXPECT_EQ(s.memory_chunks, 8u);
+    for (uint64_t i = 92; i < 100; ++i) EXPECT_TRUE(h.retrieve(key(i), chunk).ok()) << i;
+  }
+  ASSERT_EQ(::umount(mnt.c_str()), 0);
+  std::filesystem::remove_all(mnt);
 }
 
 }  // namespace

@@ -320,10 +320,12 @@ bool DiskTier::log_put(const ChunkKey& key, uint64_t offset, uint64_t len, uint6
 }
 
 bool DiskTier::append(const void* rec) {
+  errno = 0;
   if (write_all(log_fd_, rec, sizeof(LogRecord))) {
     log_size_ += sizeof(LogRecord);
     return true;
   }
+  last_log_errno_ = errno != 0 ? errno : EIO;
   // Cut a half-written record off, so later records are not behind a torn one.
   if (::ftruncate(log_fd_, static_cast<off_t>(log_size_)) != 0)
     LOG_ERR("disk tier: cannot trim the log");

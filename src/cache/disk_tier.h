@@ -83,6 +83,7 @@ class DiskTier {
   Status sync();
 
   uint64_t log_errors() const { return log_errors_; }
+  int last_log_errno() const { return last_log_errno_; }  // cause of the last log failure
 
  private:
   DiskTier() = default;
@@ -126,6 +127,7 @@ class DiskTier {
   uint64_t seq_ = 0;
   uint32_t inflight_ = 0;
   uint64_t log_errors_ = 0;
+  int last_log_errno_ = 0;
   uint64_t log_size_ = 0;
 };
 
