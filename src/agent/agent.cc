@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "agent/metrics_server.h"
 #include "agent/protocol.h"
 #include "runtime/log.h"
 
@@ -49,10 +50,8 @@ struct Agent::Batch {
   std::vector<Slot> slots;
 };
 
-// Latency histograms and the /metrics listener.
-struct Agent::Metrics final : FdWatcher {
-  Agent* agent = nullptr;
-  int listen_fd = -1;
+// Latency histograms.
+struct Agent::Metrics {
   static constexpr double kBuckets[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
                                         0.005,   0.01,   0.05,    0.25,   1};
   struct Histogram {
@@ -66,26 +65,7 @@ struct Agent::Metrics final : FdWatcher {
       sum += s;
       ++n;
     }
-  } store_lat, retrieve_lat;
-  void on_fd_ready(uint32_t) override {
-    for (;;) {
-      int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) return;
-      // One request per connection; the reply does not depend on its content.
-      timeval tv{0, 200000};
-      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-      char req[2048];
-      ssize_t n = recv(fd, req, sizeof(req) - 1, 0);
-      const bool metrics = n > 0 && std::strncmp(req, "GET /metrics", 12) == 0;
-      std::string body = metrics ? agent->metrics_text() : "see /metrics\n";
-      std::string resp =
-          std::string(metrics ? "HTTP/1.0 200 OK\r\n" : "HTTP/1.0 404 Not Found\r\n") +
-          "Content-Type: text/plain; version=0.0.4\r\nContent-Length: " +
-          std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-      (void)!send(fd, resp.data(), resp.size(), MSG_NOSIGNAL);
-      ::close(fd);
-    }
-  }
+  } store_lat, retrieve_lat, lookup_lat;
 };
 constexpr double Agent::Metrics::kBuckets[];
 
@@ -105,6 +85,7 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
   so.max_msg_size = a->opts_.max_msg;
   so.heartbeat_interval_ms = a->opts_.heartbeat_ms;
   so.send_queue_depth = 1024;
+  if (a->opts_.max_staging_bytes) so.max_import_bytes_per_connection = a->opts_.max_staging_bytes;
   DPUKV_RETURN_IF_ERROR(ComchServer::create(a->pe_.get(), so, &a->server_));
   UserData ud;
   ud.ptr = a.get();
@@ -130,31 +111,19 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
     a->free_batches_.push_back(b);
   }
   a->metrics_ = std::make_unique<Metrics>();
-  a->metrics_->agent = a.get();
   if (a->opts_.metrics_port > 0) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(a->opts_.metrics_port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        listen(fd, 16) != 0) {
-      LOG_ERR("agent: cannot listen for metrics on 127.0.0.1:%d: %s", a->opts_.metrics_port,
-              std::strerror(errno));
-      if (fd >= 0) ::close(fd);
-      return Code::kBadState;
-    }
-    a->metrics_->listen_fd = fd;
-    a->metrics_port_ = a->opts_.metrics_port;
+    Agent* self = a.get();
+    DPUKV_RETURN_IF_ERROR(MetricsServer::create(
+        a->pe_.get(), a->opts_.metrics_address, a->opts_.metrics_port,
+        [self] { return self->metrics_text(); }, &a->metrics_server_));
+    a->metrics_port_ = a->metrics_server_->port();
   }
   *out = std::move(a);
   return Code::kSuccess;
 }
 
 Agent::~Agent() {
-  if (metrics_ && metrics_->listen_fd >= 0) ::close(metrics_->listen_fd);
+  metrics_server_.reset();  // before the progress engine it watches
 }
 
 Status Agent::run(const std::atomic<bool>* stop) {
@@ -167,17 +136,24 @@ Status Agent::run(const std::atomic<bool>* stop) {
     while (cache_->state() != CtxState::kIdle) pe_->progress();
     return st;
   }
-  if (metrics_->listen_fd >= 0)
-    DPUKV_RETURN_IF_ERROR(pe_->watch_fd(metrics_->listen_fd, EPOLLIN, metrics_.get()));
   const CacheStats cs = cache_->stats();
   APP_LOG_INFO(
       "agent: serving on %s; memory tier %llu MiB%s; %llu chunks recovered from disk",
       opts_.socket_path.c_str(), static_cast<unsigned long long>(cs.memory_capacity >> 20),
       opts_.cache.disk_dir.empty() ? "" : (", disk tier in " + opts_.cache.disk_dir).c_str(),
       static_cast<unsigned long long>(cs.recovered));
-  while (!stop->load(std::memory_order_relaxed)) pe_->wait(50000, 100);
+  if (on_ready_) on_ready_();
+  uint64_t next_tick = monotonic_ns();
+  while (!stop->load(std::memory_order_relaxed)) {
+    pe_->wait(50000, 100);
+    const uint64_t now = monotonic_ns();
+    if (now < next_tick) continue;
+    next_tick = now + 100000000ull;
+    if (metrics_server_) metrics_server_->sweep();
+    if (on_tick_) on_tick_();
+  }
   APP_LOG_INFO("agent: stopping");
-  if (metrics_->listen_fd >= 0) pe_->unwatch_fd(metrics_->listen_fd, metrics_.get());
+  metrics_server_.reset();
   (void)server_->stop();
   while (server_->state() != CtxState::kIdle) pe_->progress();
   (void)cache_->stop();
@@ -301,7 +277,8 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
       if (h.count != 1 || !entries_ok(sizeof(e))) break;
       std::memcpy(&e, body, sizeof(e));
       s->model = e.model;
-      reply(s, h, Code::kSuccess, nullptr, 0);
+      const agent::HelloReply r{opts_.max_staging_bytes, 0};
+      reply(s, h, Code::kSuccess, &r, sizeof(r));
       return;
     }
     case Op::kStore:
@@ -326,6 +303,7 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
         Buf* buf = nullptr;
         if (!key_allowed(e.key)) {
           st = Code::kNotPermitted;
+          ++counters_.not_permitted;
         } else if (m == nullptr) {
           st = Code::kNotPermitted;  // not memory this client exported
           ++counters_.not_permitted;
@@ -358,6 +336,7 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
       std::memcpy(ks.data(), body, h.count * sizeof(ChunkKey));
       uint32_t allowed = 0;
       while (allowed < h.count && key_allowed(ks[allowed])) ++allowed;
+      if (allowed < h.count) ++counters_.not_permitted;  // a key of another model ends the run
       const uint32_t hits = cache_->lookup(ks.data(), allowed, (h.flags & agent::kPin) != 0);
       if (h.flags & agent::kPin) s->pinned.insert(s->pinned.end(), ks.begin(), ks.begin() + hits);
       ++counters_.lookups;
@@ -384,16 +363,18 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
         ChunkKey k;
         std::memcpy(&k, body + i * sizeof(k), sizeof(k));
         Status r;
-        if (!key_allowed(k))
+        if (!key_allowed(k)) {
           r = Code::kNotPermitted;
-        else if (op == Op::kContains)
+          ++counters_.not_permitted;
+        } else if (op == Op::kContains) {
           r = cache_->contains(k) ? Status() : Status(Code::kNotFound);
-        else if (op == Op::kRemove)
+        } else if (op == Op::kRemove) {
           r = cache_->remove(k);
-        else if (op == Op::kUnpin)
+        } else if (op == Op::kUnpin) {
           cache_->unpin(&k, 1);
-        else
+        } else {
           r = cache_->contains(k) ? cache_->prefetch(k, nullptr, nullptr) : Status(Code::kNotFound);
+        }
         st[i] = static_cast<uint8_t>(r.code());
       }
       reply(s, h, Code::kSuccess, st, h.count);

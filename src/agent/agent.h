@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,9 +27,11 @@ struct AgentOptions {
   mode_t socket_mode = 0660;
   CacheOptions cache;
   uint32_t heartbeat_ms = 1000;
-  uint32_t max_msg = 65536;    // comch message bound (batches up to ~1150 entries)
-  int metrics_port = 0;        // 0: no metrics endpoint; it listens on 127.0.0.1
-  uint32_t max_batches = 256;  // batch requests in flight over all clients
+  uint32_t max_msg = 65536;  // comch message bound (batches up to ~1150 entries)
+  int metrics_port = 0;      // 0: no metrics endpoint
+  std::string metrics_address = "127.0.0.1";
+  uint32_t max_batches = 256;      // batch requests in flight over all clients
+  uint64_t max_staging_bytes = 0;  // staging one client may export in all (0: no limit)
 };
 
 // $XDG_RUNTIME_DIR/dpukv.sock, else /run/dpukv.sock if /run is writable, else /tmp.
@@ -51,6 +54,10 @@ class Agent {
 
   const std::string& socket_path() const { return opts_.socket_path; }
   int metrics_port() const { return metrics_port_; }
+  CacheStats cache_stats() const { return cache_->stats(); }
+  // Called on the agent's thread once it serves (readiness), and about every 100 ms.
+  void set_on_ready(std::function<void()> f) { on_ready_ = std::move(f); }
+  void set_on_tick(std::function<void()> f) { on_tick_ = std::move(f); }
   std::string metrics_text() const;  // Prometheus text exposition
   std::string stats_json() const;
 
@@ -75,6 +82,8 @@ class Agent {
   std::unique_ptr<CacheEngine> cache_;
   std::unique_ptr<BufInventory> inv_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<class MetricsServer> metrics_server_;
+  std::function<void()> on_ready_, on_tick_;
   int metrics_port_ = 0;
   std::vector<std::unique_ptr<Batch>> batches_;
   std::vector<Batch*> free_batches_;

@@ -80,7 +80,7 @@ class AgentTest : public ::testing::Test {
     stop_agent();
     std::filesystem::remove_all(disk_);
   }
-  void start_agent(bool disk = false, int metrics_port = 0) {
+  void start_agent(bool disk = false, int metrics_port = 0, std::vector<std::string> extra = {}) {
     std::vector<std::string> args = {"--log-level",
                                      "error",
                                      "agent",
@@ -95,7 +95,9 @@ class AgentTest : public ::testing::Test {
     if (disk)
       args.insert(args.end(),
                   {"--local-disk", disk_, "--max-local-disk-size", "0.25", "--write-through"});
+    args.insert(args.end(), extra.begin(), extra.end());
     agent_ = spawn(DPUKV_BIN, args);
+    ASSERT_GT(agent_, 0) << "cannot start " << DPUKV_BIN;
     ClientOptions o;
     o.socket_path = socket_;
     o.connect_timeout_ms = 10000;
@@ -360,6 +362,86 @@ TEST_F(AgentTest, MetricsEndpointServesPrometheusText) {
   EXPECT_NE(body.find("dpukv_stores_total 10"), std::string::npos) << body.substr(0, 2000);
   EXPECT_NE(body.find("dpukv_retrieve_batch_seconds_bucket{le=\"+Inf\"} 1"), std::string::npos);
   EXPECT_NE(body.find("# TYPE dpukv_memory_used_bytes gauge"), std::string::npos);
+}
+
+// Silent connections to the metrics port (a scraper that hangs, a port scan) must
+// never stall the agent's thread: clients are served at once, and the port
+// answers again once the silent ones time out.
+TEST_F(AgentTest, SilentMetricsConnectionsNeverStallClients) {
+  const int port = 20000 + (getpid() + 7) % 20000;
+  start_agent(false, port);
+  auto c = client();
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> silent;
+  for (int i = 0; i < 25; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    silent.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ChunkKey k = key_from_block_id(KeyContext{}, 1);
+  for (int i = 0; i < 20; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(c->lookup(&k, 1, false), 0u);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(50));
+  }
+  // After the silent ones' deadline (2 s) the endpoint answers again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2300));
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+  ASSERT_EQ(send(fd, req, sizeof(req) - 1, 0), static_cast<ssize_t>(sizeof(req) - 1));
+  std::string body;
+  char buf[4096];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) body.append(buf, static_cast<size_t>(n));
+  close(fd);
+  EXPECT_NE(body.find("200 OK"), std::string::npos);
+  for (int s : silent) close(s);
+}
+
+// A client asking for absurd staging is refused before any memory is touched, by
+// the agent's per-client limit (max_staging_size), which the client learns at HELLO.
+TEST_F(AgentTest, StagingIsCappedPerClient) {
+  start_agent(false, 0, {"--max-staging-size", "64M"});
+  auto c = client();
+  EXPECT_EQ(c->max_staging_bytes(), 64ull << 20);
+  Staging s;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(c->alloc_staging(1ull << 40, &s), Code::kTooBig);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(100));
+  ASSERT_TRUE(c->alloc_staging(32 << 20, &s).ok());
+  Staging s2;
+  EXPECT_EQ(c->alloc_staging(48 << 20, &s2), Code::kTooBig);
+  ASSERT_TRUE(c->alloc_staging(32 << 20, &s2).ok());
+  ChunkKey k = key_from_block_id(KeyContext{}, 3);
+  const uint64_t off = 0, len = 4096;
+  EXPECT_TRUE(c->store(s2, &k, &off, &len, 1, nullptr).ok());
+}
+
+// Keys naming another model than the session's are refused and counted, whatever
+// the operation.
+TEST_F(AgentTest, KeysOfAnotherModelAreCountedAsNotPermitted) {
+  start_agent();
+  ClientOptions o;
+  o.socket_path = socket_;
+  o.model = 7;
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::connect(o, &c).ok());
+  Staging s;
+  ASSERT_TRUE(c->alloc_staging(1 << 20, &s).ok());
+  ChunkKey other = key_from_block_id(KeyContext{8, 1, 0, 0}, 1);
+  const uint64_t off = 0, len = 4096;
+  Status st;
+  EXPECT_FALSE(c->store(s, &other, &off, &len, 1, &st).ok());
+  EXPECT_EQ(st, Code::kNotPermitted);
+  EXPECT_EQ(c->lookup(&other, 1, false), 0u);
+  std::string stats;
+  ASSERT_TRUE(c->stats_json(&stats).ok());
+  EXPECT_NE(stats.find("\"not_permitted\":2"), std::string::npos) << stats;
 }
 
 }  // namespace

@@ -17,7 +17,7 @@ inline constexpr uint16_t kProtocolVersion = 1;
 inline constexpr uint16_t kResponse = 0x8000;
 
 enum class Op : uint16_t {
-  kHello = 1,     // entry: HelloEntry; response: status only
+  kHello = 1,     // entry: HelloEntry; response: HelloReply (older agents: status only)
   kStore = 2,     // entries: IoEntry (source regions of the client's staging)
   kRetrieve = 3,  // entries: IoEntry (destination regions)
   kLookup = 4,    // entries: ChunkKey; flags & kPin pins the leading hits
@@ -47,6 +47,12 @@ struct HelloEntry {
   uint64_t reserved;
 };
 static_assert(sizeof(HelloEntry) == 16);
+
+struct HelloReply {
+  uint64_t max_staging_bytes;  // memory this client may export in all (0: no limit)
+  uint64_t reserved;
+};
+static_assert(sizeof(HelloReply) == 16);
 
 struct IoEntry {
   ChunkKey key;

@@ -98,6 +98,11 @@ Status Client::open_channel(uint32_t timeout_ms) {
   agent::HelloEntry hello{opts_.model, 0};
   std::vector<uint8_t> resp;
   DPUKV_RETURN_IF_ERROR(call(Op::kHello, 0, &hello, sizeof(hello), 1, &resp));
+  agent::HelloReply hr{};
+  if (resp.size() >= sizeof(AgentHeader) + sizeof(hr)) {
+    std::memcpy(&hr, resp.data() + sizeof(AgentHeader), sizeof(hr));
+    max_staging_ = hr.max_staging_bytes;
+  }
   for (auto& s : staging_) {
     ComchSendTask* t;
     DPUKV_RETURN_IF_ERROR(
@@ -128,6 +133,20 @@ bool Client::connected() {
 Status Client::alloc_staging(size_t bytes, Staging* out) {
   // Allocate and pre-fault outside the lock (gigabytes take a second or more), so
   // the keepalive thread keeps the channel's heartbeats going meanwhile.
+  if (bytes == 0) return Code::kInvalidValue;
+  uint64_t have = 0;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const auto& m : staging_) have += m.map->length();
+  }
+  if (max_staging_ != 0 && (bytes > max_staging_ || have + bytes > max_staging_)) {
+    LOG_ERR(
+        "client: staging of %zu bytes refused: this client has %llu, and the agent allows "
+        "%llu per client (its max_staging_size)",
+        bytes, static_cast<unsigned long long>(have),
+        static_cast<unsigned long long>(max_staging_));
+    return Code::kTooBig;
+  }
   StagingMem s;
   MemRegionOptions mo;
   mo.name = "dpukv-staging";

@@ -49,8 +49,12 @@ class Client {
   static Status connect(const ClientOptions& o, std::unique_ptr<Client>* out);
   ~Client();
 
-  // Allocates pre-faulted shared memory and exports it to the agent.
+  // Allocates pre-faulted shared memory and exports it to the agent. TOO_BIG,
+  // before any memory is touched, when it would take this client past the agent's
+  // per-client staging limit (max_staging_size; see max_staging_bytes()).
   Status alloc_staging(size_t bytes, Staging* out);
+  // The agent's limit on all staging of one client (0: none), as of the last HELLO.
+  uint64_t max_staging_bytes() const { return max_staging_; }
 
   // Batch operations over regions of one staging buffer. per_entry (may be null)
   // gets each entry's status; the return value is the first error, if any.
@@ -111,6 +115,7 @@ class Client {
   // Responses arrive on the channel's callback; the waiting call picks its own.
   std::vector<std::pair<uint64_t, std::vector<uint8_t>>> responses_;
   bool lost_ = false;
+  uint64_t max_staging_ = 0;  // from the agent's HELLO reply
   struct Pending {
     Ticket ticket;
     std::vector<uint64_t> ids;     // one request per message

@@ -350,6 +350,12 @@ void ComchBase::handle_record(ComchConnection* c, size_t n, int* fds, int nfds) 
         close_connection(c, Code::kInvalidValue, "bad memory export");
         return;
       }
+      uint64_t mapped = m->length();
+      for (const auto& have : c->imports_) mapped += have->length();
+      if (mapped > opts_.max_import_bytes_per_connection) {
+        close_connection(c, Code::kNotPermitted, "exported memory over the per-client limit");
+        return;
+      }
       ++counters_.imports;
       Mmap* raw = m.get();
       c->imports_.push_back(std::move(m));

@@ -45,6 +45,9 @@ struct ComchOptions {
   uint32_t heartbeat_interval_ms = 1000;
   uint32_t heartbeat_misses = 3;  // silence of interval x misses = peer gone
   uint32_t max_imports_per_connection = 64;
+  // Bytes of exported memory one peer may map here, over all its exports (the
+  // agent's per-client staging cap); an export past it closes the connection.
+  uint64_t max_import_bytes_per_connection = UINT64_MAX;
 
   bool valid() const {
     return max_msg_size != 0 && max_msg_size <= comch::kMaxMsgLimit && send_queue_depth != 0 &&

@@ -32,8 +32,9 @@ void write(LogSource src, LogLevel lvl, const char* file, int line, const char* 
   gettimeofday(&tv, nullptr);
   tm tmv{};
   localtime_r(&tv.tv_sec, &tmv);
-  int n = std::snprintf(buf, sizeof(buf), "[%02d:%02d:%02d.%06ld][%s][%s][%s:%d] ", tmv.tm_hour,
-                        tmv.tm_min, tmv.tm_sec, static_cast<long>(tv.tv_usec),
+  int n = std::snprintf(buf, sizeof(buf), "[%04d-%02d-%02d %02d:%02d:%02d.%06ld][%s][%s][%s:%d] ",
+                        tmv.tm_year + 1900, tmv.tm_mon + 1, tmv.tm_mday, tmv.tm_hour, tmv.tm_min,
+                        tmv.tm_sec, static_cast<long>(tv.tv_usec),
                         src == LogSource::kApp ? "app" : "lib",
                         kLevelNames[static_cast<size_t>(lvl)], basename_of(file), line);
   if (n < 0) return;

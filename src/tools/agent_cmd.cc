@@ -1,11 +1,17 @@
 #include "tools/agent_cmd.h"
 
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -16,38 +22,21 @@
 #include "agent/agent.h"
 #include "client/client.h"
 #include "runtime/log.h"
+#include "tools/arg_parse.h"
 #include "tools/bench_common.h"
+#include "tools/version.h"
 
 namespace dpukv {
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<bool> g_hup{false};
 void on_signal(int) {
   g_stop.store(true);
 }
-
-// Settings with LMCache's names where the concept is the same. Sizes in GB are
-// floats, as LMCache takes them.
-struct AgentSettings {
-  std::string socket;
-  uint32_t chunk_size = 256;       // tokens per chunk (reported; keys are the client's)
-  double max_local_cpu_size = 0;   // GB of memory tier; 0: from available RAM
-  std::string local_disk;          // disk tier directory; empty: off
-  double max_local_disk_size = 0;  // GB of disk tier
-  std::string nvme_tier;           // ADDR:PORT of an NVMe/TCP target for the disk tier's data
-  std::string nvme_tier_nqn = "nqn.2026-11.io.dpukv:cnode1";
-  std::string max_chunk = "64M";  // largest chunk
-  std::string memory_bytes;       // exact memory tier size (K/M/G); overrides the GB setting
-  uint32_t max_chunks = 0;        // index entries; 0: memory tier / 16 KiB + disk tier / 16 KiB
-  uint32_t dma_threads =
-      1;                  // software DMA queues (engine threads); 2 helps large chunks on 2 cores
-  bool compress = false;  // lossless KV codec on store (compress engine)
-  std::string eviction = "lru";  // lru | s3fifo
-  int metrics_port = 9464;
-  bool write_through = false;
-  uint32_t disk_admit_hits = 0;
-  std::string config;
-};
+void on_hup(int) {
+  g_hup.store(true);
+}
 
 uint64_t available_ram() {
   std::ifstream f("/proc/meminfo");
@@ -59,8 +48,67 @@ uint64_t available_ram() {
   return 4ull << 30;
 }
 
+// Every setting the agent takes, by its config-file name (LMCache's where the
+// concept is the same). A value is kept as text with where it came from, and is
+// parsed once, after flags > environment > config file have been merged, by the
+// one parser of its kind (tools/arg_parse.h). examples/agent.yaml documents each.
+enum class Kind { kText, kGib, kBytes, kCount, kPort, kBool, kChoice };
+struct Setting {
+  const char* name;
+  const char* env;  // DPUKV_* variable, or null
+  Kind kind;
+  uint64_t max;         // kCount: largest value
+  const char* choices;  // kChoice: "a|b"
+  std::string value;    // text as given
+  std::string origin;   // "--flag", "DPUKV_X", "FILE:LINE", or "" for the default
+};
+
+struct Settings {
+  std::vector<Setting> all = {
+      {"socket", "DPUKV_SOCKET", Kind::kText, 0, nullptr, "", ""},
+      {"chunk_size", "DPUKV_CHUNK_SIZE", Kind::kCount, 1u << 20, nullptr, "256", ""},
+      {"max_local_cpu_size", "DPUKV_MAX_LOCAL_CPU_SIZE", Kind::kGib, 0, nullptr, "", ""},
+      {"memory_bytes", nullptr, Kind::kBytes, 0, nullptr, "", ""},
+      {"local_disk", "DPUKV_LOCAL_DISK", Kind::kText, 0, nullptr, "", ""},
+      {"max_local_disk_size", "DPUKV_MAX_LOCAL_DISK_SIZE", Kind::kGib, 0, nullptr, "", ""},
+      {"nvme_tier", nullptr, Kind::kText, 0, nullptr, "", ""},
+      {"nvme_tier_nqn", nullptr, Kind::kText, 0, nullptr, "nqn.2026-11.io.dpukv:cnode1", ""},
+      {"max_chunk_size", nullptr, Kind::kBytes, 0, nullptr, "64M", ""},
+      {"max_chunks", nullptr, Kind::kCount, 1u << 30, nullptr, "0", ""},
+      {"dma_threads", nullptr, Kind::kCount, 64, nullptr, "1", ""},
+      {"compress", nullptr, Kind::kBool, 0, nullptr, "false", ""},
+      {"eviction", nullptr, Kind::kChoice, 0, "lru|s3fifo", "lru", ""},
+      {"metrics_port", "DPUKV_METRICS_PORT", Kind::kPort, 0, nullptr, "9464", ""},
+      {"metrics_address", "DPUKV_METRICS_ADDRESS", Kind::kText, 0, nullptr, "127.0.0.1", ""},
+      {"write_through", nullptr, Kind::kBool, 0, nullptr, "false", ""},
+      {"disk_admit_hits", nullptr, Kind::kCount, 1u << 30, nullptr, "0", ""},
+      {"max_staging_size", "DPUKV_MAX_STAGING_SIZE", Kind::kGib, 0, nullptr, "", ""},
+  };
+  Setting* find(const std::string& name) {
+    for (Setting& s : all)
+      if (name == s.name) return &s;
+    return nullptr;
+  }
+  Setting& at(const char* name) { return *find(name); }
+  bool given(const char* name) { return !at(name).origin.empty(); }
+};
+
+// "--flag 'x': why", "DPUKV_X='x': why" or "FILE:LINE: max_chunk_size 'x': why".
+std::string where(const Setting& s) {
+  if (s.origin.empty()) return std::string(s.name) + " (default)";
+  if (s.origin[0] == '-' || s.origin.rfind("DPUKV_", 0) == 0) return s.origin;
+  return s.origin + ": " + s.name;
+}
+
 // A config file of "name: value" lines (YAML's simple form, as LMCache's files use).
-bool apply_config(const std::string& path, AgentSettings* s) {
+bool apply_config(const std::string& path, Settings* st) {
+  struct stat sb {};
+  if (::stat(path.c_str(), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    std::cerr << "dpukv agent: config " << path << ": "
+              << (errno == 0 || S_ISDIR(sb.st_mode) ? "not a regular file" : std::strerror(errno))
+              << "\n";
+    return false;
+  }
   std::ifstream f(path);
   if (!f) {
     std::cerr << "dpukv agent: cannot read config " << path << "\n";
@@ -73,7 +121,7 @@ bool apply_config(const std::string& path, AgentSettings* s) {
     const size_t hash = line.find('#');
     if (hash != std::string::npos) line.resize(hash);
     const size_t colon = line.find(':');
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     if (colon == std::string::npos) {
       std::cerr << path << ":" << n << ": expected 'name: value'\n";
       return false;
@@ -83,116 +131,228 @@ bool apply_config(const std::string& path, AgentSettings* s) {
       x.erase(x.find_last_not_of(" \t\"'\r") + 1);
       return x;
     };
-    const std::string k = trim(line.substr(0, colon)), v = trim(line.substr(colon + 1));
-    try {
-      if (k == "chunk_size")
-        s->chunk_size = static_cast<uint32_t>(std::stoul(v));
-      else if (k == "max_local_cpu_size")
-        s->max_local_cpu_size = std::stod(v);
-      else if (k == "local_disk")
-        s->local_disk = v.rfind("file://", 0) == 0 ? v.substr(7) : v;
-      else if (k == "max_local_disk_size")
-        s->max_local_disk_size = std::stod(v);
-      else if (k == "socket")
-        s->socket = v;
-      else if (k == "metrics_port")
-        s->metrics_port = std::stoi(v);
-      else if (k == "max_chunk_size")
-        s->max_chunk = v;
-      else if (k == "write_through")
-        s->write_through = v == "true" || v == "1";
-      else if (k == "disk_admit_hits")
-        s->disk_admit_hits = static_cast<uint32_t>(std::stoul(v));
-      else
-        std::cerr << path << ":" << n << ": unknown setting '" << k << "' ignored\n";
-    } catch (const std::exception&) {
-      std::cerr << path << ":" << n << ": bad value for " << k << "\n";
+    const std::string k = trim(line.substr(0, colon));
+    std::string v = trim(line.substr(colon + 1));
+    Setting* s = st->find(k);
+    if (s == nullptr) {
+      std::cerr << path << ":" << n << ": unknown setting '" << k
+                << "' (see examples/agent.yaml for every setting)\n";
       return false;
     }
+    if (k == "local_disk" && v.rfind("file://", 0) == 0) v = v.substr(7);
+    s->value = v;
+    s->origin = path + ":" + std::to_string(n);
   }
   return true;
 }
 
-void apply_env(AgentSettings* s) {
-  auto env = [](const char* n) -> const char* {
-    const char* v = std::getenv(n);
-    return v && *v ? v : nullptr;
-  };
-  if (auto v = env("DPUKV_SOCKET")) s->socket = v;
-  if (auto v = env("DPUKV_MAX_LOCAL_CPU_SIZE")) s->max_local_cpu_size = std::atof(v);
-  if (auto v = env("DPUKV_LOCAL_DISK")) s->local_disk = v;
-  if (auto v = env("DPUKV_MAX_LOCAL_DISK_SIZE")) s->max_local_disk_size = std::atof(v);
-  if (auto v = env("DPUKV_METRICS_PORT")) s->metrics_port = std::atoi(v);
+void apply_env(Settings* st) {
+  for (Setting& s : st->all) {
+    if (s.env == nullptr) continue;
+    const char* v = std::getenv(s.env);
+    if (v == nullptr || *v == '\0') continue;
+    s.value = v;
+    s.origin = std::string(s.env);
+  }
 }
 
-int run_agent(AgentSettings s, const std::map<std::string, bool>& given) {
+// Parses every setting by its kind; prints each bad one. False if any was bad.
+bool check_all(Settings* st) {
+  bool ok = true;
+  for (const Setting& s : st->all) {
+    if (s.value.empty()) continue;
+    std::string err;
+    uint64_t u = 0;
+    int port = 0;
+    bool b = false;
+    bool good = true;
+    switch (s.kind) {
+      case Kind::kText:
+        break;
+      case Kind::kGib:
+        good = parse_gib_size(s.value, &u, &err);
+        break;
+      case Kind::kBytes:
+        good = parse_byte_size(s.value, &u, &err);
+        break;
+      case Kind::kCount:
+        good = parse_count(s.value, s.max, &u, &err);
+        break;
+      case Kind::kPort:
+        good = parse_port(s.value, &port, &err);
+        break;
+      case Kind::kBool:
+        good = parse_bool(s.value, &b, &err);
+        break;
+      case Kind::kChoice: {
+        const std::string c = std::string("|") + s.choices + "|";
+        good = c.find("|" + s.value + "|") != std::string::npos;
+        if (!good) err = "'" + s.value + "' is not one of " + s.choices;
+        break;
+      }
+    }
+    if (!good) {
+      std::cerr << "dpukv agent: " << where(s) << ": " << err << "\n";
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+uint64_t as_u64(Settings* st, const char* name) {
+  Setting& s = st->at(name);
+  std::string err;
+  uint64_t v = 0;
+  if (s.value.empty()) return 0;
+  if (s.kind == Kind::kGib) (void)parse_gib_size(s.value, &v, &err);
+  if (s.kind == Kind::kBytes) (void)parse_byte_size(s.value, &v, &err);
+  if (s.kind == Kind::kCount) (void)parse_count(s.value, s.max, &v, &err);
+  return v;
+}
+bool as_bool(Settings* st, const char* name) {
+  bool b = false;
+  std::string err;
+  (void)parse_bool(st->at(name).value, &b, &err);
+  return b;
+}
+
+std::string mib(uint64_t b) {
+  char buf[32];
+  if (b >= (10ull << 30))
+    std::snprintf(buf, sizeof(buf), "%.1f GiB", b / 1073741824.0);
+  else
+    std::snprintf(buf, sizeof(buf), "%.1f MiB", b / 1048576.0);
+  return buf;
+}
+
+// Readiness for systemd (Type=notify): one datagram to $NOTIFY_SOCKET.
+void notify_systemd(const char* state) {
+  const char* path = std::getenv("NOTIFY_SOCKET");
+  if (path == nullptr || (path[0] != '/' && path[0] != '@')) return;
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  const size_t len = std::strlen(path);
+  if (len >= sizeof(sa.sun_path)) return;
+  std::memcpy(sa.sun_path, path, len);
+  if (sa.sun_path[0] == '@') sa.sun_path[0] = '\0';  // abstract namespace
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  (void)!::sendto(fd, state, std::strlen(state), MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&sa),
+                  static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len));
+  ::close(fd);
+}
+
+int run_agent(Settings st, const std::string& config) {
   // Precedence: flags > environment > config file > embedded defaults.
-  AgentSettings flags = s;
-  if (!s.config.empty() && !apply_config(s.config, &s)) return 2;
-  apply_env(&s);
-  if (given.at("socket")) s.socket = flags.socket;
-  if (given.at("mem")) s.max_local_cpu_size = flags.max_local_cpu_size;
-  if (given.at("disk")) s.local_disk = flags.local_disk;
-  if (given.at("disk_size")) s.max_local_disk_size = flags.max_local_disk_size;
-  if (given.at("metrics")) s.metrics_port = flags.metrics_port;
+  Settings flags = st;
+  if (!config.empty() && !apply_config(config, &st)) return 2;
+  apply_env(&st);
+  for (size_t i = 0; i < st.all.size(); ++i)
+    if (!flags.all[i].origin.empty()) st.all[i] = flags.all[i];
+  if (!check_all(&st)) return 2;
 
   AgentOptions o;
-  o.socket_path = s.socket;
-  uint64_t max_chunk = 0;
-  if (!bench::parse_size(s.max_chunk, &max_chunk).ok() || max_chunk == 0) {
-    std::cerr << "dpukv agent: bad --max-chunk-size\n";
+  o.socket_path = st.at("socket").value;
+  const uint64_t max_chunk = as_u64(&st, "max_chunk_size");
+  if (max_chunk == 0) {
+    std::cerr << "dpukv agent: " << where(st.at("max_chunk_size")) << ": must be above 0\n";
     return 2;
   }
   // Embedded default: a quarter of the available RAM, at most 4 GiB.
-  uint64_t mem = s.max_local_cpu_size > 0
-                     ? static_cast<uint64_t>(s.max_local_cpu_size * (1ull << 30))
-                     : std::min<uint64_t>(available_ram() / 4, 4ull << 30);
-  if (!s.memory_bytes.empty() && (!bench::parse_size(s.memory_bytes, &mem).ok() || mem == 0)) {
-    std::cerr << "dpukv agent: bad --memory-bytes\n";
+  uint64_t mem = std::min<uint64_t>(available_ram() / 4, 4ull << 30);
+  const char* mem_from = "a quarter of the available memory, at most 4 GiB";
+  if (!st.at("memory_bytes").value.empty()) {
+    mem = as_u64(&st, "memory_bytes"), mem_from = "memory_bytes";
+  } else if (!st.at("max_local_cpu_size").value.empty()) {
+    mem = as_u64(&st, "max_local_cpu_size"), mem_from = "max_local_cpu_size";
+  }
+  if (mem < max_chunk) {
+    std::cerr << "dpukv agent: the memory tier (" << mib(mem) << ", from " << mem_from
+              << ") is smaller than max_chunk_size (" << mib(max_chunk)
+              << "): raise the one or lower the other\n";
     return 2;
   }
-  o.cache.memory_bytes = std::max(mem, max_chunk);
+  o.cache.memory_bytes = mem;
   o.cache.max_chunk_bytes = max_chunk;
-  const uint64_t disk = static_cast<uint64_t>(s.max_local_disk_size * (1ull << 30));
-  o.cache.max_chunks = s.max_chunks
-                           ? s.max_chunks
-                           : static_cast<uint32_t>(std::min<uint64_t>(
-                                 (o.cache.memory_bytes + disk) / (16 << 10) + 1024, 16u << 20));
-  o.cache.disk_dir = s.local_disk;
-  o.cache.disk_bytes = static_cast<uint64_t>(s.max_local_disk_size * (1ull << 30));
-  o.cache.nvme_address = s.nvme_tier;
-  o.cache.nvme_nqn = s.nvme_tier_nqn;
-  if (!s.nvme_tier.empty() && s.local_disk.empty()) {
+  const std::string disk_dir = st.at("local_disk").value;
+  const uint64_t disk = as_u64(&st, "max_local_disk_size");
+  if (disk_dir.empty() && st.given("max_local_disk_size")) {
+    std::cerr << "dpukv agent: " << where(st.at("max_local_disk_size"))
+              << " is set but local_disk is not: there is no disk tier to size (give "
+                 "--local-disk DIR too)\n";
+    return 2;
+  }
+  if (!disk_dir.empty() && disk < max_chunk) {
+    std::cerr << "dpukv agent: local_disk needs max_local_disk_size of at least one chunk ("
+              << mib(max_chunk) << "); it is " << mib(disk) << "\n";
+    return 2;
+  }
+  if (!st.at("nvme_tier").value.empty() && disk_dir.empty()) {
     std::cerr << "dpukv agent: --nvme-tier needs --local-disk (the tier's index log lives there)\n";
     return 2;
   }
-  if (!s.local_disk.empty() && o.cache.disk_bytes < max_chunk) {
-    std::cerr << "dpukv agent: local_disk needs max_local_disk_size (GB) of at least one chunk\n";
-    return 2;
-  }
-  o.cache.write_through = s.write_through;
-  o.cache.dma.num_threads = s.dma_threads;
-  o.cache.compress = s.compress;
-  o.cache.policy =
-      s.eviction == "s3fifo" ? CacheOptions::Policy::kS3Fifo : CacheOptions::Policy::kLru;
-  o.cache.disk_admit_hits = s.disk_admit_hits;
-  o.metrics_port = s.metrics_port;
+  const uint64_t max_chunks = as_u64(&st, "max_chunks");
+  o.cache.max_chunks =
+      max_chunks
+          ? static_cast<uint32_t>(max_chunks)
+          : static_cast<uint32_t>(std::min<uint64_t>((mem + disk) / (16 << 10) + 1024, 16u << 20));
+  o.cache.disk_dir = disk_dir;
+  o.cache.disk_bytes = disk_dir.empty() ? 0 : disk;
+  o.cache.nvme_address = st.at("nvme_tier").value;
+  o.cache.nvme_nqn = st.at("nvme_tier_nqn").value;
+  o.cache.write_through = as_bool(&st, "write_through");
+  o.cache.dma.num_threads =
+      std::max<uint32_t>(1, static_cast<uint32_t>(as_u64(&st, "dma_threads")));
+  o.cache.compress = as_bool(&st, "compress");
+  o.cache.policy = st.at("eviction").value == "s3fifo" ? CacheOptions::Policy::kS3Fifo
+                                                       : CacheOptions::Policy::kLru;
+  o.cache.disk_admit_hits = static_cast<uint32_t>(as_u64(&st, "disk_admit_hits"));
+  std::string err;
+  (void)parse_port(st.at("metrics_port").value, &o.metrics_port, &err);
+  o.metrics_address = st.at("metrics_address").value;
+  o.max_staging_bytes = st.at("max_staging_size").value.empty()
+                            ? std::max<uint64_t>(available_ram() / 2, 1ull << 30)
+                            : as_u64(&st, "max_staging_size");
+
+  APP_LOG_INFO("dpukv agent %s starting (pid %d)", kDpukvVersion, static_cast<int>(::getpid()));
+  for (const Setting& s : st.all)
+    if (!s.value.empty())
+      APP_LOG_INFO("  %-20s %s%s%s", s.name, s.value.c_str(), s.origin.empty() ? "" : "  (from ",
+                   s.origin.empty() ? "" : (s.origin + ")").c_str());
+
   std::unique_ptr<Agent> agent;
-  Status st = Agent::create(o, &agent);
-  if (!st.ok()) {
-    std::cerr << "dpukv agent: cannot start: " << st.name() << ": " << st.description() << "\n";
+  Status rc = Agent::create(o, &agent);
+  if (!rc.ok()) {
+    std::cerr << "dpukv agent: cannot start: " << rc.name() << ": " << rc.description()
+              << " (the reason is logged above)\n";
     return 1;
   }
+  const CacheStats cs = agent->cache_stats();
+  if (cs.memory_capacity < mem)
+    APP_LOG_WARN("agent: the memory tier holds %s of the %s asked (%s)",
+                 mib(cs.memory_capacity).c_str(), mib(mem).c_str(),
+                 o.cache.compress ? "with compress, slots are sized to the codec's worst case"
+                                  : "whole slots of max_chunk_size");
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  struct sigaction hup {};
+  hup.sa_handler = on_hup;
+  sigaction(SIGHUP, &hup, nullptr);
   signal(SIGPIPE, SIG_IGN);
   if (agent->metrics_port() > 0)
-    APP_LOG_INFO("agent: metrics on http://127.0.0.1:%d/metrics", agent->metrics_port());
-  st = agent->run(&g_stop);
-  if (!st.ok()) {
-    std::cerr << "dpukv agent: " << st.name() << ": " << st.description() << "\n";
+    APP_LOG_INFO("agent: metrics on http://%s:%d/metrics", o.metrics_address.c_str(),
+                 agent->metrics_port());
+  agent->set_on_ready([] { notify_systemd("READY=1"); });
+  agent->set_on_tick([] {
+    if (g_hup.exchange(false))
+      APP_LOG_INFO("agent: SIGHUP: settings are read at start only; restart to change them");
+  });
+  rc = agent->run(&g_stop);
+  notify_systemd("STOPPING=1");
+  if (!rc.ok()) {
+    std::cerr << "dpukv agent: " << rc.name() << ": " << rc.description() << "\n";
     return 1;
   }
   return 0;
@@ -251,55 +411,68 @@ int run_stat(const std::string& socket, bool json) {
 }  // namespace
 
 void add_agent_commands(CLI::App* app, int* exit_code) {
-  auto s = std::make_shared<AgentSettings>();
-  auto given = std::make_shared<std::map<std::string, bool>>();
+  auto st = std::make_shared<Settings>();
+  auto flag_values = std::make_shared<std::vector<std::string>>(st->all.size());
+  auto config = std::make_shared<std::string>();
   CLI::App* cmd =
       app->add_subcommand("agent", "Run the offload agent (the cache daemon) until SIGTERM/SIGINT");
-  auto* o_socket =
-      cmd->add_option("--socket", s->socket,
-                      "UNIX socket path (default: $XDG_RUNTIME_DIR/dpukv.sock or /run/dpukv.sock)");
-  auto* o_mem = cmd->add_option("--max-local-cpu-size", s->max_local_cpu_size,
-                                "Memory tier in GB (default: 1/4 of available RAM, at most 4)");
-  auto* o_disk =
-      cmd->add_option("--local-disk", s->local_disk, "Disk tier directory (default: no disk tier)");
-  auto* o_dsize =
-      cmd->add_option("--max-local-disk-size", s->max_local_disk_size, "Disk tier in GB");
-  cmd->add_option(
-      "--nvme-tier", s->nvme_tier,
-      "Put the disk tier's data on an NVMe/TCP namespace at ADDR:PORT (the index log stays in "
-      "--local-disk)");
-  cmd->add_option("--nvme-tier-nqn", s->nvme_tier_nqn, "Subsystem NQN of the NVMe tier")
-      ->capture_default_str();
-  cmd->add_option("--max-chunk-size", s->max_chunk, "Largest chunk (K/M/G)")->capture_default_str();
-  cmd->add_option("--memory-bytes", s->memory_bytes,
-                  "Exact memory tier size (K/M/G), instead of --max-local-cpu-size");
-  cmd->add_option("--eviction", s->eviction, "Eviction policy: lru or s3fifo")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"lru", "s3fifo"}));
-  cmd->add_flag("--compress", s->compress,
+  struct Flag {
+    const char* flag;
+    const char* name;
+    const char* help;
+  };
+  static const Flag kFlags[] = {
+      {"--socket", "socket",
+       "UNIX socket path (default: $XDG_RUNTIME_DIR/dpukv.sock or /run/dpukv.sock)"},
+      {"--max-local-cpu-size", "max_local_cpu_size",
+       "Memory tier: GiB as a number (0.25), or bytes with a unit (512M) (default: 1/4 of "
+       "available RAM, at most 4 GiB)"},
+      {"--memory-bytes", "memory_bytes", "Exact memory tier size in bytes (K/M/G)"},
+      {"--local-disk", "local_disk", "Disk tier directory (default: no disk tier)"},
+      {"--max-local-disk-size", "max_local_disk_size",
+       "Disk tier: GiB as a number, or bytes with a unit (needs --local-disk)"},
+      {"--nvme-tier", "nvme_tier",
+       "Put the disk tier's data on an NVMe/TCP namespace at ADDR:PORT (the index log stays in "
+       "--local-disk)"},
+      {"--nvme-tier-nqn", "nvme_tier_nqn", "Subsystem NQN of the NVMe tier"},
+      {"--max-chunk-size", "max_chunk_size", "Largest chunk (K/M/G; default 64M)"},
+      {"--max-chunks", "max_chunks", "Index capacity in chunks (default: tiers / 16 KiB)"},
+      {"--dma-threads", "dma_threads", "DMA engine threads (1-64; default 1)"},
+      {"--eviction", "eviction", "Eviction policy: lru or s3fifo (default lru)"},
+      {"--metrics-port", "metrics_port", "Prometheus metrics port (0: off; default 9464)"},
+      {"--metrics-address", "metrics_address",
+       "Address the metrics listener binds (default 127.0.0.1)"},
+      {"--disk-admit-hits", "disk_admit_hits", "Only chunks hit this often go to disk"},
+      {"--max-staging-size", "max_staging_size",
+       "Staging memory one client may export, GiB or bytes with a unit (default: half the "
+       "available RAM)"},
+  };
+  std::vector<std::pair<CLI::Option*, std::string>> opts;
+  for (const Flag& f : kFlags) {
+    size_t idx = 0;
+    while (std::string(st->all[idx].name) != f.name) ++idx;
+    opts.emplace_back(cmd->add_option(f.flag, (*flag_values)[idx], f.help), f.name);
+  }
+  auto compress = std::make_shared<bool>(false);
+  auto write_through = std::make_shared<bool>(false);
+  cmd->add_flag("--compress", *compress,
                 "Encode chunks (lossless KV codec, bf16) on the compress engine before storing");
-  cmd->add_option("--dma-threads", s->dma_threads, "DMA engine threads")
-      ->capture_default_str()
-      ->check(CLI::Range(1u, 64u));
-  cmd->add_option("--max-chunks", s->max_chunks,
-                  "Index capacity in chunks (default: tiers / 16 KiB)");
-  auto* o_metrics = cmd->add_option("--metrics-port", s->metrics_port,
-                                    "Prometheus metrics on 127.0.0.1:PORT (0: off)")
-                        ->capture_default_str();
-  cmd->add_flag("--write-through", s->write_through,
+  cmd->add_flag("--write-through", *write_through,
                 "Write every chunk to the disk tier at once (default: on eviction)");
-  cmd->add_option("--disk-admit-hits", s->disk_admit_hits, "Only chunks hit this often go to disk")
-      ->capture_default_str();
-  cmd->add_option("--config", s->config,
-                  "Config file of 'name: value' lines (LMCache names: chunk_size, "
-                  "max_local_cpu_size, local_disk, max_local_disk_size)");
+  cmd->add_option("--config", *config,
+                  "Config file of 'name: value' lines (every setting: examples/agent.yaml)");
   cmd->callback([=] {
-    (*given)["socket"] = o_socket->count() > 0;
-    (*given)["mem"] = o_mem->count() > 0;
-    (*given)["disk"] = o_disk->count() > 0;
-    (*given)["disk_size"] = o_dsize->count() > 0;
-    (*given)["metrics"] = o_metrics->count() > 0;
-    *exit_code = run_agent(*s, *given);
+    Settings s = *st;
+    for (size_t i = 0; i < opts.size(); ++i) {
+      if (opts[i].first->count() == 0) continue;
+      Setting* x = s.find(opts[i].second);
+      x->value = (*flag_values)[static_cast<size_t>(x - s.all.data())];
+      x->origin = opts[i].first->get_name();
+    }
+    if (*compress) s.at("compress").value = "true", s.at("compress").origin = "--compress";
+    if (*write_through)
+      s.at("write_through").value = "true", s.at("write_through").origin = "--write-through";
+    *exit_code = run_agent(s, *config);
   });
 
   auto socket = std::make_shared<std::string>();

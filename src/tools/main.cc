@@ -14,11 +14,12 @@
 #include "tools/nvme_cmd.h"
 #include "tools/replay.h"
 #include "tools/rpc_cmd.h"
+#include "tools/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"dpukv: KV-cache offload and sharing engine for LLM inference"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "dpukv 0.1.0");
+  app.set_version_flag("--version", std::string("dpukv ") + dpukv::kDpukvVersion);
   std::string log_level = "info", lib_log_level = "warning", log_file;
   app.add_option("--log-level", log_level, "Application log level (critical..trace)")
       ->capture_default_str();
@@ -56,7 +57,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every bad argument exits 2, as the README says.
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
   }
   return exit_code;
 }
