@@ -139,6 +139,36 @@ s.sendall(b'{"jsonrpc": "2.0", "id": 11, "method": "bdev_get_bdevs", ')  # incom
 s.close()
 PY
 rpc bdev_get_bdevs | grep -q Malloc0  # still serving after all of it
+# Names are strings; one bdev is at most one namespace of a subsystem.
+expect_fail "'name' must be a string" bdev_malloc_create name=5 num_blocks=8
+expect_fail "already a namespace of" nvmf_subsystem_add_ns nqn=$nqn namespace.bdev_name=Malloc0
+# A second application on the same RPC path is refused; the first stays manageable.
+set +e
+timeout 20 "$bin" nvme -r "$sock" 2>"$tmp/second.log"; rc=$?
+set -e
+[ "$rc" -ne 0 ] && grep -q "in use by a running server" "$tmp/second.log" || {
+  echo "second app on a live RPC socket: exit $rc"; cat "$tmp/second.log"; exit 1; }
+rpc bdev_get_bdevs | grep -q Malloc0
+# A client that sends without reading does not block the others: -t bounds the call.
+"$py" - "$sock" <<'PY' &
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.setblocking(False)
+req = b'{"jsonrpc": "2.0", "id": 1, "method": "bdev_get_bdevs"}' * 1000
+end = time.time() + 8
+while time.time() < end:
+    try:
+        s.send(req)
+    except BlockingIOError:
+        time.sleep(0.01)
+PY
+hog=$!
+sleep 1
+start=$(date +%s%N)
+"$bin" rpc -s "$sock" -t 5 bdev_get_bdevs | grep -q Malloc0
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+[ "$ms" -lt 3000 ] || { echo "rpc took $ms ms behind a client that does not read"; exit 1; }
+kill $hog 2>/dev/null || true
+wait $hog 2>/dev/null || true
 # Subsystem and bdev teardown.
 rpc nvmf_subsystem_remove_ns nqn=$nqn nsid=2
 rpc bdev_delete name=Null0

@@ -330,6 +330,7 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
     }
     case Op::kLookup: {
       if (!entries_ok(sizeof(ChunkKey))) break;
+      const uint64_t lookup_t0 = monotonic_ns();
       // Keys are copied out of the message into a buffer sized once (no allocation).
       std::vector<ChunkKey>& ks = lookup_keys_;
       ks.resize(h.count);
@@ -340,6 +341,7 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
       const uint32_t hits = cache_->lookup(ks.data(), allowed, (h.flags & agent::kPin) != 0);
       if (h.flags & agent::kPin) s->pinned.insert(s->pinned.end(), ks.begin(), ks.begin() + hits);
       ++counters_.lookups;
+      metrics_->lookup_lat.add(static_cast<double>(monotonic_ns() - lookup_t0) / 1e9);
       counters_.lookup_keys += h.count;
       counters_.lookup_hits += hits;
       reply(s, h, Code::kSuccess, &hits, sizeof(hits));
@@ -381,7 +383,7 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
       return;
     }
     case Op::kStats: {
-      const std::string j = stats_json();
+      const std::string j = stats_json(true);  // the asker's own connection is not counted
       reply(s, h, Code::kSuccess, j.data(), static_cast<uint32_t>(j.size()));
       return;
     }
@@ -392,77 +394,96 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
   reply(s, h, Code::kInvalidValue, nullptr, 0);
 }
 
-std::string Agent::stats_json() const {
+// One table feeds both the JSON of `dpukv stat` and the Prometheus text, so a
+// counter is named and read in one place. Prometheus names carry their unit and
+// counters end in _total.
+std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
   const CacheStats c = cache_->stats();
-  char buf[2048];
-  std::snprintf(
-      buf, sizeof(buf),
-      "{\"clients\":%llu,\"chunks\":%llu,\"memory_chunks\":%llu,\"disk_chunks\":%llu,"
-      "\"memory_used_bytes\":%llu,\"memory_capacity_bytes\":%llu,\"disk_used_bytes\":%llu,"
-      "\"disk_capacity_bytes\":%llu,\"stores\":%llu,\"store_bytes\":%llu,\"retrieves\":%llu,"
-      "\"retrieve_bytes\":%llu,\"hits\":%llu,\"misses\":%llu,\"evictions\":%llu,\"spills\":%llu,"
-      "\"reloads\":%llu,\"checksum_failures\":%llu,\"io_errors\":%llu,\"recovered\":%llu,"
-      "\"lookups\":%llu,\"lookup_keys\":%llu,\"lookup_hits\":%llu,\"requests\":%llu,"
-      "\"bad_requests\":%llu,\"not_permitted\":%llu,\"protocol_errors\":%llu,\"sessions_opened\":%"
-      "llu}",
-      (unsigned long long)connected_, (unsigned long long)c.chunks,
-      (unsigned long long)c.memory_chunks, (unsigned long long)c.disk_chunks,
-      (unsigned long long)c.memory_used, (unsigned long long)c.memory_capacity,
-      (unsigned long long)c.disk_used, (unsigned long long)c.disk_capacity,
-      (unsigned long long)c.stores, (unsigned long long)c.store_bytes,
-      (unsigned long long)c.retrieves, (unsigned long long)c.retrieve_bytes,
-      (unsigned long long)c.hits, (unsigned long long)c.misses, (unsigned long long)c.evictions,
-      (unsigned long long)c.spills, (unsigned long long)c.reloads,
-      (unsigned long long)c.checksum_failures, (unsigned long long)c.io_errors,
-      (unsigned long long)c.recovered, (unsigned long long)counters_.lookups,
-      (unsigned long long)counters_.lookup_keys, (unsigned long long)counters_.lookup_hits,
-      (unsigned long long)counters_.requests, (unsigned long long)counters_.bad_requests,
-      (unsigned long long)counters_.not_permitted,
-      (unsigned long long)server_->counters().protocol_errors,
-      (unsigned long long)counters_.sessions_opened);
-  return buf;
+  const MetricsServer::Counters mc =
+      metrics_server_ ? metrics_server_->counters() : MetricsServer::Counters{};
+  const uint64_t clients = connected_ - (asker_connected && connected_ > 0 ? 1 : 0);
+  return {
+      {"clients", "dpukv_clients_connected", "gauge", "Connected clients.", clients},
+      {"chunks", "dpukv_chunks", "gauge", "Chunks in the cache (each counted once).", c.chunks},
+      {"memory_chunks", "dpukv_memory_chunks", "gauge", "Chunks in the memory tier.",
+       c.memory_chunks},
+      {"disk_chunks", "dpukv_disk_chunks", "gauge", "Chunks in the disk tier.", c.disk_chunks},
+      {"both_tier_chunks", "dpukv_both_tier_chunks", "gauge", "Chunks with a copy in each tier.",
+       c.both_chunks},
+      {"memory_used_bytes", "dpukv_memory_used_bytes", "gauge", "Memory tier bytes in use.",
+       c.memory_used},
+      {"memory_capacity_bytes", "dpukv_memory_capacity_bytes", "gauge", "Memory tier capacity.",
+       c.memory_capacity},
+      {"disk_used_bytes", "dpukv_disk_used_bytes", "gauge", "Disk tier bytes in use.", c.disk_used},
+      {"disk_capacity_bytes", "dpukv_disk_capacity_bytes", "gauge", "Disk tier capacity.",
+       c.disk_capacity},
+      {"stores", "dpukv_stores_total", "counter", "Chunks stored.", c.stores},
+      {"store_bytes", "dpukv_store_bytes_total", "counter", "Bytes stored.", c.store_bytes},
+      {"retrieves", "dpukv_retrieves_total", "counter", "Chunks retrieved.", c.retrieves},
+      {"retrieve_bytes", "dpukv_retrieve_bytes_total", "counter", "Bytes retrieved.",
+       c.retrieve_bytes},
+      {"hits", nullptr, nullptr, nullptr, c.hits},
+      {"misses", "dpukv_retrieve_misses_total", "counter", "Retrieves of absent or corrupt chunks.",
+       c.misses},
+      {"evictions", "dpukv_memory_evictions_total", "counter", "Chunks evicted from memory.",
+       c.evictions},
+      {"disk_evictions", "dpukv_disk_evictions_total", "counter",
+       "Chunks dropped from the disk tier to make room.", c.disk_evictions},
+      {"spills", "dpukv_spills_total", "counter", "Chunks written to the disk tier.", c.spills},
+      {"reloads", "dpukv_reloads_total", "counter", "Chunks read back from the disk tier.",
+       c.reloads},
+      {"checksum_failures", "dpukv_checksum_failures_total", "counter",
+       "Chunks dropped for a checksum mismatch.", c.checksum_failures},
+      {"io_errors", "dpukv_disk_io_errors_total", "counter",
+       "Disk tier writes or reads that failed.", c.io_errors},
+      {"disk_log_errors", "dpukv_disk_log_errors_total", "counter",
+       "Disk index log records that could not be written.", c.disk_log_errors},
+      {"store_rejects", "dpukv_store_rejects_total", "counter",
+       "Stores refused for lack of room (everything pinned or in use).", c.store_rejects},
+      {"recovered", "dpukv_recovered_chunks", "gauge", "Chunks recovered from disk at start.",
+       c.recovered},
+      {"lookups", "dpukv_lookups_total", "counter", "Lookup requests.", counters_.lookups},
+      {"lookup_keys", "dpukv_lookup_keys_total", "counter", "Keys asked about by lookups.",
+       counters_.lookup_keys},
+      {"lookup_hits", "dpukv_lookup_hit_keys_total", "counter", "Leading keys found by lookups.",
+       counters_.lookup_hits},
+      {"requests", "dpukv_requests_total", "counter", "Requests received.", counters_.requests},
+      {"bad_requests", "dpukv_bad_requests_total", "counter", "Malformed requests.",
+       counters_.bad_requests},
+      {"not_permitted", "dpukv_not_permitted_total", "counter",
+       "Entries refused: memory not the client's, or a key of another model.",
+       counters_.not_permitted},
+      {"protocol_errors", "dpukv_comch_protocol_errors_total", "counter",
+       "Connections closed for protocol errors.", server_->counters().protocol_errors},
+      {"sessions_opened", "dpukv_sessions_opened_total", "counter", "Client sessions opened.",
+       counters_.sessions_opened},
+      {"metrics_refused", "dpukv_metrics_connections_refused_total", "counter",
+       "Metrics connections closed at once (16 open) or timed out.",
+       mc.refused_busy + mc.timed_out},
+  };
+}
+
+std::string Agent::stats_json(bool asker_connected) const {
+  std::string out = std::string("{\"version\":\"") + kAgentVersion + "\"";
+  for (const MetricRow& m : metric_rows(asker_connected))
+    out += ",\"" + std::string(m.json) + "\":" + std::to_string(m.value);
+  const Metrics::Histogram& l = metrics_->lookup_lat;
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), ",\"lookup_mean_us\":%.2f}", l.n ? l.sum / l.n * 1e6 : 0.0);
+  return out + buf;
 }
 
 std::string Agent::metrics_text() const {
-  const CacheStats c = cache_->stats();
-  std::string out;
-  auto metric = [&](const char* name, const char* type, const char* help, double v) {
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
-           name + " " + std::to_string(v) + "\n";
-  };
-  metric("dpukv_clients_connected", "gauge", "Connected clients.", static_cast<double>(connected_));
-  metric("dpukv_chunks", "gauge", "Chunks in the cache.", static_cast<double>(c.chunks));
-  metric("dpukv_memory_used_bytes", "gauge", "Memory tier bytes in use.",
-         static_cast<double>(c.memory_used));
-  metric("dpukv_memory_capacity_bytes", "gauge", "Memory tier capacity.",
-         static_cast<double>(c.memory_capacity));
-  metric("dpukv_disk_used_bytes", "gauge", "Disk tier bytes in use.",
-         static_cast<double>(c.disk_used));
-  metric("dpukv_stores_total", "counter", "Chunks stored.", static_cast<double>(c.stores));
-  metric("dpukv_store_bytes_total", "counter", "Bytes stored.", static_cast<double>(c.store_bytes));
-  metric("dpukv_retrieves_total", "counter", "Chunks retrieved.", static_cast<double>(c.retrieves));
-  metric("dpukv_retrieve_bytes_total", "counter", "Bytes retrieved.",
-         static_cast<double>(c.retrieve_bytes));
-  metric("dpukv_lookup_keys_total", "counter", "Keys asked about by lookups.",
-         static_cast<double>(counters_.lookup_keys));
-  metric("dpukv_lookup_hit_keys_total", "counter", "Leading keys found by lookups.",
-         static_cast<double>(counters_.lookup_hits));
-  metric("dpukv_retrieve_misses_total", "counter", "Retrieves of absent or corrupt chunks.",
-         static_cast<double>(c.misses));
-  metric("dpukv_evictions_total", "counter", "Chunks evicted from memory.",
-         static_cast<double>(c.evictions));
-  metric("dpukv_spills_total", "counter", "Chunks written to the disk tier.",
-         static_cast<double>(c.spills));
-  metric("dpukv_reloads_total", "counter", "Chunks read back from the disk tier.",
-         static_cast<double>(c.reloads));
-  metric("dpukv_checksum_failures_total", "counter", "Chunks dropped for a checksum mismatch.",
-         static_cast<double>(c.checksum_failures));
-  metric("dpukv_io_errors_total", "counter", "Disk tier I/O errors.",
-         static_cast<double>(c.io_errors));
-  metric("dpukv_bad_requests_total", "counter", "Malformed requests.",
-         static_cast<double>(counters_.bad_requests));
-  metric("dpukv_comch_protocol_errors_total", "counter", "Connections closed for protocol errors.",
-         static_cast<double>(server_->counters().protocol_errors));
+  std::string out =
+      std::string(
+          "# HELP dpukv_build_info The agent's version.\n# TYPE dpukv_build_info gauge\n"
+          "dpukv_build_info{version=\"") +
+      kAgentVersion + "\"} 1\n";
+  for (const MetricRow& m : metric_rows(false)) {
+    if (m.prom == nullptr) continue;
+    out += std::string("# HELP ") + m.prom + " " + m.help + "\n# TYPE " + m.prom + " " + m.type +
+           "\n" + m.prom + " " + std::to_string(m.value) + "\n";
+  }
   auto histogram = [&](const char* name, const Metrics::Histogram& h) {
     out += std::string("# HELP ") + name + " Request latency in seconds.\n# TYPE " + name +
            " histogram\n";
@@ -480,6 +501,7 @@ std::string Agent::metrics_text() const {
   };
   histogram("dpukv_store_batch_seconds", metrics_->store_lat);
   histogram("dpukv_retrieve_batch_seconds", metrics_->retrieve_lat);
+  histogram("dpukv_lookup_seconds", metrics_->lookup_lat);
   return out;
 }
 

@@ -22,6 +22,8 @@
 
 namespace dpukv {
 
+inline constexpr const char kAgentVersion[] = "0.2.0";  // also `dpukv --version`
+
 struct AgentOptions {
   std::string socket_path;  // default_socket_path() if empty
   mode_t socket_mode = 0660;
@@ -59,12 +61,22 @@ class Agent {
   void set_on_ready(std::function<void()> f) { on_ready_ = std::move(f); }
   void set_on_tick(std::function<void()> f) { on_tick_ = std::move(f); }
   std::string metrics_text() const;  // Prometheus text exposition
-  std::string stats_json() const;
+  // JSON of every counter; asker_connected: the asker's own connection is not
+  // counted among the clients.
+  std::string stats_json(bool asker_connected = false) const;
 
  private:
   struct Session;
   struct Batch;
   struct Metrics;
+  struct MetricRow {
+    const char* json;  // name in stats_json
+    const char* prom;  // Prometheus name (null: JSON only)
+    const char* type;  // gauge or counter
+    const char* help;
+    uint64_t value;
+  };
+  std::vector<MetricRow> metric_rows(bool asker_connected) const;
   Agent() = default;
   static void on_connect(ComchConnection* c, UserData ud);
   static void on_disconnect(ComchConnection* c, Status why, UserData ud);

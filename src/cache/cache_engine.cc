@@ -142,6 +142,7 @@ Status CacheEngine::init() {
     free_requests_.push_back(&requests_[opts_.max_requests - 1 - i]);
   }
   waiting_.reserve(opts_.max_requests);
+  retrying_.reserve(opts_.max_requests);
   if (opts_.policy == CacheOptions::Policy::kS3Fifo) {
     // As many ghosts as the tier holds chunks of the largest size (at least 1024).
     const size_t n = std::max<uint64_t>(mem_alloc_.capacity() / page_bytes_, 1024);
@@ -247,8 +248,13 @@ int32_t CacheEngine::insert(const ChunkKey& k) {
 }
 
 void CacheEngine::erase(int32_t e) {
+  if (!entries_[static_cast<size_t>(e)].used) {  // a second erase would corrupt the free list
+    LOG_ERR("cache: entry %d erased twice (a bug); ignored", e);
+    return;
+  }
   const ChunkKey& k = entries_[static_cast<size_t>(e)].key;
-  for (uint64_t i = k.hash() & table_mask_;; i = (i + 1) & table_mask_) {
+  uint64_t i = k.hash() & table_mask_;
+  for (uint64_t n = 0; n <= table_mask_; ++n, i = (i + 1) & table_mask_) {
     if (table_[i] == e) {
       table_[i] = kTomb;
       ++tombstones_;
@@ -265,9 +271,9 @@ void CacheEngine::erase(int32_t e) {
     tombstones_ = 0;
     for (size_t x = 0; x < entries_.size(); ++x) {
       if (!entries_[x].used) continue;
-      uint64_t i = entries_[x].key.hash() & table_mask_;
-      while (table_[i] >= 0) i = (i + 1) & table_mask_;
-      table_[i] = static_cast<int32_t>(x);
+      uint64_t j = entries_[x].key.hash() & table_mask_;
+      while (table_[j] >= 0) j = (j + 1) & table_mask_;
+      table_[j] = static_cast<int32_t>(x);
     }
   }
 }
@@ -549,14 +555,14 @@ bool CacheEngine::make_disk_room(uint64_t size, uint64_t* off) {
 
 // Write-back is paced by a watermark: clean memory (chunks with a disk copy, which
 // eviction drops at once) plus free memory is kept at about an eighth of the tier
-// (at most 32 of the largest chunks), with at most kMaxSpills writes in flight. So
+// (at most 8 of the largest chunks), with at most kMaxSpills writes in flight. So
 // a store rarely waits for a write, the memory tier stays full of hot chunks, and
 // few chunks hold a slot in both tiers. Below the watermark nothing is written
 // ahead of need.
 void CacheEngine::clean_ahead() {
   if (!disk_ || !spilling_allowed()) return;
   const uint64_t cap = mem_alloc_.capacity();
-  const uint64_t target = std::min<uint64_t>(cap / 8, 32 * page_bytes_);
+  const uint64_t target = std::min<uint64_t>(cap / 8, 8 * page_bytes_);
   uint64_t reserve = cap - mem_alloc_.used_bytes() + mem_clean_bytes_ + spill_bytes_;
   for (int32_t v = main_.tail; v >= 0 && reserve < target && disk_ios_ < kMaxSpills;
        v = entries_[static_cast<size_t>(v)].prev) {
@@ -1107,17 +1113,35 @@ void CacheEngine::after_io(Request* r, Status st) {
 
 void CacheEngine::retry_waiting() {
   if (waiting_.empty()) return;
-  std::vector<Request*> again;
-  again.swap(waiting_);
-  waiting_.reserve(opts_.max_requests);
-  for (Request* r : again) {
+  // The two lists trade places (no allocation): requests that still cannot go
+  // are queued again on the now empty waiting_.
+  retrying_.swap(waiting_);
+  for (Request* r : retrying_) {
     if (r->kind == Request::Kind::kStore) {
-      begin_store(r);
-    } else {
-      Status st = start_reload(r);
-      if (!st.ok()) finish(r, st);
+      begin_store(r);  // its entry is held (loading) while it waits
+      continue;
     }
+    // A waiting read holds nothing: its chunk may have moved, or left the cache
+    // and had its entry reused, meanwhile. Look it up again.
+    const int32_t e = find(r->key);
+    if (e < 0 ||
+        !(entries_[static_cast<size_t>(e)].mem_ready || entries_[static_cast<size_t>(e)].on_disk)) {
+      if (r->kind == Request::Kind::kRetrieve) ++st_.misses;
+      finish(r, Code::kNotFound);
+      continue;
+    }
+    r->entry = e;
+    if (entries_[static_cast<size_t>(e)].mem_ready) {
+      if (r->kind == Request::Kind::kRetrieve)
+        begin_read(r);
+      else
+        finish(r, Code::kSuccess);
+      continue;
+    }
+    Status st = start_reload(r);
+    if (!st.ok()) finish(r, st);
   }
+  retrying_.clear();
 }
 
 size_t CacheEngine::poll() {

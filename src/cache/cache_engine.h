@@ -205,7 +205,8 @@ class CacheEngine final : public Context {
   size_t ghost_next_ = 0;
   std::vector<Request> requests_;
   std::vector<Request*> free_requests_;
-  std::vector<Request*> waiting_;  // stores waiting for a spill to free memory
+  std::vector<Request*> waiting_;   // requests waiting for room (a spill or a copy to land)
+  std::vector<Request*> retrying_;  // waiting_'s previous contents while they are retried
   CacheStats st_;
 };
 

@@ -1,5 +1,4 @@
 #include "cache/cache_engine.h"
-#include "runtime/child_process.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -22,6 +21,7 @@
 
 #include "cache/slab_allocator.h"
 #include "engines/compress/kv_synth.h"
+#include "runtime/child_process.h"
 #include "runtime/log.h"
 
 namespace dpukv {

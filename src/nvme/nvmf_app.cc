@@ -46,9 +46,12 @@ class Params {
       if (required) err_ = std::string("missing '") + k + "'";
       return dflt;
     }
-    // A number where a string is expected (trsvcid=4420 from a shell) is taken as
-    // its decimal text; anything else must be a string.
-    if (p_[k].is_number_integer()) return p_[k].dump();
+    // A number is taken as its decimal text only where the value is numeric text
+    // by nature (trsvcid=4420 typed in a shell, a serial number); names and every
+    // other string must be strings ("name": 5 is refused).
+    const std::string key = k;
+    if (p_[k].is_number_unsigned() && (key == "trsvcid" || key == "serial_number"))
+      return p_[k].dump();
     if (!p_[k].is_string()) {
       err_ = std::string("'") + k + "' must be a string";
       return dflt;
@@ -140,7 +143,9 @@ Status NvmfApp::create(const AppOptions& o, std::unique_ptr<NvmfApp>* out) {
   if (Status st = EmulationManager::create(mo, &a->emu_); !st.ok()) return st;
   a->target_->attach_emulation(a->emu_.get());
   a->register_methods();
-  if (Status st = a->rpc_.start(o.rpc_socket, o.rpcs_allowed); !st.ok()) return st;
+  // As SPDK does: the RPC socket opens only once the configuration is applied, so
+  // no call sees (or races with) a half-configured target. With --wait-for-rpc the
+  // configuration is applied by framework_start_init, on the RPC thread.
   if (!o.wait_for_rpc) {
     RpcError e = a->framework_start_init();
     if (!e.ok()) {
@@ -148,6 +153,7 @@ Status NvmfApp::create(const AppOptions& o, std::unique_ptr<NvmfApp>* out) {
       return Code::kInvalidValue;
     }
   }
+  if (Status st = a->rpc_.start(o.rpc_socket, o.rpcs_allowed); !st.ok()) return st;
   *out = std::move(a);
   return Code::kSuccess;
 }
@@ -604,7 +610,10 @@ void NvmfApp::register_methods() {
     auto it = bdevs_.find(bdev);
     if (it == bdevs_.end()) return RpcError{-ENODEV, "bdev " + bdev + ": not found"};
     uint32_t got = 0;
-    if (Status st = target_->add_namespace(nqn, it->second, nsid, &got); !st.ok())
+    Status st = target_->add_namespace(nqn, it->second, nsid, &got);
+    if (st == Code::kNotPermitted)
+      return RpcError{-EEXIST, "bdev " + bdev + " is already a namespace of " + nqn};
+    if (!st.ok())
       return from_status(
           st, st.code() == Code::kBadState ? "nsid " + std::to_string(nsid) : "subsystem " + nqn);
     *r = got;

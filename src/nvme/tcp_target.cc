@@ -1011,6 +1011,9 @@ Status NvmfTarget::add_namespace(const std::string& nqn, std::shared_ptr<Bdev> b
       for (uint32_t i = 1;
            i <= std::min<uint32_t>(s->cfg.max_namespaces, NamespaceSet::kMax) && id == 0; ++i)
         if (!s->ns->ns[i]) id = i;
+    // One bdev is at most one namespace of a subsystem: two would alias each other.
+    for (uint32_t i = 1; i <= NamespaceSet::kMax; ++i)
+      if (s->ns->ns[i] == bdev) return Code::kNotPermitted;
     if (id == 0) return Code::kFull;
     if (s->ns->ns[id]) return Code::kBadState;
     s->ns->ns[id] = bdev;

@@ -129,6 +129,16 @@ Status JsonRpcServer::start(const std::string& path, const std::vector<std::stri
       LOG_ERR("rpc: %s exists and is not a socket", path.c_str());
       return Code::kBadState;
     }
+    // A socket someone answers on belongs to a live server: taking its path would
+    // leave that server running but unmanageable. Only a stale one is replaced.
+    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool live =
+        probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    if (probe >= 0) ::close(probe);
+    if (live) {
+      LOG_ERR("rpc: %s is in use by a running server; give this one another -r path", path.c_str());
+      return Code::kBadState;
+    }
     ::unlink(path.c_str());
   }
   mode_t old = umask(0077);
@@ -155,12 +165,28 @@ void JsonRpcServer::stop() {
   ::unlink(path_.c_str());
 }
 
+// Reads what the client sent, answers every complete request into c.out, and
+// sends what the socket takes now. Never blocks: a client that sends without
+// reading gets its answers queued up to kMaxOutput, then is not read from until
+// it reads (others are served meanwhile).
 bool JsonRpcServer::serve(Conn& c) {
   char buf[65536];
-  ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
-  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return false;
-  if (n > 0) c.in.append(buf, static_cast<size_t>(n));
   for (;;) {
+    if (c.out.size() > kMaxOutput) break;
+    const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0) return false;
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) break;
+      return false;
+    }
+    c.in.append(buf, static_cast<size_t>(n));
+    if (!answer(c)) return false;
+  }
+  return flush(c);
+}
+
+bool JsonRpcServer::answer(Conn& c) {
+  while (c.out.size() <= kMaxOutput) {
     size_t end = json_value_end(c.in);
     if (end == 0) {
       if (c.in.size() > kMaxRequest) {
@@ -170,12 +196,12 @@ bool JsonRpcServer::serve(Conn& c) {
       return true;
     }
     Json resp;
-    bool close_after = false;
     if (end == std::string::npos) {
       resp = Json{{"jsonrpc", "2.0"},
                   {"id", nullptr},
                   {"error", {{"code", kParseError}, {"message", "Parse error"}}}};
-      close_after = true;  // the stream cannot be resynchronized
+      c.closing = true;  // the stream cannot be resynchronized
+      c.in.clear();
     } else {
       Json req = Json::parse(c.in.begin(), c.in.begin() + static_cast<long>(end), nullptr, false);
       c.in.erase(0, end);
@@ -192,39 +218,58 @@ bool JsonRpcServer::serve(Conn& c) {
       else
         resp = dispatch(req);
     }
-    if (!resp.is_null()) {
-      std::string out = resp.dump() + "\n";
-      for (size_t off = 0; off < out.size();) {
-        ssize_t k = ::send(c.fd, out.data() + off, out.size() - off, MSG_NOSIGNAL);
-        if (k <= 0) return false;
-        off += static_cast<size_t>(k);
-      }
-    }
-    if (close_after) return false;
+    if (!resp.is_null()) c.out += resp.dump() + "\n";
+    if (c.closing) return true;
   }
+  return true;
+}
+
+bool JsonRpcServer::flush(Conn& c) {
+  while (!c.out.empty()) {
+    const ssize_t k = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0 && (errno == EAGAIN || errno == EINTR)) return true;  // POLLOUT brings us back
+    if (k <= 0) return false;
+    c.out.erase(0, static_cast<size_t>(k));
+  }
+  if (c.closing) return false;
+  // Requests left unanswered while the output was full go now.
+  if (!c.in.empty()) {
+    if (!answer(c)) return false;
+    if (!c.out.empty()) return flush(c);
+  }
+  return true;
 }
 
 void JsonRpcServer::run() {
   std::vector<Conn> conns;
+  std::vector<pollfd> pfd;
   while (!stop_.load()) {
-    std::vector<pollfd> pfd;
+    pfd.clear();
     pfd.push_back({wake_fd_, POLLIN, 0});
     pfd.push_back({listen_fd_, POLLIN, 0});
-    for (auto& c : conns) pfd.push_back({c.fd, POLLIN, 0});
+    for (auto& c : conns) {
+      short ev = c.out.size() > kMaxOutput ? 0 : POLLIN;
+      if (!c.out.empty()) ev = static_cast<short>(ev | POLLOUT);
+      pfd.push_back({c.fd, ev, 0});
+    }
     if (::poll(pfd.data(), pfd.size(), 500) <= 0) continue;
     if (pfd[1].revents) {
-      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd >= 0) {
         if (conns.size() >= 64)
           ::close(fd);
         else
-          conns.push_back(Conn{fd, {}});
+          conns.push_back(Conn{fd, {}, {}, false});
       }
     }
     for (size_t i = 2; i < pfd.size(); ++i) {
       if (!pfd[i].revents) continue;
       Conn& c = conns[i - 2];
-      if (!serve(c)) {
+      const bool ok =
+          (pfd[i].revents & (POLLERR | POLLHUP | POLLNVAL)) && !(pfd[i].revents & POLLIN) ? false
+          : (pfd[i].revents & POLLIN)                                                     ? serve(c)
+                                      : flush(c);
+      if (!ok) {
         ::close(c.fd);
         c.fd = -1;
       }

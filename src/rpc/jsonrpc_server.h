@@ -45,6 +45,7 @@ using Handler = std::function<RpcError(const Json& params, Json* result)>;
 class JsonRpcServer {
  public:
   static constexpr size_t kMaxRequest = 1u << 20;
+  static constexpr size_t kMaxOutput = 4u << 20;  // answers queued for one client
 
   JsonRpcServer() = default;
   ~JsonRpcServer();
@@ -71,10 +72,14 @@ class JsonRpcServer {
   };
   struct Conn {
     int fd;
-    std::string in;
+    std::string in, out;
+    bool closing;  // close once out is sent
   };
   void run();
-  bool serve(Conn& c);  // false: close the connection
+  // Each returns false when the connection is to be closed.
+  bool serve(Conn& c);
+  bool answer(Conn& c);
+  bool flush(Conn& c);
 
   std::map<std::string, Method> methods_;
   std::vector<std::string> allowed_;

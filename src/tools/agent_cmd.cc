@@ -1,6 +1,7 @@
 #include "tools/agent_cmd.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -378,33 +379,39 @@ int run_stat(const std::string& socket, bool json) {
     std::cerr << "dpukv stat: unreadable answer\n";
     return 1;
   }
-  auto gib = [](uint64_t b) { return static_cast<double>(b) / (1ull << 30); };
-  const uint64_t keys = j["lookup_keys"], hits = j["lookup_hits"];
-  std::printf("clients        %llu connected\n", (unsigned long long)j["clients"].get<uint64_t>());
-  std::printf("chunks         %llu (%llu in memory, %llu on disk)\n",
-              (unsigned long long)j["chunks"].get<uint64_t>(),
-              (unsigned long long)j["memory_chunks"].get<uint64_t>(),
-              (unsigned long long)j["disk_chunks"].get<uint64_t>());
-  std::printf("memory tier    %.2f of %.2f GiB\n", gib(j["memory_used_bytes"]),
-              gib(j["memory_capacity_bytes"]));
-  std::printf("disk tier      %.2f of %.2f GiB\n", gib(j["disk_used_bytes"]),
-              gib(j["disk_capacity_bytes"]));
-  std::printf("lookups        %llu keys, %.1f%% found\n", (unsigned long long)keys,
-              keys ? 100.0 * hits / keys : 0.0);
-  std::printf("stored         %llu chunks, %.2f GiB\n",
-              (unsigned long long)j["stores"].get<uint64_t>(), gib(j["store_bytes"]));
-  std::printf("retrieved      %llu chunks, %.2f GiB (%llu misses)\n",
-              (unsigned long long)j["retrieves"].get<uint64_t>(), gib(j["retrieve_bytes"]),
-              (unsigned long long)j["misses"].get<uint64_t>());
-  std::printf("evictions      %llu (spills %llu, reloads %llu)\n",
-              (unsigned long long)j["evictions"].get<uint64_t>(),
-              (unsigned long long)j["spills"].get<uint64_t>(),
-              (unsigned long long)j["reloads"].get<uint64_t>());
-  std::printf("errors         %llu checksum, %llu I/O, %llu bad requests, %llu protocol\n",
-              (unsigned long long)j["checksum_failures"].get<uint64_t>(),
-              (unsigned long long)j["io_errors"].get<uint64_t>(),
-              (unsigned long long)j["bad_requests"].get<uint64_t>(),
-              (unsigned long long)j["protocol_errors"].get<uint64_t>());
+  auto u = [&](const char* k) { return j.value(k, uint64_t{0}); };
+  const uint64_t keys = u("lookup_keys"), hits = u("lookup_hits");
+  std::printf("agent          dpukv %s\n", j.value("version", std::string("?")).c_str());
+  std::printf("clients        %llu connected (besides this one)\n",
+              (unsigned long long)u("clients"));
+  std::printf("chunks         %llu (%llu in memory, %llu on disk, %llu of them in both)\n",
+              (unsigned long long)u("chunks"), (unsigned long long)u("memory_chunks"),
+              (unsigned long long)u("disk_chunks"), (unsigned long long)u("both_tier_chunks"));
+  std::printf("memory tier    %s of %s\n", mib(u("memory_used_bytes")).c_str(),
+              mib(u("memory_capacity_bytes")).c_str());
+  if (u("disk_capacity_bytes"))
+    std::printf("disk tier      %s of %s\n", mib(u("disk_used_bytes")).c_str(),
+                mib(u("disk_capacity_bytes")).c_str());
+  else
+    std::printf("disk tier      none\n");
+  std::printf("lookups        %llu keys, %.1f%% found, %.1f us mean per lookup\n",
+              (unsigned long long)keys, keys ? 100.0 * hits / keys : 0.0,
+              j.value("lookup_mean_us", 0.0));
+  std::printf("stored         %llu chunks, %s\n", (unsigned long long)u("stores"),
+              mib(u("store_bytes")).c_str());
+  std::printf("retrieved      %llu chunks, %s (%llu misses)\n", (unsigned long long)u("retrieves"),
+              mib(u("retrieve_bytes")).c_str(), (unsigned long long)u("misses"));
+  std::printf("evictions      %llu from memory, %llu from disk (spills %llu, reloads %llu)\n",
+              (unsigned long long)u("evictions"), (unsigned long long)u("disk_evictions"),
+              (unsigned long long)u("spills"), (unsigned long long)u("reloads"));
+  std::printf(
+      "rejected       %llu stores (no room), %llu not permitted, %llu bad requests, %llu "
+      "protocol errors\n",
+      (unsigned long long)u("store_rejects"), (unsigned long long)u("not_permitted"),
+      (unsigned long long)u("bad_requests"), (unsigned long long)u("protocol_errors"));
+  std::printf("disk errors    %llu checksum, %llu I/O, %llu index log\n",
+              (unsigned long long)u("checksum_failures"), (unsigned long long)u("io_errors"),
+              (unsigned long long)u("disk_log_errors"));
   return 0;
 }
 
@@ -414,6 +421,7 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
   auto st = std::make_shared<Settings>();
   auto flag_values = std::make_shared<std::vector<std::string>>(st->all.size());
   auto config = std::make_shared<std::string>();
+  auto parent = std::make_shared<int>(0);
   CLI::App* cmd =
       app->add_subcommand("agent", "Run the offload agent (the cache daemon) until SIGTERM/SIGINT");
   struct Flag {
@@ -461,7 +469,19 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
                 "Write every chunk to the disk tier at once (default: on eviction)");
   cmd->add_option("--config", *config,
                   "Config file of 'name: value' lines (every setting: examples/agent.yaml)");
+  cmd->add_option("--parent-pid", *parent,
+                  "Exit when this process does (for tools that start an agent of their own)")
+      ->group("");
   cmd->callback([=] {
+    if (*parent > 0) {
+      // Tied to the parent: SIGTERM when it dies, checked once against the race
+      // of it dying before the request took effect.
+      (void)prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != *parent) {
+        *exit_code = 1;
+        return;
+      }
+    }
     Settings s = *st;
     for (size_t i = 0; i < opts.size(); ++i) {
       if (opts[i].first->count() == 0) continue;

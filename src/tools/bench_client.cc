@@ -1,5 +1,4 @@
 #include "tools/bench_client.h"
-#include "runtime/child_process.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -11,6 +10,7 @@
 
 #include "client/client.h"
 #include "comch/client.h"
+#include "runtime/child_process.h"
 #include "runtime/log.h"
 #include "runtime/mem_region.h"
 #include "tools/bench_common.h"

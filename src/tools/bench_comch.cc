@@ -1,5 +1,4 @@
 #include "tools/bench_comch.h"
-#include "runtime/child_process.h"
 
 #include <signal.h>
 #include <sys/epoll.h>
@@ -19,6 +18,7 @@
 #include "comch/server.h"
 #include "engines/dma/copy_kernels.h"
 #include "runtime/buf.h"
+#include "runtime/child_process.h"
 #include "runtime/log.h"
 #include "runtime/mem_region.h"
 #include "tools/bench_common.h"

@@ -1,8 +1,10 @@
 #include "tools/bench_common.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <spawn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +16,8 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+
+#include "runtime/child_process.h"
 
 extern char** environ;
 
@@ -214,6 +218,51 @@ pid_t spawn_self(const std::vector<std::string>& args, int child_fd) {
   int rc = posix_spawn(&pid, self, &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   return rc == 0 ? pid : -1;
+}
+
+bool run_gnuplot(const std::string& script, const std::string& out_path, std::string* err) {
+  const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out < 0) {
+    *err = "cannot write " + out_path + ": " + std::strerror(errno);
+    return false;
+  }
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) {
+    ::close(out);
+    *err = std::string("pipe: ") + std::strerror(errno);
+    return false;
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, p[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out, 1);
+  char prog[] = "gnuplot";
+  char* argv[] = {prog, nullptr};
+  pid_t pid = -1;
+  const int rc = posix_spawnp(&pid, prog, &fa, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(p[0]);
+  ::close(out);
+  bool ok = rc == 0;
+  if (ok) {
+    size_t off = 0;
+    while (off < script.size()) {
+      const ssize_t w = ::write(p[1], script.data() + off, script.size() - off);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) break;
+      off += static_cast<size_t>(w);
+    }
+  }
+  ::close(p[1]);
+  int status = 0;
+  if (ok && (!reap_child(pid, &status) || !WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
+    ok = false;
+    *err = "gnuplot failed (exit status " + std::to_string(WEXITSTATUS(status)) + ")";
+  } else if (!ok) {
+    *err = "cannot run gnuplot (is gnuplot installed? apt-get install gnuplot-nox)";
+  }
+  if (!ok) ::unlink(out_path.c_str());
+  return ok;
 }
 
 }  // namespace dpukv::bench

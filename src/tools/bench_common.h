@@ -78,4 +78,10 @@ bool progress_enabled();
 // child. Returns the pid or -1.
 pid_t spawn_self(const std::vector<std::string>& args, int child_fd);
 
+// Renders a gnuplot script into out_path without a shell: gnuplot is run from argv
+// with the script on its stdin and the file as its stdout, so the file name never
+// reaches gnuplot or a shell. false, with the reason, if gnuplot is missing or
+// fails (the partial file is removed).
+bool run_gnuplot(const std::string& script, const std::string& out_path, std::string* err);
+
 }  // namespace dpukv::bench

@@ -1,5 +1,4 @@
 #include "tools/nvme_perf.h"
-#include "runtime/child_process.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -22,6 +21,7 @@
 #include "nvme/bdev.h"
 #include "nvme/nvme_driver.h"
 #include "nvme/tcp_host.h"
+#include "runtime/child_process.h"
 #include "runtime/log.h"
 #include "tools/bench_common.h"
 

@@ -1,5 +1,4 @@
 #include "tools/replay.h"
-#include "runtime/child_process.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -10,9 +9,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <list>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -22,6 +23,7 @@
 
 #include "agent/agent.h"
 #include "client/client.h"
+#include "runtime/child_process.h"
 #include "runtime/log.h"
 #include "tools/bench_common.h"
 
@@ -58,6 +60,8 @@ struct Config {
   std::string model = "llama-3.1-8b";
   uint32_t scale = 1024;
   uint64_t capacity_blocks = 10000;
+  uint64_t disk_blocks = 0;  // a disk tier of this many blocks on the agent it starts
+  std::string disk_dir;      // where (default: a fresh directory under /var/tmp)
   uint32_t clients = 1;
   double speedup = 0;
   uint64_t max_requests = 0;
@@ -66,6 +70,10 @@ struct Config {
   std::string plot;
   std::string eviction = "lru";
 };
+
+// Limits that keep a hostile or broken trace from taking the machine: a request
+// of more blocks than this is refused with its line number.
+constexpr size_t kMaxBlocksPerRequest = 16384;
 
 Status load_trace(const std::string& path, uint64_t limit, std::vector<Request>* out,
                   std::string* err) {
@@ -76,6 +84,10 @@ Status load_trace(const std::string& path, uint64_t limit, std::vector<Request>*
   }
   std::string line;
   uint64_t n = 0;
+  auto bad = [&](const std::string& why) {
+    *err = path + ":" + std::to_string(n) + ": " + why;
+    return Status(Code::kInvalidValue);
+  };
   while (std::getline(f, line)) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -83,17 +95,24 @@ Status load_trace(const std::string& path, uint64_t limit, std::vector<Request>*
     if (j.is_discarded() || !j.is_object() || !j.contains("hash_ids") ||
         !j["hash_ids"].is_array() || !j.contains("input_length") ||
         !j["input_length"].is_number_unsigned() || !j.contains("timestamp") ||
-        !j["timestamp"].is_number()) {
-      *err = path + ":" + std::to_string(n) +
-             ": not a trace record (timestamp, input_length, hash_ids)";
-      return Code::kInvalidValue;
-    }
-    Request r{j["timestamp"].get<double>(), j["input_length"].get<uint32_t>(), {}};
+        !j["timestamp"].is_number())
+      return bad("not a trace record (timestamp, input_length, hash_ids)");
+    const double ts = j["timestamp"].get<double>();
+    if (!std::isfinite(ts) || ts < 0) return bad("timestamp must be a finite number >= 0");
+    if (!out->empty() && ts < out->back().ts_ms)
+      return bad("timestamp " + std::to_string(ts) + " is earlier than the line before's (" +
+                 std::to_string(out->back().ts_ms) + "): a trace must be in time order");
+    if (j["hash_ids"].size() > kMaxBlocksPerRequest)
+      return bad(std::to_string(j["hash_ids"].size()) + " hash_ids; at most " +
+                 std::to_string(kMaxBlocksPerRequest) + " per request");
+    if (j["input_length"].get<uint64_t>() > 512ull * (j["hash_ids"].size() + 1) ||
+        (j["input_length"].get<uint64_t>() == 0 && !j["hash_ids"].empty()))
+      return bad("input_length " + std::to_string(j["input_length"].get<uint64_t>()) +
+                 " does not fit " + std::to_string(j["hash_ids"].size()) + " blocks of 512 tokens");
+    Request r{ts, j["input_length"].get<uint32_t>(), {}};
+    r.ids.reserve(j["hash_ids"].size());
     for (const auto& id : j["hash_ids"]) {
-      if (!id.is_number_unsigned()) {
-        *err = path + ":" + std::to_string(n) + ": hash_ids must be non-negative integers";
-        return Code::kInvalidValue;
-      }
+      if (!id.is_number_unsigned()) return bad("hash_ids must be non-negative integers");
       r.ids.push_back(id.get<uint64_t>());
     }
     out->push_back(std::move(r));
@@ -172,7 +191,8 @@ uint64_t peak_rss(pid_t pid) {
 struct Totals {
   uint64_t requests = 0, blocks = 0, hit_blocks = 0, tokens = 0, hit_tokens = 0, sim_hits = 0;
   uint64_t stored_bytes = 0, retrieved_bytes = 0, verified_bytes = 0, verify_failures = 0;
-  uint64_t store_ns = 0, retrieve_ns = 0, errors = 0, lost_hits = 0;
+  uint64_t store_ns = 0, retrieve_ns = 0, lost_hits = 0, hier_sim_hits = 0, retries = 0;
+  std::map<std::string, uint64_t> failures;  // "store NO_MEMORY" -> entries
   bench::LatencyRecorder lookup_lat{1u << 18}, retrieve_lat{1u << 18};
   struct Bucket {
     uint64_t refs = 0, hits = 0, bytes = 0, ns = 0;
@@ -200,23 +220,67 @@ int run(const Config& c) {
     std::cerr << "dpukv replay: the trace has no requests\n";
     return 2;
   }
+  uint64_t total_blocks = 0;
+  for (const auto& r : reqs) total_blocks += r.ids.size();
+  if (total_blocks == 0) {
+    std::cerr << "dpukv replay: the trace's requests name no blocks (hash_ids are all empty): "
+                 "nothing to cache\n";
+    return 2;
+  }
   // Block bytes: 512 tokens of the preset, scaled down, rounded to 4 KiB pages.
   const uint64_t raw_block = 512 * preset->bytes_per_token / c.scale;
   const uint64_t block = std::max<uint64_t>(4096, (raw_block + 4095) / 4096 * 4096);
   size_t max_blocks = 0;
   for (const auto& r : reqs) max_blocks = std::max(max_blocks, r.ids.size());
+  const uint64_t staging_bytes = max_blocks * block;
+  if (staging_bytes > (4ull << 30)) {
+    std::cerr << "dpukv replay: the longest request (" << max_blocks << " blocks of "
+              << bench::format_size(block) << ") needs " << bench::format_size(staging_bytes)
+              << " of staging per client; raise --scale\n";
+    return 2;
+  }
 
-  // The agent: ours, unless one was named.
+  // The agent: ours, unless one was named. It dies with this process (a replay
+  // that is killed or crashes leaves no agent behind).
   pid_t agent_pid = -1;
   std::string socket = c.agent_socket;
+  std::string disk_dir;
+  bool own_disk_dir = false;
   if (socket.empty()) {
     socket = "/tmp/dpukv-replay-" + std::to_string(getpid()) + ".sock";
-    agent_pid = bench::spawn_self(
-        {"--log-level", "warning", "agent", "--socket", socket, "--memory-bytes",
-         std::to_string(c.capacity_blocks * block), "--max-chunk-size", std::to_string(block),
-         "--max-chunks", std::to_string(c.capacity_blocks * 2 + 1024), "--metrics-port", "0",
-         "--eviction", c.eviction},
-        -1);
+    std::vector<std::string> args = {"--log-level",
+                                     "warning",
+                                     "agent",
+                                     "--socket",
+                                     socket,
+                                     "--memory-bytes",
+                                     std::to_string(c.capacity_blocks * block),
+                                     "--max-chunk-size",
+                                     std::to_string(block),
+                                     "--max-chunks",
+                                     std::to_string((c.capacity_blocks + c.disk_blocks) * 2 + 1024),
+                                     "--metrics-port",
+                                     "0",
+                                     "--eviction",
+                                     c.eviction,
+                                     "--parent-pid",
+                                     std::to_string(getpid())};
+    if (c.disk_blocks > 0) {
+      disk_dir = c.disk_dir;
+      if (disk_dir.empty()) {
+        char tmpl[] = "/var/tmp/dpukv-replay-disk-XXXXXX";
+        if (mkdtemp(tmpl) == nullptr) {
+          std::cerr << "dpukv replay: cannot make a disk tier directory under /var/tmp: "
+                    << std::strerror(errno) << "\n";
+          return 1;
+        }
+        disk_dir = tmpl;
+        own_disk_dir = true;
+      }
+      args.insert(args.end(), {"--local-disk", disk_dir, "--max-local-disk-size",
+                               std::to_string(c.disk_blocks * block) + "B"});
+    }
+    agent_pid = bench::spawn_self(args, -1);
     if (agent_pid < 0) {
       std::cerr << "dpukv replay: cannot start the agent\n";
       return 1;
@@ -226,8 +290,10 @@ int run(const Config& c) {
     if (agent_pid > 0) {
       signal_child(agent_pid, SIGTERM);
       int status;
-      waitpid(agent_pid, &status, 0);
+      reap_child(agent_pid, &status);
+      agent_pid = -1;
     }
+    if (own_disk_dir) std::filesystem::remove_all(disk_dir);
   };
 
   const uint32_t nclients = std::max<uint32_t>(1, c.clients);
@@ -240,13 +306,15 @@ int run(const Config& c) {
     o.model = 7;
     if (!Client::connect(o, &clients[i]).ok() ||
         !clients[i]->alloc_staging(max_blocks * block, &staging[i]).ok()) {
-      std::cerr << "dpukv replay: cannot reach the agent at " << socket << "\n";
+      std::cerr << "dpukv replay: cannot reach the agent at " << socket
+                << (agent_pid > 0 ? " (it did not start; see its message above)" : "") << "\n";
       stop_agent();
       return 1;
     }
   }
   const KeyContext ctx{7, 1, 0, kv_layout_fingerprint(c.model, 1, 1, 1)};
   LruSim sim(c.capacity_blocks);
+  LruSim hier_sim(c.capacity_blocks + c.disk_blocks);  // memory + disk, one LRU
   Totals t;
   std::mutex mu;  // guards t and sim across client threads
   const double span_ms = reqs.back().ts_ms - reqs.front().ts_ms;
@@ -261,6 +329,8 @@ int run(const Config& c) {
     std::vector<ChunkKey> keys;
     std::vector<uint64_t> offs, lens;
     std::vector<Status> sts;
+    std::vector<uint32_t> again_k;
+    uint64_t retries = 0;
     for (;;) {
       const uint64_t i = next.fetch_add(1);
       if (i >= reqs.size()) return;
@@ -301,13 +371,32 @@ int run(const Config& c) {
       // Prefill of the missed tokens is modelled, not run; then the new blocks are stored.
       for (uint32_t k = got; k < n; ++k) fill_block(r.ids[k], sg.data + offs[k], block);
       uint64_t store_ns = 0;
-      uint64_t errs = 0;
+      std::map<std::string, uint64_t> fails;  // "op CODE" -> entries
+      for (uint32_t k = got; k < hits; ++k)
+        if (!sts[k].ok() && sts[k] != Code::kNotFound)
+          ++fails["retrieve " + std::string(sts[k].name())];
       if (got < n) {
         t0 = bench::now_ns();
-        Status s = cl.store(sg, keys.data() + got, offs.data() + got, lens.data() + got, n - got,
-                            sts.data());
+        (void)cl.store(sg, keys.data() + got, offs.data() + got, lens.data() + got, n - got,
+                       sts.data());
+        // AGAIN means "retry": the entries the agent could not take now go again,
+        // with a growing pause, before they count as failures.
+        for (int attempt = 0; attempt < 20; ++attempt) {
+          again_k.clear();
+          for (uint32_t k = 0; k < n - got; ++k)
+            if (sts[k] == Code::kAgain) again_k.push_back(k);
+          if (again_k.empty()) break;
+          retries += again_k.size();
+          std::this_thread::sleep_for(std::chrono::microseconds(100u << std::min(attempt, 10)));
+          for (uint32_t k : again_k) {
+            Status one;
+            (void)cl.store(sg, &keys[got + k], &offs[got + k], &lens[got + k], 1, &one);
+            sts[k] = one;
+          }
+        }
         store_ns = bench::now_ns() - t0;
-        if (!s.ok()) ++errs;
+        for (uint32_t k = 0; k < n - got; ++k)
+          if (!sts[k].ok()) ++fails["store " + std::string(sts[k].name())];
       }
       uint64_t hit_tokens = 0;
       for (uint32_t k = 0; k < got; ++k)
@@ -320,13 +409,16 @@ int run(const Config& c) {
       t.tokens += r.input_length;
       t.hit_tokens += hit_tokens;
       t.sim_hits += sim.access(r.ids);
+      if (c.disk_blocks) t.hier_sim_hits += hier_sim.access(r.ids);
+      for (const auto& [kind, count] : fails) t.failures[kind] += count;
+      t.retries += retries;
+      retries = 0;
       t.retrieved_bytes += static_cast<uint64_t>(got) * block;
       t.stored_bytes += static_cast<uint64_t>(n - got) * block;
       t.verified_bytes += verified;
       t.verify_failures += vfail;
       t.store_ns += store_ns;
       t.retrieve_ns += retrieve_ns;
-      t.errors += errs;
       t.lookup_lat.add(lookup_ns);
       if (hits) t.retrieve_lat.add(retrieve_ns);
       auto& b = t.timeline[static_cast<size_t>((r.ts_ms - reqs.front().ts_ms) / 60000)];
@@ -371,6 +463,10 @@ int run(const Config& c) {
   out["block_hit_ratio"] = t.blocks ? static_cast<double>(t.hit_blocks) / t.blocks : 0.0;
   out["token_hit_ratio"] = t.tokens ? static_cast<double>(t.hit_tokens) / t.tokens : 0.0;
   out["lru_sim_block_hit_ratio"] = t.blocks ? static_cast<double>(t.sim_hits) / t.blocks : 0.0;
+  out["disk_blocks"] = c.disk_blocks;
+  if (c.disk_blocks)
+    out["hierarchy_lru_sim_block_hit_ratio"] =
+        t.blocks ? static_cast<double>(t.hier_sim_hits) / t.blocks : 0.0;
   out["hits_lost_after_lookup"] = t.lost_hits;
   out["bytes_stored"] = t.stored_bytes;
   out["bytes_retrieved"] = t.retrieved_bytes;
@@ -382,7 +478,15 @@ int run(const Config& c) {
   out["retrieve_p99_us"] = t.retrieve_lat.percentile_us(99);
   out["verified_bytes"] = t.verified_bytes;
   out["verify_failures"] = t.verify_failures;
-  out["errors"] = t.errors;
+  uint64_t failed = 0;
+  Json fj = Json::object();
+  for (const auto& [kind, count] : t.failures) {
+    fj[kind] = count;
+    failed += count;
+  }
+  out["failures"] = fj;
+  out["errors"] = failed;
+  out["store_retries"] = t.retries;
   out["prefill_model_tokens_per_s"] = preset->prefill_tokens_per_s;
   out["prefill_seconds_without_cache"] = total_prefill_s;
   out["prefill_seconds_saved"] = saved_s;
@@ -391,27 +495,27 @@ int run(const Config& c) {
   out["wall_seconds"] = wall_s;
   if (!agent_json.empty()) out["agent"] = Json::parse(agent_json, nullptr, false);
 
+  int rc = t.verify_failures || failed ? 1 : 0;
   if (!c.plot.empty()) {
-    const std::string dat = c.plot + ".dat";
-    {
-      std::ofstream f(dat);
-      for (size_t i = 0; i < t.timeline.size(); ++i) {
-        const auto& b = t.timeline[i];
-        if (!b.refs) continue;
-        f << i << " " << 100.0 * b.hits / b.refs << " "
-          << (b.ns ? b.bytes / (b.ns / 1e9) / 1e9 : 0.0) << "\n";
-      }
+    std::string script =
+        "set terminal pngcairo size 1000,500\nset xlabel 'trace time (min)'\n"
+        "set ylabel 'block hit ratio (%)'\nset y2label 'GB/s'\nset y2tics\nset ytics nomirror\n"
+        "set title 'dpukv replay: " +
+        c.model + "'\n$d << EOD\n";
+    for (size_t i = 0; i < t.timeline.size(); ++i) {
+      const auto& b = t.timeline[i];
+      if (!b.refs) continue;
+      script += std::to_string(i) + " " + std::to_string(100.0 * b.hits / b.refs) + " " +
+                std::to_string(b.ns ? b.bytes / (b.ns / 1e9) / 1e9 : 0.0) + "\n";
     }
-    const std::string cmd =
-        "gnuplot -e \"set terminal pngcairo size 1000,500; set output '" + c.plot +
-        "'; set xlabel 'trace time (min)'; set ylabel 'block hit ratio (%)'; set y2label 'GB/s';"
-        " set y2tics; set ytics nomirror; set title 'dpukv replay: " +
-        c.model + "'; plot '" + dat +
-        "' using 1:2 with lines title 'hit ratio', '' using 1:3 axes x1y2 with lines title "
-        "'GB/s'\" 2>&1";
-    const int rc = std::system(cmd.c_str());
-    std::remove(dat.c_str());
-    if (rc != 0) std::cerr << "dpukv replay: gnuplot failed (is gnuplot installed?); no plot\n";
+    script +=
+        "EOD\nplot $d using 1:2 with lines title 'hit ratio', $d using 1:3 axes x1y2 with lines "
+        "title 'GB/s'\n";
+    std::string perr;
+    if (!bench::run_gnuplot(script, c.plot, &perr)) {
+      std::cerr << "dpukv replay: no plot: " << perr << "\n";
+      rc = 1;
+    }
   }
 
   if (c.json) {
@@ -428,6 +532,10 @@ int run(const Config& c) {
                 100 * out["block_hit_ratio"].get<double>(),
                 c.agent_socket.empty() ? c.eviction.c_str() : "external agent",
                 100 * out["lru_sim_block_hit_ratio"].get<double>());
+    if (c.disk_blocks)
+      std::printf("  with disk tier      %llu blocks; LRU simulation of memory + disk: %.2f%%\n",
+                  static_cast<unsigned long long>(c.disk_blocks),
+                  100 * out["hierarchy_lru_sim_block_hit_ratio"].get<double>());
     std::printf("  token hit ratio     %.2f%%\n", 100 * out["token_hit_ratio"].get<double>());
     std::printf("  stored / retrieved  %.2f / %.2f GiB at %.2f / %.2f GB/s\n",
                 t.stored_bytes / 1073741824.0, t.retrieved_bytes / 1073741824.0,
@@ -443,11 +551,20 @@ int run(const Config& c) {
         "  prefill saved       %.0f s of %.0f s (model: %.0f tokens/s, an assumption; see "
         "docs/replay.md)\n",
         saved_s, total_prefill_s, preset->prefill_tokens_per_s);
+    if (failed == 0) {
+      std::printf("  failures            none (%llu store entries retried after AGAIN)\n",
+                  static_cast<unsigned long long>(t.retries));
+    } else {
+      std::printf("  failures            %llu entries:", static_cast<unsigned long long>(failed));
+      for (const auto& [kind, count] : t.failures)
+        std::printf(" %s %llu;", kind.c_str(), static_cast<unsigned long long>(count));
+      std::printf("\n");
+    }
     if (rss)
       std::printf("  agent peak RSS      %.1f MiB for a %.1f MiB memory tier\n", rss / 1048576.0,
                   c.capacity_blocks * block / 1048576.0);
   }
-  return t.verify_failures || t.errors ? 1 : 0;
+  return rc;
 }
 
 }  // namespace
@@ -470,6 +587,13 @@ void add_replay_command(CLI::App* app, int* exit_code) {
   cmd->add_option("--capacity-blocks", c->capacity_blocks, "Memory tier size in blocks")
       ->capture_default_str()
       ->check(CLI::Range(1ull, 100000000ull));
+  cmd->add_option("--disk-blocks", c->disk_blocks,
+                  "Give the agent it starts a disk tier of this many blocks (reported next to an "
+                  "LRU simulation of memory + disk)")
+      ->capture_default_str()
+      ->check(CLI::Range(0ull, 100000000ull));
+  cmd->add_option("--disk-dir", c->disk_dir,
+                  "Directory of that disk tier (default: a new one under /var/tmp, removed after)");
   cmd->add_option("--clients", c->clients, "Concurrent clients")
       ->capture_default_str()
       ->check(CLI::Range(1u, 64u));

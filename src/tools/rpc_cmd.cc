@@ -5,9 +5,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -59,12 +62,33 @@ int run_rpc(const std::string& socket_path, const std::string& method,
     std::cerr << "dpukv rpc: " << err << "\n";
     return 2;
   }
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // -t bounds the whole call: connect, send and the answer share one deadline.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  auto left_ms = [&] {
+    const auto d = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    return static_cast<int>(std::max<int64_t>(0, d.count()));
+  };
+  auto timed_out = [&](const char* what) {
+    std::cerr << "dpukv rpc: " << what << " within " << timeout_s << " s (-t)\n";
+    return 1;
+  };
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  if (socket_path.size() >= sizeof addr.sun_path) return 2;
+  if (socket_path.size() >= sizeof addr.sun_path) {
+    std::cerr << "dpukv rpc: socket path longer than " << sizeof addr.sun_path - 1
+              << " bytes: " << socket_path << "\n";
+    return 2;
+  }
   std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+  for (;;) {  // a UNIX socket whose backlog is full says EAGAIN: retry until the deadline
+    if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) break;
+    if (fd >= 0 && errno == EAGAIN && left_ms() > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    if (fd >= 0 && errno == EAGAIN) return timed_out("could not connect");
     std::cerr << "dpukv rpc: cannot connect to " << socket_path << ": " << strerror(errno)
               << " (is `dpukv nvme` running?)\n";
     return 1;
@@ -72,18 +96,28 @@ int run_rpc(const std::string& socket_path, const std::string& method,
   Json req{{"jsonrpc", "2.0"}, {"id", 1}, {"method", method}};
   if (!params.empty()) req["params"] = params;
   std::string out = req.dump();
-  if (send(fd, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) return 1;
+  for (size_t off = 0; off < out.size();) {
+    const ssize_t k = send(fd, out.data() + off, out.size() - off, MSG_NOSIGNAL);
+    if (k > 0) {
+      off += static_cast<size_t>(k);
+      continue;
+    }
+    if (k < 0 && errno != EAGAIN && errno != EINTR) {
+      std::cerr << "dpukv rpc: send: " << strerror(errno) << "\n";
+      return 1;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    if (poll(&p, 1, left_ms()) != 1) return timed_out("could not send the request");
+  }
   std::string in;
   char buf[65536];
   for (;;) {
     size_t end = rpc::json_value_end(in);
     if (end != 0 && end != std::string::npos) break;
     pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, timeout_s * 1000) != 1) {
-      std::cerr << "dpukv rpc: no answer within " << timeout_s << " s\n";
-      return 1;
-    }
+    if (poll(&p, 1, left_ms()) != 1) return timed_out("no answer");
     ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     if (n <= 0) {
       std::cerr << "dpukv rpc: connection closed\n";
       return 1;

@@ -1,6 +1,8 @@
-// The one place the version is written.
+// The version the command reports is the agent's (one place: agent/agent.h).
 #pragma once
 
+#include "agent/agent.h"
+
 namespace dpukv {
-inline constexpr const char kDpukvVersion[] = "0.2.0";
+inline constexpr const char* kDpukvVersion = kAgentVersion;
 }  // namespace dpukv

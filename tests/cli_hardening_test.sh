@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Faults a new (or hostile) user finds, each checked through the real binary:
+# bad numbers in flags, config and environment (exit 2, the setting named); two
+# agents on one disk directory; a metrics port in use; systemd readiness and
+# SIGHUP; `dpukv stat`; replay with a disk tier (hit ratio at the same-run LRU
+# simulation of memory + disk, two clients with no failure), a plot name that a
+# shell would run, malformed traces, and an agent that outlives a killed replay.
+set -euo pipefail
+bin=$(realpath "$1")
+trace=$(realpath "$2")
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do [ "$p" -gt 0 ] && kill -9 "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+fail() { echo "FAIL: $*"; exit 1; }
+expect_exit() {  # expect_exit CODE PATTERN -- command...
+  local want=$1 pat=$2; shift 3
+  set +e; timeout 20 "$@" >"$tmp/out" 2>&1; local rc=$?; set -e
+  [ "$rc" -eq "$want" ] || { cat "$tmp/out"; fail "exit $rc, not $want: $*"; }
+  grep -q -- "$pat" "$tmp/out" || { cat "$tmp/out"; fail "no '$pat' from: $*"; }
+}
+wait_socket() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; fail "no socket $1"; }
+
+# Numbers: one parser, exit 2, the setting named.
+a="$bin --log-level error agent --socket $tmp/n.sock"
+expect_exit 2 "max-local-disk-size" -- $a --local-disk "$tmp/d0" --max-local-disk-size -1
+expect_exit 2 "not a size" -- $a --max-local-cpu-size 1e30
+expect_exit 2 "not a size" -- $a --max-local-cpu-size nan
+expect_exit 2 "not a port" -- $a --metrics-port 70000
+expect_exit 2 "not a port" -- $a --metrics-port -5
+expect_exit 2 "no disk tier to size" -- $a --max-local-disk-size 1
+expect_exit 2 "smaller than max_chunk_size" -- $a --memory-bytes 1M --max-chunk-size 4M
+expect_exit 2 "DPUKV_METRICS_PORT" -- env DPUKV_METRICS_PORT=xyz $a
+printf 'max_local_cpu_size: 0.25abc\n' > "$tmp/bad.yaml"
+expect_exit 2 "bad.yaml:1" -- $a --config "$tmp/bad.yaml"
+printf 'no_such_setting: 1\n' > "$tmp/unknown.yaml"
+expect_exit 2 "unknown setting" -- $a --config "$tmp/unknown.yaml"
+expect_exit 2 "not a regular file" -- $a --config "$tmp"
+expect_exit 2 "" -- "$bin" agent --no-such-flag
+
+# Agent A with a disk tier and metrics; readiness through NOTIFY_SOCKET.
+port=$((20000 + $$ % 20000))
+"$py" - "$tmp/notify" > "$tmp/notified" <<'PY' &
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(sys.argv[1]); s.settimeout(20)
+print(s.recv(256).decode())
+PY
+listener=$!
+for _ in $(seq 100); do [ -S "$tmp/notify" ] && break; sleep 0.05; done
+NOTIFY_SOCKET="$tmp/notify" "$bin" --log-level info agent --socket "$tmp/a.sock" --memory-bytes 64M \
+  --max-chunk-size 1M --local-disk "$tmp/disk" --max-local-disk-size 64M --metrics-port "$port" \
+  2> "$tmp/a.log" &
+agent=$!
+pids+=("$agent")
+wait_socket "$tmp/a.sock"
+wait "$listener"
+grep -q "READY=1" "$tmp/notified" || fail "no READY=1 on NOTIFY_SOCKET"
+grep -q "dpukv agent .* starting (pid $agent)" "$tmp/a.log" || fail "no version line at start"
+grep -qE '^\[[0-9]{4}-[0-9]{2}-[0-9]{2} ' "$tmp/a.log" || fail "log lines carry no date"
+
+# A second agent on the same directory is refused, naming the first one's pid;
+# one on the same metrics port says the port is in use.
+expect_exit 1 "in use by another agent (pid $agent)" -- "$bin" agent --socket "$tmp/b.sock" \
+  --memory-bytes 64M --max-chunk-size 1M --local-disk "$tmp/disk" --max-local-disk-size 64M \
+  --metrics-port 0
+expect_exit 1 "Address already in use" -- "$bin" agent --socket "$tmp/c.sock" --memory-bytes 64M \
+  --max-chunk-size 1M --metrics-port "$port"
+
+# SIGHUP does not end it; stat shows the version, tiers in MiB, and not itself.
+kill -HUP "$agent"
+sleep 0.3
+kill -0 "$agent" || fail "SIGHUP ended the agent"
+"$bin" stat --socket "$tmp/a.sock" > "$tmp/stat"
+grep -q "agent          dpukv" "$tmp/stat" || fail "stat: no version"
+grep -q "clients        0 connected" "$tmp/stat" || fail "stat counts its own connection"
+grep -q "disk tier      0.0 MiB of 64.0 MiB" "$tmp/stat" || { cat "$tmp/stat"; fail "stat: disk tier"; }
+grep -q "SIGHUP" "$tmp/a.log" || fail "SIGHUP not logged"
+kill -TERM "$agent"
+wait "$agent"
+
+# Replay with a disk tier: at the LRU simulation of memory + disk (-0.1 pt), and
+# with two clients, no failure and exit 0.
+"$bin" replay "$trace" --max-requests 3000 --capacity-blocks 500 --disk-blocks 1500 --json \
+  > "$tmp/disk.json"
+"$bin" replay "$trace" --max-requests 3000 --capacity-blocks 500 --disk-blocks 500 --clients 2 \
+  --json > "$tmp/two.json"
+"$py" - "$tmp/disk.json" "$tmp/two.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["block_hit_ratio"] >= d["hierarchy_lru_sim_block_hit_ratio"] - 0.001, d
+assert d["hierarchy_lru_sim_block_hit_ratio"] > d["lru_sim_block_hit_ratio"], d
+assert d["agent"]["disk_evictions"] > 0, d["agent"]
+for path in sys.argv[1:]:
+    r = json.load(open(path))
+    assert r["failures"] == {} and r["errors"] == 0 and r["verify_failures"] == 0, r
+PY
+
+# A plot file name is a name, never a command.
+(cd "$tmp" && "$bin" replay "$trace" --max-requests 200 --plot 'x$(touch pwned).png' >/dev/null)
+[ ! -e "$tmp/pwned" ] || fail "the plot name ran a command"
+[ -s "$tmp/x\$(touch pwned).png" ] || fail "no plot under its literal name"
+expect_exit 1 "no plot" -- "$bin" replay "$trace" --max-requests 50 --plot "$tmp/no/such/dir.png"
+
+# Malformed traces: a clear message with the line, exit 2.
+printf '{"timestamp": 5, "input_length": 600, "hash_ids": [1, 2]}\n{"timestamp": 3, "input_length": 600, "hash_ids": [1, 2]}\n' > "$tmp/back.jsonl"
+expect_exit 2 "back.jsonl:2: timestamp" -- "$bin" replay "$tmp/back.jsonl"
+"$py" -c 'import json; print(json.dumps({"timestamp": 1, "input_length": 10, "hash_ids": list(range(3000000))}))' > "$tmp/huge.jsonl"
+expect_exit 2 "huge.jsonl:1: 3000000 hash_ids" -- "$bin" replay "$tmp/huge.jsonl"
+printf '{"timestamp": 1, "input_length": 0, "hash_ids": []}\n' > "$tmp/none.jsonl"
+expect_exit 2 "name no blocks" -- "$bin" replay "$tmp/none.jsonl"
+
+# The agent a replay starts dies with it.
+"$bin" replay "$trace" --speedup 1 > /dev/null 2>&1 &
+rp=$!
+pids+=("$rp")
+child=""
+for _ in $(seq 200); do
+  child=$(pgrep -P "$rp" || true)
+  [ -n "$child" ] && [ -S "/tmp/dpukv-replay-$rp.sock" ] && break
+  sleep 0.05
+done
+[ -n "$child" ] || fail "replay started no agent"
+pids+=("$child")
+kill -9 "$rp"
+for _ in $(seq 100); do kill -0 "$child" 2>/dev/null || break; sleep 0.05; done
+kill -0 "$child" 2>/dev/null && fail "the replay's agent outlived it"
+rm -f "/tmp/dpukv-replay-$rp.sock"
+echo "cli hardening: ok"
