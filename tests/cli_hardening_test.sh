@@ -43,6 +43,26 @@ expect_exit 2 "unknown setting" -- $a --config "$tmp/unknown.yaml"
 expect_exit 2 "not a regular file" -- $a --config "$tmp"
 expect_exit 2 "" -- "$bin" agent --no-such-flag
 
+# Errors name their cause.
+expect_exit 1 "too long" -- "$bin" agent --socket "/tmp/$(printf 'x%.0s' $(seq 120))" --metrics-port 0
+# The example config documents every setting, and the agent takes it as it is.
+src=$(dirname "$(realpath "$0")")/..
+"$bin" --log-level error agent --config "$src/examples/agent.yaml" --socket "$tmp/ex.sock" \
+  --metrics-port 0 --max-local-cpu-size 64M &
+ex=$!
+pids+=("$ex")
+wait_socket "$tmp/ex.sock"
+"$bin" stat --socket "$tmp/ex.sock" | grep -q "memory tier    0.0 MiB of 64.0 MiB"
+kill -TERM "$ex"
+wait "$ex"
+for name in $("$py" - "$src/src/tools/agent_cmd.cc" <<'PY'
+import re, sys
+print(" ".join(re.findall(r'\{"([a-z_]+)", (?:"DPUKV_[A-Z_]+"|nullptr), Kind::', open(sys.argv[1]).read())))
+PY
+); do
+  grep -qE "^#? ?$name:" "$src/examples/agent.yaml" || fail "examples/agent.yaml does not document $name"
+done
+
 # Agent A with a disk tier and metrics; readiness through NOTIFY_SOCKET.
 port=$((20000 + $$ % 20000))
 "$py" - "$tmp/notify" > "$tmp/notified" <<'PY' &

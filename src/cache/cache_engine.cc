@@ -1027,7 +1027,13 @@ void CacheEngine::finish_read(Request* r, Status st, bool corrupted) {
   --en.readers;
   if (corrupted) {
     ++st_.checksum_failures;
-    LOG_WARN("cache: chunk failed its checksum on read; dropped");
+    LOG_WARN(
+        "cache: chunk %016llx:%016llx (%llu bytes, %s at offset %llu) failed its checksum "
+        "on read; dropped, reported as a miss",
+        static_cast<unsigned long long>(en.key.model),
+        static_cast<unsigned long long>(en.key.prefix_hash),
+        static_cast<unsigned long long>(en.stored), en.on_disk ? "disk copy" : "memory",
+        static_cast<unsigned long long>(en.on_disk ? en.disk_off : en.mem_off));
     if (en.readers == 0 && !en.spilling && !en.loading) drop_entry(e);
     ++st_.misses;
     finish(r, Code::kNotFound);
@@ -1053,7 +1059,7 @@ void CacheEngine::after_io(Request* r, Status st) {
     --en.readers;
     spill_bytes_ -= en.stored;
     const bool wrote = st.ok();
-    if (!wrote) disk_failed("write failed", st.code() == Code::kNoMemory ? ENOSPC : EIO);
+    if (!wrote) disk_failed("write failed", last_io_errno_ ? last_io_errno_ : EIO);
     if (wrote && disk_->log_put(en.key, r->disk_off, en.stored, en.checksum, en.size, en.encoded)) {
       en.on_disk = true;
       en.disk_off = r->disk_off;
@@ -1083,6 +1089,10 @@ void CacheEngine::after_io(Request* r, Status st) {
   en.loading = false;
   if (!st.ok()) {
     ++st_.io_errors;
+    LOG_ERR("cache: disk tier read of %llu bytes at offset %llu failed: %s",
+            static_cast<unsigned long long>(en.stored),
+            static_cast<unsigned long long>(en.disk_off),
+            std::strerror(last_io_errno_ ? last_io_errno_ : EIO));
     mem_alloc_.free(en.mem_off);
     en.in_mem = false;
     finish(r, Code::kIoFailed);
@@ -1101,6 +1111,12 @@ void CacheEngine::after_io(Request* r, Status st) {
     // No DMA follows to check the bytes: hash them here.
     if (XXH3_64bits(static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.stored) != en.checksum) {
       ++st_.checksum_failures;
+      LOG_WARN(
+          "cache: chunk %016llx:%016llx read back from disk offset %llu failed its checksum; "
+          "dropped",
+          static_cast<unsigned long long>(en.key.model),
+          static_cast<unsigned long long>(en.key.prefix_hash),
+          static_cast<unsigned long long>(en.disk_off));
       drop_entry(e);
       finish(r, Code::kNotFound);
     } else {
@@ -1148,7 +1164,10 @@ size_t CacheEngine::poll() {
   if (!disk_) return 0;
   DiskTier::Completion c[32];
   size_t n = disk_->poll(c, 32);
-  for (size_t i = 0; i < n; ++i) after_io(&requests_[c[i].tag], c[i].status);
+  for (size_t i = 0; i < n; ++i) {
+    last_io_errno_ = c[i].err;
+    after_io(&requests_[c[i].tag], c[i].status);
+  }
   return n;
 }
 

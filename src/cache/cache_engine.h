@@ -195,6 +195,7 @@ class CacheEngine final : public Context {
   // tier's own count drops when a batch is reaped, before each is handled).
   uint32_t disk_ios_ = 0;
   uint32_t engine_ops_ = 0;           // DMA and codec tasks in flight
+  int last_io_errno_ = 0;             // errno of the disk completion being handled
   uint64_t mem_clean_bytes_ = 0;      // memory held by chunks that also have a disk copy
   uint64_t spill_bytes_ = 0;          // memory being written back
   uint64_t evict_pending_bytes_ = 0;  // memory freed when the writes under way land

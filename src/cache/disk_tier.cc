@@ -291,6 +291,7 @@ size_t DiskTier::poll(Completion* out, size_t max) {
         cqe->res < 0
             ? Status(cqe->res == -ENOSPC || cqe->res == -EFBIG ? Code::kNoMemory : Code::kIoFailed)
             : Status();
+    out[n].err = cqe->res < 0 ? -cqe->res : 0;
     io_uring_cqe_seen(&ring_, cqe);
     --inflight_;
     ++n;
@@ -447,8 +448,9 @@ size_t DiskTier::nvme_poll(Completion* out, size_t max) {
   for (size_t i = 0; i < nvme_tags_.size() && n < max;) {
     TagState& s = nvme_tags_[i].second;
     if (s.remaining == 0 || broken) {
+      const bool bad = s.failed || broken;
       out[n++] =
-          Completion{nvme_tags_[i].first, s.failed || broken ? Status(Code::kIoFailed) : Status()};
+          Completion{nvme_tags_[i].first, bad ? Status(Code::kIoFailed) : Status(), bad ? EIO : 0};
       nvme_tags_.erase(nvme_tags_.begin() + static_cast<long>(i));
       --inflight_;
     } else {

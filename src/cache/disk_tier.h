@@ -52,6 +52,7 @@ class DiskTier {
   struct Completion {
     uint64_t tag;
     Status status;
+    int err = 0;  // the errno behind a failure (EIO where the device gives none)
   };
 
   // Opens or creates the files, replays the log, compacts it. recovered gets every

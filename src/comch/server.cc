@@ -19,7 +19,11 @@ using comch::MsgType;
 Status make_unix_addr(const std::string& path, sockaddr_un* addr, socklen_t* len) {
   std::memset(addr, 0, sizeof(*addr));
   addr->sun_family = AF_UNIX;
-  if (path.empty() || path.size() >= sizeof(addr->sun_path)) return Code::kInvalidValue;
+  if (path.empty() || path.size() >= sizeof(addr->sun_path)) {
+    LOG_ERR("comch: socket path '%s' is %s: a UNIX socket path holds at most %zu bytes",
+            path.c_str(), path.empty() ? "empty" : "too long", sizeof(addr->sun_path) - 1);
+    return Code::kInvalidValue;
+  }
   std::memcpy(addr->sun_path, path.data(), path.size());
   if (path[0] == '@') addr->sun_path[0] = '\0';  // abstract namespace
   *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() +
