@@ -20,6 +20,43 @@ struct PyStaging {
   Staging s;
 };
 
+// A client that close() can end before the Python object goes.
+struct PyClient {
+  std::unique_ptr<Client> c;
+  Client& get() {
+    if (!c) throw std::runtime_error("client is closed");
+    return *c;
+  }
+};
+
+// An asynchronous store or retrieve: the statuses the agent writes must outlive
+// the call, so they live here until wait() collects them.
+struct PyPending {
+  Client::Ticket ticket = 0;
+  std::vector<Status> st;
+  bool collected = false;
+};
+
+std::vector<std::string> names(const std::vector<Status>& st) {
+  std::vector<std::string> out;
+  for (Status x : st) out.emplace_back(x.name());
+  return out;
+}
+
+void check_lengths(const std::vector<ChunkKey>& keys, const std::vector<uint64_t>& offsets,
+                   const std::vector<uint64_t>& lengths) {
+  if (keys.size() != offsets.size() || keys.size() != lengths.size())
+    throw std::invalid_argument("keys, offsets and lengths differ in length");
+}
+
+using KeysOp = Status (Client::*)(const ChunkKey*, uint32_t, Status*);
+std::vector<std::string> keys_call(Client& c, KeysOp op, const std::vector<ChunkKey>& keys) {
+  std::vector<Status> st(keys.size());
+  py::gil_scoped_release nogil;
+  (void)(c.*op)(keys.data(), static_cast<uint32_t>(keys.size()), st.data());
+  return names(st);
+}
+
 void check(Status st, const char* what) {
   if (!st.ok()) throw std::runtime_error(std::string(what) + ": " + std::string(st.name()));
 }
@@ -65,27 +102,31 @@ PYBIND11_MODULE(dpukv, m) {
                                {1});
       });
 
-  py::class_<Client>(m, "Client")
+  py::class_<PyPending>(m, "Pending");
+
+  py::class_<PyClient>(m, "Client")
       .def(py::init([](const std::string& socket, uint64_t model, uint32_t connect_timeout_ms) {
              ClientOptions o;
              o.socket_path = socket;
              o.model = model;
              o.connect_timeout_ms = connect_timeout_ms;
-             std::unique_ptr<Client> c;
-             check(Client::connect(o, &c), "connect");
-             return c;
+             PyClient pc;
+             check(Client::connect(o, &pc.c), "connect");
+             return pc;
            }),
            py::arg("socket") = "", py::arg("model") = 0, py::arg("connect_timeout_ms") = 2000)
       .def("alloc_staging",
-           [](Client& c, size_t bytes) {
+           [](PyClient& pc, size_t bytes) {
+             Client& c = pc.get();
              PyStaging s;
              check(c.alloc_staging(bytes, &s.s), "alloc_staging");
              return s;
            })
       .def(
           "store",
-          [](Client& c, const PyStaging& s, const std::vector<ChunkKey>& keys,
+          [](PyClient& pc, const PyStaging& s, const std::vector<ChunkKey>& keys,
              const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& lengths) {
+            Client& c = pc.get();
             if (keys.size() != offsets.size() || keys.size() != lengths.size())
               throw std::invalid_argument("keys, offsets and lengths differ in length");
             std::vector<Status> st(keys.size());
@@ -98,8 +139,9 @@ PYBIND11_MODULE(dpukv, m) {
           },
           "Stores regions of a staging buffer; returns a status name per key")
       .def("retrieve",
-           [](Client& c, const PyStaging& s, const std::vector<ChunkKey>& keys,
+           [](PyClient& pc, const PyStaging& s, const std::vector<ChunkKey>& keys,
               const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& lengths) {
+             Client& c = pc.get();
              if (keys.size() != offsets.size() || keys.size() != lengths.size())
                throw std::invalid_argument("keys, offsets and lengths differ in length");
              std::vector<Status> st(keys.size());
@@ -112,19 +154,118 @@ PYBIND11_MODULE(dpukv, m) {
            })
       .def(
           "lookup",
-          [](Client& c, const std::vector<ChunkKey>& keys, bool pin) {
+          [](PyClient& pc, const std::vector<ChunkKey>& keys, bool pin) {
+            Client& c = pc.get();
             py::gil_scoped_release nogil;
             return c.lookup(keys.data(), static_cast<uint32_t>(keys.size()), pin);
           },
           py::arg("keys"), py::arg("pin") = false,
           "Leading keys present (0 when the agent is away)")
       .def("stats",
-           [](Client& c) {
+           [](PyClient& pc) {
+             Client& c = pc.get();
              std::string j;
              check(c.stats_json(&j), "stats");
              return j;
            })
-      .def("connected", &Client::connected);
+      .def("connected", [](PyClient& pc) { return pc.c && pc.c->connected(); })
+      .def(
+          "contains",
+          [](PyClient& pc, const std::vector<ChunkKey>& keys) {
+            Client& c = pc.get();
+            return keys_call(c, &Client::contains, keys);
+          },
+          "SUCCESS or NOT_FOUND per key")
+      .def(
+          "remove",
+          [](PyClient& pc, const std::vector<ChunkKey>& keys) {
+            Client& c = pc.get();
+            return keys_call(c, &Client::remove, keys);
+          },
+          "Drops chunks (BAD_STATE for one in use); a status name per key")
+      .def(
+          "prefetch",
+          [](PyClient& pc, const std::vector<ChunkKey>& keys) {
+            Client& c = pc.get();
+            return keys_call(c, &Client::prefetch, keys);
+          },
+          "Brings disk-only chunks into memory ahead of a retrieve")
+      .def(
+          "unpin",
+          [](PyClient& pc, const std::vector<ChunkKey>& keys) {
+            Client& c = pc.get();
+            py::gil_scoped_release nogil;
+            check(c.unpin(keys.data(), static_cast<uint32_t>(keys.size())), "unpin");
+          },
+          "Releases pins taken by lookup(pin=True)")
+      .def(
+          "clear",
+          [](PyClient& pc) {
+            Client& c = pc.get();
+            uint64_t removed = 0;
+            check(c.clear(&removed), "clear");
+            return removed;
+          },
+          "Drops every chunk of this client's model not in use or pinned; returns how many")
+      .def_property_readonly("max_staging_bytes",
+                             [](PyClient& pc) { return pc.get().max_staging_bytes(); })
+      .def(
+          "submit_store",
+          [](PyClient& pc, const PyStaging& s, const std::vector<ChunkKey>& keys,
+             const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& lengths) {
+            Client& c = pc.get();
+            check_lengths(keys, offsets, lengths);
+            auto p = std::make_unique<PyPending>();
+            p->st.resize(keys.size());
+            check(c.submit_store(s.s, keys.data(), offsets.data(), lengths.data(),
+                                 static_cast<uint32_t>(keys.size()), p->st.data(), &p->ticket),
+                  "submit_store");
+            return p;
+          },
+          "Starts a store; collect it with wait()")
+      .def(
+          "submit_retrieve",
+          [](PyClient& pc, const PyStaging& s, const std::vector<ChunkKey>& keys,
+             const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& lengths) {
+            Client& c = pc.get();
+            check_lengths(keys, offsets, lengths);
+            auto p = std::make_unique<PyPending>();
+            p->st.resize(keys.size());
+            check(c.submit_retrieve(s.s, keys.data(), offsets.data(), lengths.data(),
+                                    static_cast<uint32_t>(keys.size()), p->st.data(), &p->ticket),
+                  "submit_retrieve");
+            return p;
+          },
+          "Starts a retrieve; collect it with wait()")
+      .def(
+          "poll",
+          [](PyClient& pc, PyPending& p) {
+            Client& c = pc.get();
+            if (p.collected) return true;
+            bool done = false;
+            check(c.poll(p.ticket, &done), "poll");
+            return done;
+          },
+          "True once the operation has finished (never blocks)")
+      .def(
+          "wait",
+          [](PyClient& pc, PyPending& p) {
+            Client& c = pc.get();
+            if (!p.collected) {
+              Status st;
+              {
+                py::gil_scoped_release nogil;
+                st = c.wait(p.ticket);
+              }
+              p.collected = true;
+              if (st == Code::kTimeout || st == Code::kConnectionReset) check(st, "wait");
+            }
+            return names(p.st);
+          },
+          "Blocks until the operation finishes; a status name per key")
+      .def(
+          "close", [](PyClient& pc) { pc.c.reset(); },
+          "Ends the session (also on garbage collection); later calls raise");
   m.def("keys_from_block_ids", &keys_from_ids,
         "Keys from prefix-chained block ids (vLLM block hashes, trace ids)");
 }

@@ -30,4 +30,24 @@ try:
     raise AssertionError("mismatched lists were accepted")
 except ValueError:
     pass
+# Every client call: contains, prefetch, pins, async forms, remove, clear, close.
+assert c.contains(keys + other[:1]) == ["SUCCESS"] * 3 + ["NOT_FOUND"]
+assert c.prefetch(keys[:1]) == ["SUCCESS"]
+assert c.lookup(keys, pin=True) == 3
+c.unpin(keys)
+p = c.submit_retrieve(buf, keys, [0, 4096, 8192], [4096] * 3)
+assert c.wait(p) == ["SUCCESS"] * 3 and c.poll(p)
+more = dpukv.keys_from_block_ids(dpukv.model_id("py-model"), [900, 901])
+p = c.submit_store(buf, more, [0, 4096], [4096, 4096])
+assert c.wait(p) == ["SUCCESS"] * 2
+assert c.remove(more[:1]) == ["SUCCESS"] and c.contains(more[:1]) == ["NOT_FOUND"]
+assert c.max_staging_bytes > 0
+assert c.clear() == 4  # the three chunks and more[1]
+assert c.lookup(keys) == 0
+c.close()
+try:
+    c.lookup(keys)
+    raise AssertionError("a closed client answered")
+except RuntimeError:
+    pass
 print("python bindings: ok")

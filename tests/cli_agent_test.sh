@@ -16,6 +16,8 @@ for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
 "$c_client" "$sock"
 "$bin" stat --socket "$sock" | grep -q "chunks         2"
 "$bin" stat --socket "$sock" --json | grep -q '"stores":2'
+"$bin" cache clear --socket "$sock" | grep -q "cleared 2 chunks"
+"$bin" stat --socket "$sock" | grep -q "chunks         0"
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 "$bin" replay "$trace" --agent "$sock" --max-requests 400 --capacity-blocks 100000 --scale 16384 --json > "$tmp/r.json"

@@ -382,6 +382,14 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
       reply(s, h, Code::kSuccess, st, h.count);
       return;
     }
+    case Op::kClear: {
+      if (h.count != 0 || body_len != 0) break;
+      const uint64_t removed = cache_->clear(s->model);
+      APP_LOG_INFO("agent: client pid %d cleared %llu chunks%s", static_cast<int>(s->conn->peer().pid),
+                   static_cast<unsigned long long>(removed), s->model ? " of its model" : "");
+      reply(s, h, Code::kSuccess, &removed, sizeof(removed));
+      return;
+    }
     case Op::kStats: {
       const std::string j = stats_json(true);  // the asker's own connection is not counted
       reply(s, h, Code::kSuccess, j.data(), static_cast<uint32_t>(j.size()));

@@ -26,6 +26,8 @@ enum class Op : uint16_t {
   kPrefetch = 7,  // entries: ChunkKey
   kUnpin = 8,     // entries: ChunkKey
   kStats = 9,     // no entries; response: JSON
+  kClear = 10,    // no entries: drops every chunk of the session's model (all: model 0)
+                  // that is not in use or pinned; response: u64 chunks removed
 };
 
 inline constexpr uint16_t kPin = 1;

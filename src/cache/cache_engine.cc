@@ -1223,11 +1223,18 @@ Status CacheEngine::remove(const ChunkKey& key) {
   return Code::kSuccess;
 }
 
-void CacheEngine::clear() {
+uint64_t CacheEngine::clear(uint64_t model) {
+  uint64_t removed = 0;
+  const uint64_t now = now_ns();
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Entry& en = entries_[i];
-    if (en.used && !en.readers && !en.spilling && !en.loading) drop_entry(static_cast<int32_t>(i));
+    if (!en.used || (model != 0 && en.key.model != model)) continue;
+    const bool pinned = en.pins != 0 && now < en.pin_deadline;
+    if (en.readers || en.spilling || en.loading || pinned) continue;
+    drop_entry(static_cast<int32_t>(i));
+    ++removed;
   }
+  return removed;
 }
 
 CacheStats CacheEngine::stats() const {

@@ -95,7 +95,9 @@ class CacheEngine final : public Context {
   void unpin(const ChunkKey* keys, uint32_t n);
   bool contains(const ChunkKey& key) const;
   Status remove(const ChunkKey& key);  // BAD_STATE while in use
-  void clear();                        // everything not in use
+  // Drops every chunk of model (0: of every model) that is not in use or pinned;
+  // returns how many.
+  uint64_t clear(uint64_t model = 0);
   // Size of a stored chunk, or 0.
   uint64_t chunk_size(const ChunkKey& key) const;
 

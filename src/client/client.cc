@@ -413,6 +413,16 @@ Status Client::prefetch(const ChunkKey* keys, uint32_t n, Status* p) {
   return keys_op(Op::kPrefetch, keys, n, p);
 }
 
+Status Client::clear(uint64_t* removed) {
+  std::lock_guard<std::mutex> g(mu_);
+  DPUKV_RETURN_IF_ERROR(ensure_connected());
+  std::vector<uint8_t> resp;
+  DPUKV_RETURN_IF_ERROR(call(Op::kClear, 0, nullptr, 0, 0, &resp));
+  if (resp.size() < sizeof(AgentHeader) + sizeof(uint64_t)) return Code::kCorrupted;
+  if (removed != nullptr) std::memcpy(removed, resp.data() + sizeof(AgentHeader), sizeof(*removed));
+  return Code::kSuccess;
+}
+
 Status Client::stats_json(std::string* out) {
   std::lock_guard<std::mutex> g(mu_);
   DPUKV_RETURN_IF_ERROR(ensure_connected());

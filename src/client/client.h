@@ -69,6 +69,9 @@ class Client {
   Status remove(const ChunkKey* keys, uint32_t n, Status* per_entry);
   Status prefetch(const ChunkKey* keys, uint32_t n, Status* per_entry);
   Status stats_json(std::string* out);
+  // Drops every chunk of this client's model (every model if it named none) that
+  // is not in use or pinned.
+  Status clear(uint64_t* removed);
 
   // Asynchronous forms: submit now, collect later. The ticket finishes when every
   // entry has a status (written to per_entry, which must stay valid until then).

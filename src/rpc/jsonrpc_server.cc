@@ -165,28 +165,30 @@ void JsonRpcServer::stop() {
   ::unlink(path_.c_str());
 }
 
-// Reads what the client sent, answers every complete request into c.out, and
-// sends what the socket takes now. Never blocks: a client that sends without
-// reading gets its answers queued up to kMaxOutput, then is not read from until
-// it reads (others are served meanwhile).
+// Reads what the client sent (one read), answers up to kBudget complete requests
+// into c.out, and sends what the socket takes now. Never blocks, and serves
+// clients in turn: a client that floods requests gets kBudget answers a round,
+// one that sends without reading gets its answers queued up to kMaxOutput and is
+// not read from until it reads. Requests left over are answered next round.
 bool JsonRpcServer::serve(Conn& c) {
   char buf[65536];
-  for (;;) {
-    if (c.out.size() > kMaxOutput) break;
+  if (c.out.size() <= kMaxOutput && c.in.size() <= kMaxRequest) {
     const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
     if (n == 0) return false;
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) break;
-      return false;
-    }
-    c.in.append(buf, static_cast<size_t>(n));
-    if (!answer(c)) return false;
+    if (n < 0 && errno != EAGAIN && errno != EINTR) return false;
+    if (n > 0) c.in.append(buf, static_cast<size_t>(n));
   }
+  if (!answer(c)) return false;
   return flush(c);
 }
 
+bool JsonRpcServer::backlog(const Conn& c) {
+  if (c.closing || c.out.size() > kMaxOutput) return false;
+  return json_value_end(c.in) != 0;
+}
+
 bool JsonRpcServer::answer(Conn& c) {
-  while (c.out.size() <= kMaxOutput) {
+  for (int served = 0; served < kBudget && c.out.size() <= kMaxOutput; ++served) {
     size_t end = json_value_end(c.in);
     if (end == 0) {
       if (c.in.size() > kMaxRequest) {
@@ -231,13 +233,7 @@ bool JsonRpcServer::flush(Conn& c) {
     if (k <= 0) return false;
     c.out.erase(0, static_cast<size_t>(k));
   }
-  if (c.closing) return false;
-  // Requests left unanswered while the output was full go now.
-  if (!c.in.empty()) {
-    if (!answer(c)) return false;
-    if (!c.out.empty()) return flush(c);
-  }
-  return true;
+  return !c.closing;
 }
 
 void JsonRpcServer::run() {
@@ -247,12 +243,14 @@ void JsonRpcServer::run() {
     pfd.clear();
     pfd.push_back({wake_fd_, POLLIN, 0});
     pfd.push_back({listen_fd_, POLLIN, 0});
+    bool more = false;  // a client has complete requests waiting: do not sleep
     for (auto& c : conns) {
       short ev = c.out.size() > kMaxOutput ? 0 : POLLIN;
       if (!c.out.empty()) ev = static_cast<short>(ev | POLLOUT);
       pfd.push_back({c.fd, ev, 0});
+      more = more || backlog(c);
     }
-    if (::poll(pfd.data(), pfd.size(), 500) <= 0) continue;
+    if (::poll(pfd.data(), pfd.size(), more ? 0 : 500) < 0) continue;
     if (pfd[1].revents) {
       int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd >= 0) {
@@ -263,12 +261,16 @@ void JsonRpcServer::run() {
       }
     }
     for (size_t i = 2; i < pfd.size(); ++i) {
-      if (!pfd[i].revents) continue;
       Conn& c = conns[i - 2];
-      const bool ok =
-          (pfd[i].revents & (POLLERR | POLLHUP | POLLNVAL)) && !(pfd[i].revents & POLLIN) ? false
-          : (pfd[i].revents & POLLIN)                                                     ? serve(c)
-                                      : flush(c);
+      const short ev = pfd[i].revents;
+      if (!ev && !backlog(c)) continue;
+      bool ok;
+      if ((ev & (POLLERR | POLLHUP | POLLNVAL)) && !(ev & POLLIN))
+        ok = false;
+      else if ((ev & POLLIN) || !(ev & POLLOUT))  // new bytes, or requests left over
+        ok = serve(c);
+      else
+        ok = flush(c);
       if (!ok) {
         ::close(c.fd);
         c.fd = -1;

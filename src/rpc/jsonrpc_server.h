@@ -46,6 +46,7 @@ class JsonRpcServer {
  public:
   static constexpr size_t kMaxRequest = 1u << 20;
   static constexpr size_t kMaxOutput = 4u << 20;  // answers queued for one client
+  static constexpr int kBudget = 16;              // requests answered per client per round
 
   JsonRpcServer() = default;
   ~JsonRpcServer();
@@ -80,6 +81,7 @@ class JsonRpcServer {
   bool serve(Conn& c);
   bool answer(Conn& c);
   bool flush(Conn& c);
+  static bool backlog(const Conn& c);  // complete requests wait and may be answered
 
   std::map<std::string, Method> methods_;
   std::vector<std::string> allowed_;

@@ -501,6 +501,31 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
   stat->add_option("--socket", *socket, "Agent socket");
   stat->add_flag("--json", *json, "Print the agent's JSON");
   stat->callback([socket, json, exit_code] { *exit_code = run_stat(*socket, *json); });
+
+  auto csock = std::make_shared<std::string>();
+  auto model = std::make_shared<std::string>();
+  CLI::App* cache = app->add_subcommand("cache", "Manage the chunks a running agent holds");
+  cache->require_subcommand(1);
+  CLI::App* clear = cache->add_subcommand(
+      "clear", "Drop every chunk (of one model with --model) that is not in use or pinned");
+  clear->add_option("--socket", *csock, "Agent socket");
+  clear->add_option("--model", *model, "Only this model's chunks (its name, as clients give it)");
+  clear->callback([csock, model, exit_code] {
+    ClientOptions o;
+    o.socket_path = *csock;
+    o.connect_timeout_ms = 1000;
+    o.model = model->empty() ? 0 : model_id(*model);
+    std::unique_ptr<Client> c;
+    uint64_t removed = 0;
+    if (!Client::connect(o, &c).ok() || !c->clear(&removed).ok()) {
+      std::cerr << "dpukv cache clear: no agent at "
+                << (csock->empty() ? default_socket_path() : *csock) << "\n";
+      *exit_code = 1;
+      return;
+    }
+    std::printf("cleared %llu chunks\n", static_cast<unsigned long long>(removed));
+    *exit_code = 0;
+  });
 }
 
 }  // namespace dpukv
