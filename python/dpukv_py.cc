@@ -20,6 +20,10 @@ struct PyStaging {
   Staging s;
 };
 
+void check(Status st, const char* what) {
+  if (!st.ok()) throw std::runtime_error(std::string(what) + ": " + std::string(st.name()));
+}
+
 // A client that close() can end before the Python object goes.
 struct PyClient {
   std::unique_ptr<Client> c;
@@ -49,16 +53,27 @@ void check_lengths(const std::vector<ChunkKey>& keys, const std::vector<uint64_t
     throw std::invalid_argument("keys, offsets and lengths differ in length");
 }
 
+using SubmitOp = Status (Client::*)(const Staging&, const ChunkKey*, const uint64_t*,
+                                    const uint64_t*, uint32_t, Status*, Client::Ticket*);
+std::unique_ptr<PyPending> submit(Client& c, SubmitOp op, const PyStaging& s,
+                                  const std::vector<ChunkKey>& keys,
+                                  const std::vector<uint64_t>& offsets,
+                                  const std::vector<uint64_t>& lengths) {
+  check_lengths(keys, offsets, lengths);
+  auto p = std::make_unique<PyPending>();
+  p->st.resize(keys.size());
+  check((c.*op)(s.s, keys.data(), offsets.data(), lengths.data(),
+                static_cast<uint32_t>(keys.size()), p->st.data(), &p->ticket),
+        "submit");
+  return p;
+}
+
 using KeysOp = Status (Client::*)(const ChunkKey*, uint32_t, Status*);
 std::vector<std::string> keys_call(Client& c, KeysOp op, const std::vector<ChunkKey>& keys) {
   std::vector<Status> st(keys.size());
   py::gil_scoped_release nogil;
   (void)(c.*op)(keys.data(), static_cast<uint32_t>(keys.size()), st.data());
   return names(st);
-}
-
-void check(Status st, const char* what) {
-  if (!st.ok()) throw std::runtime_error(std::string(what) + ": " + std::string(st.name()));
 }
 
 std::vector<ChunkKey> keys_from_ids(uint64_t model, const std::vector<uint64_t>& ids) {
@@ -213,28 +228,14 @@ PYBIND11_MODULE(dpukv, m) {
           "submit_store",
           [](PyClient& pc, const PyStaging& s, const std::vector<ChunkKey>& keys,
              const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& lengths) {
-            Client& c = pc.get();
-            check_lengths(keys, offsets, lengths);
-            auto p = std::make_unique<PyPending>();
-            p->st.resize(keys.size());
-            check(c.submit_store(s.s, keys.data(), offsets.data(), lengths.data(),
-                                 static_cast<uint32_t>(keys.size()), p->st.data(), &p->ticket),
-                  "submit_store");
-            return p;
+            return submit(pc.get(), &Client::submit_store, s, keys, offsets, lengths);
           },
           "Starts a store; collect it with wait()")
       .def(
           "submit_retrieve",
           [](PyClient& pc, const PyStaging& s, const std::vector<ChunkKey>& keys,
              const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& lengths) {
-            Client& c = pc.get();
-            check_lengths(keys, offsets, lengths);
-            auto p = std::make_unique<PyPending>();
-            p->st.resize(keys.size());
-            check(c.submit_retrieve(s.s, keys.data(), offsets.data(), lengths.data(),
-                                    static_cast<uint32_t>(keys.size()), p->st.data(), &p->ticket),
-                  "submit_retrieve");
-            return p;
+            return submit(pc.get(), &Client::submit_retrieve, s, keys, offsets, lengths);
           },
           "Starts a retrieve; collect it with wait()")
       .def(

@@ -385,8 +385,9 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
     case Op::kClear: {
       if (h.count != 0 || body_len != 0) break;
       const uint64_t removed = cache_->clear(s->model);
-      APP_LOG_INFO("agent: client pid %d cleared %llu chunks%s", static_cast<int>(s->conn->peer().pid),
-                   static_cast<unsigned long long>(removed), s->model ? " of its model" : "");
+      APP_LOG_INFO("agent: client pid %d cleared %llu chunks%s",
+                   static_cast<int>(s->conn->peer().pid), static_cast<unsigned long long>(removed),
+                   s->model ? " of its model" : "");
       reply(s, h, Code::kSuccess, &removed, sizeof(removed));
       return;
     }

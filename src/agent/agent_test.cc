@@ -68,6 +68,25 @@ int staging_mappings(pid_t pid) {
   return n;
 }
 
+// GET /metrics on 127.0.0.1:port; the whole answer, or "" if nobody answered.
+std::string metrics_get(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string body;
+  const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      send(fd, req, sizeof(req) - 1, 0) == static_cast<ssize_t>(sizeof(req) - 1)) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) body.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return body;
+}
+
 class AgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -345,19 +364,7 @@ TEST_F(AgentTest, MetricsEndpointServesPrometheusText) {
   const int port = 20000 + getpid() % 20000;
   start_agent(false, port);
   EXPECT_EQ(wait_exit(spawn(CLIENT_PEER_BIN, {socket_, "store-retrieve", "6", "10"})), 0);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
-  ASSERT_EQ(send(fd, req, sizeof(req) - 1, 0), static_cast<ssize_t>(sizeof(req) - 1));
-  std::string body;
-  char buf[4096];
-  ssize_t n;
-  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) body.append(buf, static_cast<size_t>(n));
-  close(fd);
+  const std::string body = metrics_get(port);
   EXPECT_NE(body.find("200 OK"), std::string::npos);
   EXPECT_NE(body.find("dpukv_stores_total 10"), std::string::npos) << body.substr(0, 2000);
   EXPECT_NE(body.find("dpukv_retrieve_batch_seconds_bucket{le=\"+Inf\"} 1"), std::string::npos);
@@ -390,16 +397,7 @@ TEST_F(AgentTest, SilentMetricsConnectionsNeverStallClients) {
   }
   // After the silent ones' deadline (2 s) the endpoint answers again.
   std::this_thread::sleep_for(std::chrono::milliseconds(2300));
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
-  ASSERT_EQ(send(fd, req, sizeof(req) - 1, 0), static_cast<ssize_t>(sizeof(req) - 1));
-  std::string body;
-  char buf[4096];
-  ssize_t n;
-  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) body.append(buf, static_cast<size_t>(n));
-  close(fd);
-  EXPECT_NE(body.find("200 OK"), std::string::npos);
+  EXPECT_NE(metrics_get(port).find("200 OK"), std::string::npos);
   for (int s : silent) close(s);
 }
 

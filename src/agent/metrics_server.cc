@@ -9,17 +9,10 @@
 #include <cerrno>
 #include <cstring>
 
+#include "comch/channel.h"
 #include "runtime/log.h"
 
 namespace dpukv {
-
-namespace {
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-}  // namespace
 
 struct MetricsServer::Conn final : FdWatcher {
   MetricsServer* owner = nullptr;
@@ -87,7 +80,7 @@ void MetricsServer::accept_all() {
     auto c = std::make_unique<Conn>();
     c->owner = this;
     c->fd = fd;
-    c->deadline = now_ns() + kTimeoutNs;
+    c->deadline = monotonic_ns() + kTimeoutNs;
     if (!pe_->watch_fd(fd, EPOLLIN, c.get()).ok()) {
       ::close(fd);
       continue;
@@ -174,7 +167,7 @@ void MetricsServer::close_conn(Conn* c) {
 
 void MetricsServer::sweep() {
   closed_.clear();
-  const uint64_t now = now_ns();
+  const uint64_t now = monotonic_ns();
   for (size_t i = 0; i < conns_.size();) {
     if (now < conns_[i]->deadline) {
       ++i;

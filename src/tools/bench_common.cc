@@ -18,45 +18,17 @@
 #include <iostream>
 
 #include "runtime/child_process.h"
+#include "tools/arg_parse.h"
 
 extern char** environ;
 
 namespace dpukv::bench {
 
 Status parse_size(const std::string& s, uint64_t* out) {
-  if (s.empty()) return Code::kInvalidValue;
-  size_t i = 0;
+  std::string err;
   uint64_t v = 0;
-  while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
-    if (v > (UINT64_MAX - 9) / 10) return Code::kInvalidValue;
-    v = v * 10 + static_cast<uint64_t>(s[i++] - '0');
-  }
-  if (i == 0) return Code::kInvalidValue;
-  unsigned shift = 0;
-  if (i < s.size()) {
-    switch (s[i]) {
-      case 'k':
-      case 'K':
-        shift = 10;
-        break;
-      case 'm':
-      case 'M':
-        shift = 20;
-        break;
-      case 'g':
-      case 'G':
-        shift = 30;
-        break;
-      default:
-        return Code::kInvalidValue;
-    }
-    ++i;
-    if (i < s.size() && (s[i] == 'i' || s[i] == 'B')) ++i;  // 4KiB, 4KB
-    if (i < s.size() && s[i] == 'B') ++i;
-  }
-  if (i != s.size()) return Code::kInvalidValue;
-  if (shift != 0 && v > (UINT64_MAX >> shift)) return Code::kInvalidValue;
-  *out = v << shift;
+  if (!parse_byte_size(s, &v, &err)) return Code::kInvalidValue;
+  *out = v;
   return Code::kSuccess;
 }
 
