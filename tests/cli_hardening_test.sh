@@ -141,7 +141,7 @@ rp=$!
 pids+=("$rp")
 child=""
 for _ in $(seq 200); do
-  child=$(pgrep -P "$rp" || true)
+  child=$(cat /proc/"$rp"/task/*/children 2>/dev/null | awk '{print $1}' || true)
   [ -n "$child" ] && [ -S "/tmp/dpukv-replay-$rp.sock" ] && break
   sleep 0.05
 done
