@@ -528,9 +528,10 @@ int run(const Config& c) {
         static_cast<unsigned long long>(c.capacity_blocks), nclients);
     std::printf("  requests            %llu in %.1f s\n",
                 static_cast<unsigned long long>(t.requests), wall_s);
-    std::printf("  block hit ratio     %.2f%% (%s)   same-run LRU simulation: %.2f%%\n",
+    std::printf("  block hit ratio     %.2f%% (%s)   same-run LRU simulation%s: %.2f%%\n",
                 100 * out["block_hit_ratio"].get<double>(),
                 c.agent_socket.empty() ? c.eviction.c_str() : "external agent",
+                c.disk_blocks ? " of memory alone" : "",
                 100 * out["lru_sim_block_hit_ratio"].get<double>());
     if (c.disk_blocks)
       std::printf("  with disk tier      %llu blocks; LRU simulation of memory + disk: %.2f%%\n",
