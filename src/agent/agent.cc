@@ -11,7 +11,7 @@
 #include <string>
 
 #include "agent/metrics_server.h"
-#include "agent/protocol.h"
+#include "protocol/agent_wire.h"
 #include "runtime/log.h"
 
 namespace dpukv {
@@ -19,13 +19,6 @@ namespace dpukv {
 using agent::AgentHeader;
 using agent::IoEntry;
 using agent::Op;
-
-std::string default_socket_path() {
-  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x != nullptr && *x != '\0')
-    return std::string(x) + "/dpukv.sock";
-  if (access("/run", W_OK) == 0) return "/run/dpukv.sock";
-  return "/tmp/dpukv.sock";
-}
 
 struct Agent::Session {
   ComchConnection* conn = nullptr;
@@ -473,7 +466,7 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
 }
 
 std::string Agent::stats_json(bool asker_connected) const {
-  std::string out = std::string("{\"version\":\"") + kAgentVersion + "\"";
+  std::string out = std::string("{\"version\":\"") + kDpukvVersion + "\"";
   for (const MetricRow& m : metric_rows(asker_connected))
     out += ",\"" + std::string(m.json) + "\":" + std::to_string(m.value);
   const Metrics::Histogram& l = metrics_->lookup_lat;
@@ -487,7 +480,7 @@ std::string Agent::metrics_text() const {
       std::string(
           "# HELP dpukv_build_info The agent's version.\n# TYPE dpukv_build_info gauge\n"
           "dpukv_build_info{version=\"") +
-      kAgentVersion + "\"} 1\n";
+      kDpukvVersion + "\"} 1\n";
   for (const MetricRow& m : metric_rows(false)) {
     if (m.prom == nullptr) continue;
     out += std::string("# HELP ") + m.prom + " " + m.help + "\n# TYPE " + m.prom + " " + m.type +

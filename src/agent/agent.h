@@ -16,13 +16,13 @@
 #include <string>
 #include <vector>
 
-#include "agent/protocol.h"
 #include "cache/cache_engine.h"
 #include "comch/server.h"
+#include "protocol/agent_wire.h"
+#include "protocol/socket_path.h"
+#include "protocol/version.h"
 
 namespace dpukv {
-
-inline constexpr const char kAgentVersion[] = "0.2.0";  // also `dpukv --version`
 
 struct AgentOptions {
   std::string socket_path;  // default_socket_path() if empty
@@ -35,9 +35,6 @@ struct AgentOptions {
   uint32_t max_batches = 256;      // batch requests in flight over all clients
   uint64_t max_staging_bytes = 0;  // staging one client may export in all (0: no limit)
 };
-
-// $XDG_RUNTIME_DIR/dpukv.sock, else /run/dpukv.sock if /run is writable, else /tmp.
-std::string default_socket_path();
 
 struct AgentCounters {
   uint64_t requests = 0, bad_requests = 0, not_permitted = 0;

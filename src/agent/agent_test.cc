@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "agent/protocol.h"
 #include "client/client.h"
+#include "protocol/agent_wire.h"
 #include "runtime/child_process.h"
 #include "runtime/log.h"
 

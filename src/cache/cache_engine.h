@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "cache/chunk_key.h"
 #include "cache/disk_tier.h"
 #include "cache/slab_allocator.h"
 #include "engines/compress/compress_engine.h"
 #include "engines/dma/dma_engine.h"
+#include "protocol/chunk_key.h"
 #include "runtime/context.h"
 #include "runtime/mem_region.h"
 #include "runtime/mmap.h"

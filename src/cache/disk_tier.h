@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "cache/chunk_key.h"
 #include "cache/slab_allocator.h"
 #include "nvme/tcp_host.h"
+#include "protocol/chunk_key.h"
 #include "runtime/status.h"
 
 namespace dpukv {

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "agent/agent.h"
+#include "protocol/socket_path.h"
 #include "runtime/log.h"
 
 namespace dpukv {

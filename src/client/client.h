@@ -21,9 +21,9 @@
 #include <thread>
 #include <vector>
 
-#include "agent/protocol.h"
-#include "cache/chunk_key.h"
 #include "comch/client.h"
+#include "protocol/agent_wire.h"
+#include "protocol/chunk_key.h"
 #include "runtime/mem_region.h"
 
 namespace dpukv {

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "comch/channel.h"
-#include "engines/dma/copy_kernels.h"
+#include "runtime/copy_kernels.h"
 #include "runtime/log.h"
 
 namespace dpukv {

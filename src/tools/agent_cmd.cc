@@ -22,10 +22,10 @@
 
 #include "agent/agent.h"
 #include "client/client.h"
+#include "protocol/version.h"
 #include "runtime/log.h"
 #include "tools/arg_parse.h"
 #include "tools/bench_common.h"
-#include "tools/version.h"
 
 namespace dpukv {
 namespace {

@@ -16,9 +16,9 @@
 
 #include "comch/client.h"
 #include "comch/server.h"
-#include "engines/dma/copy_kernels.h"
 #include "runtime/buf.h"
 #include "runtime/child_process.h"
+#include "runtime/copy_kernels.h"
 #include "runtime/log.h"
 #include "runtime/mem_region.h"
 #include "tools/bench_common.h"

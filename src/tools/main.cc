@@ -4,6 +4,7 @@
 #include <iostream>
 #include <string>
 
+#include "protocol/version.h"
 #include "runtime/log.h"
 #include "tools/agent_cmd.h"
 #include "tools/bench_cache.h"
@@ -14,7 +15,6 @@
 #include "tools/nvme_cmd.h"
 #include "tools/replay.h"
 #include "tools/rpc_cmd.h"
-#include "tools/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"dpukv: KV-cache offload and sharing engine for LLM inference"};

@@ -21,9 +21,9 @@
 #include <thread>
 #include <vector>
 
-#include "engines/dma/copy_kernels.h"
 #include "runtime/buf.h"
 #include "runtime/context.h"
+#include "runtime/copy_kernels.h"
 #include "runtime/spsc_ring.h"
 #include "runtime/task_engine.h"
 #include "runtime/task_pool.h"

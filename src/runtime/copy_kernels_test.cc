@@ -1,4 +1,4 @@
-#include "engines/dma/copy_kernels.h"
+#include "runtime/copy_kernels.h"
 
 #include <gtest/gtest.h>
 

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "cache/chunk_key.h"
+#include "protocol/chunk_key.h"
 
 namespace dpukv::agent {
 

@@ -1,4 +1,4 @@
-#include "cache/chunk_key.h"
+#include "protocol/chunk_key.h"
 
 #include <xxhash.h>
 
