@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "comch/channel.h"
+#include "runtime/clock.h"
 #include "runtime/log.h"
 
 namespace dpukv {

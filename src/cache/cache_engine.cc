@@ -8,16 +8,12 @@
 #include <cstring>
 #include <ctime>
 
+#include "runtime/clock.h"
 #include "runtime/log.h"
 
 namespace dpukv {
 
 namespace {
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
 constexpr int32_t kEmpty = -1, kTomb = -2;
 }  // namespace
 
@@ -391,7 +387,7 @@ int32_t CacheEngine::pick_victim() {
 int32_t CacheEngine::pick_index_victim() {
   for (int32_t v = disk_q_.tail; v >= 0; v = entries_[static_cast<size_t>(v)].dprev) {
     const Entry& en = entries_[static_cast<size_t>(v)];
-    const bool pinned = en.pins != 0 && now_ns() < en.pin_deadline;
+    const bool pinned = en.pins != 0 && monotonic_ns() < en.pin_deadline;
     if (!en.in_mem && !en.loading && !pinned) return v;
   }
   return pick_victim();
@@ -444,7 +440,7 @@ void CacheEngine::ghost_put(uint64_t h) {
 
 bool CacheEngine::evictable(int32_t e) const {
   const Entry& en = entries_[static_cast<size_t>(e)];
-  const bool pinned = en.pins != 0 && now_ns() < en.pin_deadline;
+  const bool pinned = en.pins != 0 && monotonic_ns() < en.pin_deadline;
   return en.in_mem && en.mem_ready && !pinned && en.readers == 0 && !en.spilling && !en.loading;
 }
 
@@ -536,7 +532,7 @@ bool CacheEngine::make_disk_room(uint64_t size, uint64_t* off) {
   while (!disk_->allocator().alloc(size, off)) {
     while (v >= 0) {
       const Entry& en = entries_[static_cast<size_t>(v)];
-      const bool pinned = en.pins != 0 && now_ns() < en.pin_deadline;
+      const bool pinned = en.pins != 0 && monotonic_ns() < en.pin_deadline;
       if (!en.loading && !(pinned && !en.mem_ready)) break;
       v = en.dprev;
     }
@@ -609,7 +605,7 @@ bool CacheEngine::room_may_come() const {
 }
 
 bool CacheEngine::spilling_allowed() const {
-  return spill_off_until_ns_ == 0 || now_ns() >= spill_off_until_ns_;
+  return spill_off_until_ns_ == 0 || monotonic_ns() >= spill_off_until_ns_;
 }
 
 // A failed spill keeps the chunk in memory and stops writing back for a while, so
@@ -618,8 +614,8 @@ bool CacheEngine::spilling_allowed() const {
 // most once a second, with the cause and how many were not logged.
 void CacheEngine::disk_failed(const char* what, int err) {
   ++st_.io_errors;
-  spill_off_until_ns_ = now_ns() + kSpillBackoffNs;
-  const uint64_t now = now_ns();
+  spill_off_until_ns_ = monotonic_ns() + kSpillBackoffNs;
+  const uint64_t now = monotonic_ns();
   if (now - last_disk_log_ns_ >= 1000000000ull || last_disk_log_ns_ == 0) {
     LOG_ERR(
         "cache: disk tier %s: %s (%llu more since the last message); writing back stops "
@@ -1179,14 +1175,15 @@ bool CacheEngine::arm_notification() {
 
 uint32_t CacheEngine::lookup(const ChunkKey* keys, uint32_t n, bool pin) {
   uint32_t i = 0;
-  const uint64_t deadline = now_ns() + static_cast<uint64_t>(opts_.pin_timeout_ms) * 1000000ull;
+  const uint64_t deadline =
+      monotonic_ns() + static_cast<uint64_t>(opts_.pin_timeout_ms) * 1000000ull;
   for (; i < n; ++i) {
     const int32_t e = find(keys[i]);
     if (e < 0) break;
     Entry& en = entries_[static_cast<size_t>(e)];
     if (!en.mem_ready && !en.on_disk) break;
     if (pin) {
-      if (en.pins == 0 || now_ns() >= en.pin_deadline) en.pins = 0;
+      if (en.pins == 0 || monotonic_ns() >= en.pin_deadline) en.pins = 0;
       ++en.pins;
       en.pin_deadline = deadline;
     }
@@ -1217,7 +1214,7 @@ Status CacheEngine::remove(const ChunkKey& key) {
   const int32_t e = find(key);
   if (e < 0) return Code::kNotFound;
   const Entry& en = entries_[static_cast<size_t>(e)];
-  if (en.readers || en.spilling || en.loading || (en.pins && now_ns() < en.pin_deadline))
+  if (en.readers || en.spilling || en.loading || (en.pins && monotonic_ns() < en.pin_deadline))
     return Code::kBadState;
   drop_entry(e);
   return Code::kSuccess;
@@ -1225,7 +1222,7 @@ Status CacheEngine::remove(const ChunkKey& key) {
 
 uint64_t CacheEngine::clear(uint64_t model) {
   uint64_t removed = 0;
-  const uint64_t now = now_ns();
+  const uint64_t now = monotonic_ns();
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Entry& en = entries_[i];
     if (!en.used || (model != 0 && en.key.model != model)) continue;

@@ -17,12 +17,6 @@ namespace dpukv {
 using comch::MsgHeader;
 using comch::MsgType;
 
-uint64_t monotonic_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-
 ComchConnection::ComchConnection(ComchBase* owner, int fd, uint64_t id, uint32_t queue_depth)
     : owner_(owner),
       fd_(fd),

@@ -20,6 +20,7 @@
 
 #include "comch/fast_path.h"
 #include "comch/wire.h"
+#include "runtime/clock.h"  // monotonic_ns, used by every comch user
 #include "runtime/context.h"
 #include "runtime/mmap.h"
 #include "runtime/spsc_ring.h"
@@ -257,7 +258,5 @@ class ComchBase : public Context {
   void flush_consumer(FastPathConsumer* fc, Status why);
   void drop_consumers_of(ComchConnection* c, Status why);
 };
-
-uint64_t monotonic_ns();
 
 }  // namespace dpukv

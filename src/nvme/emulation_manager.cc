@@ -12,20 +12,13 @@
 #include <chrono>
 #include <cstring>
 
+#include "runtime/clock.h"
 #include "runtime/fd_passing.h"
 #include "runtime/log.h"
 
 namespace dpukv::nvme {
 namespace vu = vfio_user;
-namespace {
-
-uint64_t now_us() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-
-}  // namespace
+namespace {}  // namespace
 
 const char* hotplug_state_name(HotplugState s) {
   switch (s) {
@@ -291,7 +284,7 @@ bool EmulationManager::poll_sockets(int timeout_us) {
 int EmulationManager::poll_once() {
   int work = 0;
   for (auto& e : endpoints_) work += e->fn->poll();
-  uint64_t now = now_us();
+  uint64_t now = monotonic_us();
   if (now - last_check_ >= opts_.socket_check_us) {
     if (poll_sockets(0)) ++work;
     last_check_ = now;
@@ -306,19 +299,20 @@ void EmulationManager::run() {
     CPU_SET(opts_.cpu, &set);
     sched_setaffinity(0, sizeof set, &set);
   }
-  uint64_t last_work = now_us(), last_check = 0;
+  uint64_t last_work = monotonic_us(), last_check = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
     int work = 0;
     for (auto& e : endpoints_) work += e->fn->poll();
-    uint64_t now = now_us();
+    uint64_t now = monotonic_us();
     if (work > 0) last_work = now;
     bool idle = now - last_work > opts_.idle_after_us;
     if (idle || now - last_check >= opts_.socket_check_us) {
       // A message usually announces work (a register write, a new queue): stay awake.
-      if (poll_sockets(idle ? static_cast<int>(opts_.idle_sleep_us) : 0)) last_work = now_us();
-      last_check = now_us();
+      if (poll_sockets(idle ? static_cast<int>(opts_.idle_sleep_us) : 0))
+        last_work = monotonic_us();
+      last_check = monotonic_us();
     }
-    if (calls_.run_pending()) last_work = now_us();
+    if (calls_.run_pending()) last_work = monotonic_us();
   }
 }
 

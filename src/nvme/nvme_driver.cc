@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "nvme/nvme_pci_function.h"
+#include "runtime/clock.h"
 #include "runtime/log.h"
 
 namespace dpukv::nvme {
@@ -18,12 +19,6 @@ namespace {
 
 constexpr uint32_t kPage = 4096;
 constexpr uint32_t kAdminEntries = 32;
-
-uint64_t now_ms() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
 
 }  // namespace
 
@@ -122,13 +117,13 @@ Status NvmeDriver::alloc(size_t len, DmaBuffer* out) {
 }
 
 Status NvmeDriver::wait_ready(bool ready) {
-  uint64_t deadline = now_ms() + timeout_ms_;
+  uint64_t deadline = monotonic_ms() + timeout_ms_;
   for (;;) {
     uint32_t csts = read32(kRegCsts);
     if (csts == 0xffffffffu) return Code::kConnectionReset;
     if (ready && (csts & kCstsCfs)) return Code::kIoFailed;
     if (((csts & kCstsRdy) != 0) == ready) return Code::kSuccess;
-    if (now_ms() > deadline) return Code::kTimeout;
+    if (monotonic_ms() > deadline) return Code::kTimeout;
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
 }
@@ -152,9 +147,9 @@ Status NvmeDriver::shutdown(bool abrupt) {
   uint32_t cc = read32(kRegCc);
   cc = (cc & ~(3u << 14)) | ((abrupt ? 2u : 1u) << 14);
   if (Status st = write32(kRegCc, cc); !st.ok()) return st;
-  uint64_t deadline = now_ms() + timeout_ms_;
+  uint64_t deadline = monotonic_ms() + timeout_ms_;
   while ((read32(kRegCsts) & kCstsShstMask) != kCstsShstComplete) {
-    if (now_ms() > deadline) return Code::kTimeout;
+    if (monotonic_ms() > deadline) return Code::kTimeout;
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   return Code::kSuccess;
@@ -311,7 +306,7 @@ Status NvmeDriver::admin(Sqe cmd, Cqe* cqe, const DmaBuffer* data, int timeout_m
     if (Status st = build_prps(a, cmd.cid, data->iova, data->len, &cmd); !st.ok()) return st;
   (void)submit_raw(0, cmd);
   // Other completions (an AER answered late) are skipped: wait for this cid.
-  uint64_t deadline = now_ms() + static_cast<uint64_t>(timeout_ms);
+  uint64_t deadline = monotonic_ms() + static_cast<uint64_t>(timeout_ms);
   for (;;) {
     Cqe e;
     if (reap(static_cast<uint32_t>(-1), &e, 1) == 1) {
@@ -321,7 +316,7 @@ Status NvmeDriver::admin(Sqe cmd, Cqe* cqe, const DmaBuffer* data, int timeout_m
       }
       if (stray_.size() < 64) stray_.push_back(e);
     }
-    if (now_ms() > deadline) return Code::kTimeout;
+    if (monotonic_ms() > deadline) return Code::kTimeout;
   }
 }
 
@@ -383,10 +378,10 @@ Status NvmeDriver::wait_interrupt(uint32_t qi, int timeout_ms) {
 }
 
 Status NvmeDriver::wait_one(uint32_t qi, Cqe* out, int timeout_ms) {
-  uint64_t deadline = now_ms() + static_cast<uint64_t>(timeout_ms);
+  uint64_t deadline = monotonic_ms() + static_cast<uint64_t>(timeout_ms);
   for (;;) {
     if (reap(qi, out, 1) == 1) return Code::kSuccess;
-    if (now_ms() > deadline) return Code::kTimeout;
+    if (monotonic_ms() > deadline) return Code::kTimeout;
     if (opts_.interrupts) (void)wait_interrupt(qi, 10);
   }
 }

@@ -12,23 +12,13 @@
 #include <cstring>
 
 #include "nvme/tcp_wire.h"
+#include "runtime/clock.h"
+#include "runtime/crc32c.h"
 
 namespace dpukv::nvme {
 namespace {
 
 using namespace tcp;
-
-uint32_t crc32c(const void* p, size_t n) {
-  return crc32_iscsi(static_cast<unsigned char*>(const_cast<void*>(p)), static_cast<int>(n),
-                     0xffffffffu) ^
-         0xffffffffu;
-}
-
-uint64_t now_ms() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
 
 Status send_all(int fd, const uint8_t* p, size_t n) {
   while (n > 0) {
@@ -61,9 +51,9 @@ Status NvmeTcpHost::open_queue(Queue* q, uint16_t qid, uint16_t depth, uint16_t*
   sa.sin_family = AF_INET;
   sa.sin_port = htons(opts_.port);
   if (inet_pton(AF_INET, opts_.addr.c_str(), &sa.sin_addr) != 1) return Code::kInvalidValue;
-  uint64_t deadline = now_ms() + static_cast<uint64_t>(opts_.timeout_ms);
+  uint64_t deadline = monotonic_ms() + static_cast<uint64_t>(opts_.timeout_ms);
   while (::connect(q->fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-    if (now_ms() > deadline) return Code::kTimeout;
+    if (monotonic_ms() > deadline) return Code::kTimeout;
     ::close(q->fd);
     q->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     usleep(10000);
@@ -257,7 +247,7 @@ Status NvmeTcpHost::sync(Queue& q, Sqe cmd, Cqe* cqe, uint8_t* data, uint32_t le
   if (icd) sgl.type = kSglDataBlockOffset;
   if (len > 0) std::memcpy(reinterpret_cast<uint8_t*>(&cmd) + 24, &sgl, sizeof sgl);
   if (Status st = send_capsule(q, cmd, icd ? data : nullptr, icd ? len : 0); !st.ok()) return st;
-  uint64_t deadline = now_ms() + static_cast<uint64_t>(opts_.timeout_ms);
+  uint64_t deadline = monotonic_ms() + static_cast<uint64_t>(opts_.timeout_ms);
   for (;;) {
     for (size_t i = q.ready_head; i < q.ready.size(); ++i)
       if (q.ready[i].cid == cmd.cid) {
@@ -266,7 +256,7 @@ Status NvmeTcpHost::sync(Queue& q, Sqe cmd, Cqe* cqe, uint8_t* data, uint32_t le
         return Code::kSuccess;
       }
     if (pump(q) < 0) return Code::kConnectionReset;
-    if (now_ms() > deadline) return Code::kTimeout;
+    if (monotonic_ms() > deadline) return Code::kTimeout;
     pollfd pf{q.fd, POLLIN, 0};
     ::poll(&pf, 1, 10);
   }
@@ -296,12 +286,12 @@ Status NvmeTcpHost::connect(const TcpHostOptions& o, std::unique_ptr<NvmeTcpHost
   if (Status st = h->property_set(kRegCc, 4, kCcEn | 6u << 16 | 4u << 20, &status);
       !st.ok() || status != kSuccess)
     return Code::kIoFailed;
-  uint64_t deadline = now_ms() + static_cast<uint64_t>(o.timeout_ms);
+  uint64_t deadline = monotonic_ms() + static_cast<uint64_t>(o.timeout_ms);
   for (;;) {
     uint64_t csts = 0;
     if (Status st = h->property_get(kRegCsts, 4, &csts, &status); !st.ok()) return st;
     if (csts & kCstsRdy) break;
-    if ((csts & kCstsCfs) || now_ms() > deadline) return Code::kIoFailed;
+    if ((csts & kCstsCfs) || monotonic_ms() > deadline) return Code::kIoFailed;
     usleep(1000);
   }
   uint8_t id[kIdentifySize];
@@ -419,12 +409,12 @@ int NvmeTcpHost::reap(uint32_t qi, Cqe* out, int max) {
 }
 
 Status NvmeTcpHost::wait_one(uint32_t qi, Cqe* out, int timeout_ms) {
-  uint64_t deadline = now_ms() + static_cast<uint64_t>(timeout_ms);
+  uint64_t deadline = monotonic_ms() + static_cast<uint64_t>(timeout_ms);
   for (;;) {
     int n = reap(qi, out, 1);
     if (n == 1) return Code::kSuccess;
     if (n < 0) return Code::kConnectionReset;
-    if (now_ms() > deadline) return Code::kTimeout;
+    if (monotonic_ms() > deadline) return Code::kTimeout;
     pollfd pf{queue(qi).fd, POLLIN, 0};
     ::poll(&pf, 1, 10);
   }
@@ -437,7 +427,7 @@ Status NvmeTcpHost::send_raw(uint32_t qi, const void* p, size_t n) {
 
 Status NvmeTcpHost::recv_pdu(uint32_t qi, uint8_t* type, uint16_t* fes, int timeout_ms) {
   Queue& q = queue(qi);
-  uint64_t deadline = now_ms() + static_cast<uint64_t>(timeout_ms);
+  uint64_t deadline = monotonic_ms() + static_cast<uint64_t>(timeout_ms);
   while (q.rlen < sizeof(CommonHeader) ||
          q.rlen < reinterpret_cast<CommonHeader*>(q.rbuf.data())->plen) {
     pollfd pf{q.fd, POLLIN, 0};
@@ -446,7 +436,7 @@ Status NvmeTcpHost::recv_pdu(uint32_t qi, uint8_t* type, uint16_t* fes, int time
       if (n <= 0) return Code::kConnectionReset;
       q.rlen += static_cast<size_t>(n);
     }
-    if (now_ms() > deadline) return Code::kTimeout;
+    if (monotonic_ms() > deadline) return Code::kTimeout;
   }
   CommonHeader ch;
   std::memcpy(&ch, q.rbuf.data(), sizeof ch);

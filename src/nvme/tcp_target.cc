@@ -21,29 +21,14 @@
 #include "nvme/nvmf_target.h"
 #include "nvme/tcp_wire.h"
 #include "runtime/call_queue.h"
+#include "runtime/clock.h"
+#include "runtime/crc32c.h"
 #include "runtime/log.h"
 
 namespace dpukv::nvme {
 namespace {
 
 using namespace tcp;
-
-uint64_t now_ms() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-uint64_t now_us() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-
-uint32_t crc32c(const void* p, size_t n) {
-  return crc32_iscsi(static_cast<unsigned char*>(const_cast<void*>(p)), static_cast<int>(n),
-                     0xffffffffu) ^
-         0xffffffffu;
-}
 
 std::string fixed_string(const char* p, size_t n) {
   return std::string(p, strnlen(p, n));
@@ -64,7 +49,7 @@ class FabricsController final : public ControllerCore {
   Subsystem* subsys;
   std::string hostnqn;
   std::vector<Connection*> queues;  // [qid]; admin at 0
-  uint64_t last_activity_ms = now_ms();
+  uint64_t last_activity_ms = monotonic_ms();
   uint32_t kato_ms = 0;
 
   void set_kato(uint32_t ms) { kato_ms = ms; }
@@ -593,7 +578,7 @@ bool Connection::on_capsule(const uint8_t* p, uint32_t plen, const uint8_t* data
     send_resp(sqe.cid, kCommandSequenceError, 0, 0);
     return true;
   }
-  if (qid_ == 0) ctrl_->last_activity_ms = now_ms();
+  if (qid_ == 0) ctrl_->last_activity_ms = monotonic_ms();
   if (free_slots_.empty()) {
     fatal(kFesPduSequence, 0, p, sizeof(CapsuleCmd));  // the host overran its queue
     return false;
@@ -824,10 +809,10 @@ void NvmfTarget::Impl::run() {
     CPU_SET(opts.cpu, &set);
     sched_setaffinity(0, sizeof set, &set);
   }
-  uint64_t last_work = now_us(), last_ka_check = now_ms();
+  uint64_t last_work = monotonic_us(), last_ka_check = monotonic_ms();
   epoll_event evs[64];
   while (!stop.load(std::memory_order_relaxed)) {
-    bool idle = now_us() - last_work > 2000;
+    bool idle = monotonic_us() - last_work > 2000;
     int n = epoll_wait(epfd, evs, 64, idle ? 1 : 0);
     int work = 0;
     for (int i = 0; i < n; ++i) {
@@ -858,8 +843,8 @@ void NvmfTarget::Impl::run() {
       closed_any |= c->closed();
     }
     if (closed_any) reap_closed();
-    if (work > 0) last_work = now_us();
-    uint64_t ms = now_ms();
+    if (work > 0) last_work = monotonic_us();
+    uint64_t ms = monotonic_ms();
     if (ms - last_ka_check >= 100) {
       last_ka_check = ms;
       for (auto& s : subsystems)
@@ -872,7 +857,7 @@ void NvmfTarget::Impl::run() {
             close_controller(c.get(), "keep alive timeout");
           }
     }
-    if (calls.run_pending()) last_work = now_us();
+    if (calls.run_pending()) last_work = monotonic_us();
   }
 }
 

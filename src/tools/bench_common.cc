@@ -125,12 +125,6 @@ int num_cpus() {
   return CPU_COUNT(&set);
 }
 
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-
 bool write_csv(const OutputOptions& o, const std::vector<Json>& rows) {
   if (o.csv_path.empty() || rows.empty()) return true;
   struct stat st {};

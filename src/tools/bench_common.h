@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/clock.h"
 #include "runtime/status.h"
 
 namespace dpukv::bench {
@@ -56,7 +57,9 @@ Status parse_bucket_range(const std::string& s, HistogramSpec* out);
 bool pin_current_thread(int cpu);
 int num_cpus();
 
-uint64_t now_ns();
+inline uint64_t now_ns() {
+  return monotonic_ns();
+}
 
 struct OutputOptions {
   bool json = false;

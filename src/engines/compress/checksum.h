@@ -5,12 +5,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "runtime/crc32c.h"  // crc32c, with the checksums below
+
 namespace dpukv {
 
 // CRC-32 as gzip/zlib define it (reflected 0x04C11DB7), init 0.
 uint32_t crc32_gzip(const void* data, size_t n, uint32_t prev = 0);
-// CRC-32C (Castagnoli), as iSCSI/NVMe use it, init 0.
-uint32_t crc32c(const void* data, size_t n, uint32_t prev = 0);
 // Adler-32 as zlib defines it; pass 1 to start.
 uint32_t adler32(const void* data, size_t n, uint32_t prev = 1);
 uint32_t xxh32(const void* data, size_t n, uint32_t seed = 0);
