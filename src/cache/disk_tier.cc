@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "engines/compress/checksum.h"
+#include "runtime/host_port.h"
 #include "runtime/log.h"
 
 namespace dpukv {
@@ -352,10 +353,10 @@ Status DiskTier::sync() {
 
 Status DiskTier::open_nvme(const DiskTierOptions& o) {
   nvme::TcpHostOptions h;
-  size_t colon = o.nvme_address.rfind(':');
-  if (colon == std::string::npos) return Code::kInvalidValue;
-  h.addr = o.nvme_address.substr(0, colon);
-  h.port = static_cast<uint16_t>(std::atoi(o.nvme_address.c_str() + colon + 1));
+  if (!parse_host_port(o.nvme_address, &h.addr, &h.port)) {
+    LOG_ERR("disk tier: the NVMe tier's address '%s' is not ADDR:PORT", o.nvme_address.c_str());
+    return Code::kInvalidValue;
+  }
   h.subnqn = o.nvme_nqn;
   h.queue_depth = static_cast<uint16_t>(std::min<uint32_t>(o.queue_depth + 1, 128));
   if (Status st = nvme::NvmeTcpHost::connect(h, &nvme_); !st.ok()) {

@@ -17,6 +17,7 @@
 #include "nvme/nvmf_app.h"
 #include "nvme/nvmf_target.h"
 #include "nvme/tcp_host.h"
+#include "runtime/host_port.h"
 #include "runtime/log.h"
 #include "tools/bench_common.h"
 #include "tools/nvme_perf.h"
@@ -70,21 +71,10 @@ void wait_for_signal() {
   while (!g_stop) pause();
 }
 
-bool split_host_port(const std::string& s, std::string* host, uint16_t* port) {
-  size_t colon = s.rfind(':');
-  if (colon == std::string::npos) return false;
-  *host = s.substr(0, colon);
-  char* end = nullptr;
-  unsigned long p = std::strtoul(s.c_str() + colon + 1, &end, 10);
-  if (end == s.c_str() + colon + 1 || *end != '\0' || p > 65535) return false;
-  *port = static_cast<uint16_t>(p);
-  return true;
-}
-
 int run_tcp_target(const TargetConfig& c, std::vector<std::shared_ptr<Bdev>> bdevs) {
   std::string addr;
   uint16_t port = 0;
-  if (!split_host_port(c.listen, &addr, &port)) {
+  if (!parse_host_port(c.listen, &addr, &port)) {
     std::cerr << "dpukv nvme target: --listen wants ADDR:PORT\n";
     return 2;
   }

@@ -22,6 +22,7 @@
 #include "nvme/nvme_driver.h"
 #include "nvme/tcp_host.h"
 #include "runtime/child_process.h"
+#include "runtime/host_port.h"
 #include "runtime/log.h"
 #include "tools/bench_common.h"
 
@@ -462,9 +463,12 @@ int run_perf(const PerfConfig& c) {
       a.insert(a.end(), cpu_args.begin(), cpu_args.end());
       target = spawn_and_wait_port(a, "/tmp/dpukv-nvme-perf-" + pid + ".port", &port);
     } else {
-      size_t colon = c.address.rfind(':');
-      addr = c.address.substr(0, colon);
-      port = colon == std::string::npos ? 4420 : std::atoi(c.address.c_str() + colon + 1);
+      uint16_t p16 = 0;
+      if (!parse_host_port(c.address, &addr, &p16, 4420)) {
+        std::cerr << "dpukv nvme perf: --address wants ADDR[:PORT], not '" << c.address << "'\n";
+        return 2;
+      }
+      port = p16;
     }
     // The baseline server runs where the target runs.
     std::vector<std::string> a = {"nvme", "pingpong-server", "--port-file",
