@@ -1,0 +1,163 @@
+#include "cache/index_log.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <unordered_map>
+
+#include "runtime/crc32c.h"
+#include "runtime/log.h"
+
+namespace dpukv {
+namespace {
+
+struct LogRecord {
+  static constexpr uint32_t kMagic = 0x474c4b44;  // "DKLG"
+  uint32_t magic;
+  uint16_t type;   // 1 put, 2 delete
+  uint16_t flags;  // bit 0: the stored bytes are a KV-codec chunk
+  ChunkKey key;
+  uint64_t offset;
+  uint64_t len;      // bytes stored
+  uint64_t raw_len;  // bytes of the chunk as the client gave it
+  uint64_t checksum;
+  uint64_t seq;
+  uint32_t pad;
+  uint32_t crc;  // crc32c of everything before it
+};
+static_assert(sizeof(LogRecord) == 88);
+
+struct KeyHash {
+  size_t operator()(const ChunkKey& k) const { return k.hash(); }
+};
+
+bool write_all(int fd, const void* p, size_t n) {
+  auto* c = static_cast<const uint8_t*>(p);
+  while (n > 0) {
+    ssize_t w = ::write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w, n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+LogRecord put_record(const IndexLog::Record& r, uint64_t seq) {
+  LogRecord rec{};
+  rec.magic = LogRecord::kMagic;
+  rec.type = 1;
+  rec.flags = r.encoded ? 1 : 0;
+  rec.key = r.key;
+  rec.offset = r.offset;
+  rec.len = r.len;
+  rec.raw_len = r.raw_len;
+  rec.checksum = r.checksum;
+  rec.seq = seq;
+  rec.crc = crc32c(&rec, offsetof(LogRecord, crc));
+  return rec;
+}
+
+}  // namespace
+
+void IndexLog::replay(const std::string& path, std::vector<Record>* out, uint64_t* records,
+                      uint64_t* dropped, uint64_t* seq) {
+  std::unordered_map<ChunkKey, Record, KeyHash> live;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  LogRecord r;
+  for (;;) {
+    ssize_t n = ::read(fd, &r, sizeof(r));
+    if (n != static_cast<ssize_t>(sizeof(r))) break;  // end, or a torn tail
+    if (r.magic != LogRecord::kMagic || r.crc != crc32c(&r, offsetof(LogRecord, crc))) {
+      ++*dropped;
+      break;  // nothing after a corrupt record is trusted
+    }
+    ++*records;
+    *seq = std::max(*seq, r.seq + 1);
+    if (r.type == 1)
+      live[r.key] = Record{r.key, r.offset, r.len, r.checksum, r.raw_len, (r.flags & 1) != 0};
+    else
+      live.erase(r.key);
+  }
+  ::close(fd);
+  for (auto& [k, rec] : live) out->push_back(rec);
+}
+
+Status IndexLog::compact(const std::string& path, const std::vector<Record>& live, uint64_t records,
+                         uint64_t dropped, uint64_t seq, std::unique_ptr<IndexLog>* out) {
+  std::unique_ptr<IndexLog> l(new IndexLog());
+  l->seq_ = seq;
+  // Write the live set to a new log and rename it into place.
+  const std::string tmp = path + ".tmp";
+  int nfd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (nfd < 0) {
+    LOG_ERR("disk tier: cannot write %s: %s", tmp.c_str(), std::strerror(errno));
+    return Code::kIoFailed;
+  }
+  for (const Record& r : live) {
+    const LogRecord rec = put_record(r, l->seq_++);
+    if (!write_all(nfd, &rec, sizeof(rec))) {
+      LOG_ERR("disk tier: cannot compact the index log %s: %s", tmp.c_str(), std::strerror(errno));
+      ::close(nfd);
+      return Code::kFull;
+    }
+  }
+  if (::fdatasync(nfd) != 0 || ::close(nfd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    LOG_ERR("disk tier: cannot replace the index log %s: %s", path.c_str(), std::strerror(errno));
+    return Code::kIoFailed;
+  }
+  l->fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (l->fd_ < 0) return Code::kIoFailed;
+  l->size_ = live.size() * sizeof(LogRecord);
+  if (records || dropped)
+    LOG_INFO("disk tier: recovered %zu chunks from %llu log records (%llu dropped)", live.size(),
+             static_cast<unsigned long long>(records), static_cast<unsigned long long>(dropped));
+  *out = std::move(l);
+  return Code::kSuccess;
+}
+
+IndexLog::~IndexLog() {
+  if (fd_ >= 0) {
+    (void)::fdatasync(fd_);
+    ::close(fd_);
+  }
+}
+
+bool IndexLog::put(const ChunkKey& key, uint64_t offset, uint64_t len, uint64_t checksum,
+                   uint64_t raw_len, bool encoded) {
+  const LogRecord rec = put_record(Record{key, offset, len, checksum, raw_len, encoded}, seq_++);
+  return append(&rec);
+}
+
+bool IndexLog::del(const ChunkKey& key) {
+  LogRecord rec{};
+  rec.magic = LogRecord::kMagic;
+  rec.type = 2;
+  rec.key = key;
+  rec.seq = seq_++;
+  rec.crc = crc32c(&rec, offsetof(LogRecord, crc));
+  return append(&rec);
+}
+
+bool IndexLog::append(const void* rec) {
+  errno = 0;
+  if (write_all(fd_, rec, sizeof(LogRecord))) {
+    size_ += sizeof(LogRecord);
+    return true;
+  }
+  last_errno_ = errno != 0 ? errno : EIO;
+  // Cut a half-written record off, so later records are not behind a torn one.
+  if (::ftruncate(fd_, static_cast<off_t>(size_)) != 0) LOG_ERR("disk tier: cannot trim the log");
+  ++errors_;
+  return false;
+}
+
+Status IndexLog::sync() {
+  return ::fdatasync(fd_) == 0 ? Status() : Status(Code::kIoFailed);
+}
+
+}  // namespace dpukv
