@@ -21,8 +21,10 @@ cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
 export PKG_CONFIG_PATH=$tmp/prefix/lib/pkgconfig:$tmp/prefix/lib/x86_64-linux-gnu/pkgconfig
 pkg-config --exists dpukv-client || fail "no dpukv-client.pc installed"
 [ -f "$tmp/prefix/include/dpukv/client.h" ] || fail "no header installed"
+san=()  # a sanitizer build's library needs the program built with the same runtime
+ldd "$so" | grep -q libasan && san=(-fsanitize=address,undefined)
 # shellcheck disable=SC2046
-cc -std=c11 -o "$tmp/c_client" "$src/tests/c_api_test.c" $(pkg-config --cflags --libs dpukv-client)
+cc -std=c11 "${san[@]}" -o "$tmp/c_client" "$src/tests/c_api_test.c" $(pkg-config --cflags --libs dpukv-client)
 LD_LIBRARY_PATH=$(pkg-config --variable=libdir dpukv-client) ldd "$tmp/c_client" | grep -q "$tmp/prefix" ||
   fail "the program does not load the installed library"
 echo "client lib: ok"
