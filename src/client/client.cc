@@ -221,6 +221,23 @@ Status Client::send_request(Op op, uint16_t flags, const void* entries, uint32_t
   return Code::kSuccess;
 }
 
+namespace {
+// The one batch splitter: cuts n IoEntries into messages of at most per_msg and
+// calls send(base, entries, count) for each, in order, until it returns false.
+template <typename Send>
+void for_each_message(const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
+                      const uint64_t* lengths, uint32_t n, uint32_t per_msg,
+                      std::vector<IoEntry>* scratch, Send send) {
+  for (uint32_t base = 0; base < n; base += per_msg) {
+    const uint32_t k = std::min(per_msg, n - base);
+    scratch->resize(k);
+    for (uint32_t i = 0; i < k; ++i)
+      (*scratch)[i] = IoEntry{keys[base + i], s.id, offsets[base + i], lengths[base + i]};
+    if (!send(base, scratch->data(), k)) return;
+  }
+}
+}  // namespace
+
 Status Client::submit_io(Op op, const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
                          const uint64_t* lengths, uint32_t n, Status* per_entry, Ticket* out) {
   std::lock_guard<std::mutex> g(mu_);
@@ -231,22 +248,20 @@ Status Client::submit_io(Op op, const Staging& s, const ChunkKey* keys, const ui
   p.per_entry = per_entry;
   const uint32_t per_msg = (ch_->connection()->max_msg() - sizeof(AgentHeader)) / sizeof(IoEntry);
   std::vector<IoEntry> es;
-  for (uint32_t base = 0; base < n; base += per_msg) {
-    const uint32_t k = std::min(per_msg, n - base);
-    es.resize(k);
-    for (uint32_t i = 0; i < k; ++i)
-      es[i] = IoEntry{keys[base + i], s.id, offsets[base + i], lengths[base + i]};
-    uint64_t id;
-    Status st = send_request(op, 0, es.data(), sizeof(IoEntry), k, &id);
-    if (!st.ok()) {
-      for (uint32_t i = base; i < n; ++i) per_entry[i] = st;
-      if (p.first.ok()) p.first = st;
-      break;
-    }
-    p.ids.push_back(id);
-    p.bases.push_back(base);
-    p.counts.push_back(k);
-  }
+  for_each_message(s, keys, offsets, lengths, n, per_msg, &es,
+                   [&](uint32_t base, const IoEntry* e, uint32_t k) {
+                     uint64_t id;
+                     Status st = send_request(op, 0, e, sizeof(IoEntry), k, &id);
+                     if (!st.ok()) {
+                       for (uint32_t i = base; i < n; ++i) per_entry[i] = st;
+                       if (p.first.ok()) p.first = st;
+                       return false;
+                     }
+                     p.ids.push_back(id);
+                     p.bases.push_back(base);
+                     p.counts.push_back(k);
+                     return true;
+                   });
   *out = p.ticket;
   pending_.push_back(std::move(p));
   return Code::kSuccess;
@@ -337,21 +352,19 @@ Status Client::batch_io(Op op, const Staging& s, const ChunkKey* keys, const uin
   const uint32_t per_msg = (ch_->connection()->max_msg() - sizeof(AgentHeader)) / sizeof(IoEntry);
   std::vector<IoEntry> es;
   std::vector<uint8_t> resp;
-  for (uint32_t base = 0; base < n; base += per_msg) {
-    const uint32_t k = std::min(per_msg, n - base);
-    es.resize(k);
-    for (uint32_t i = 0; i < k; ++i)
-      es[i] = IoEntry{keys[base + i], s.id, offsets[base + i], lengths[base + i]};
-    Status st = call(op, 0, es.data(), sizeof(IoEntry), k, &resp);
-    const uint8_t* codes =
-        resp.size() >= sizeof(AgentHeader) + k ? resp.data() + sizeof(AgentHeader) : nullptr;
-    for (uint32_t i = 0; i < k; ++i) {
-      Status e = codes ? Status(static_cast<Code>(codes[i])) : st;
-      if (per_entry) per_entry[base + i] = e;
-      if (!e.ok() && first.ok()) first = e;
-    }
-    if (!st.ok() && codes == nullptr && first.ok()) first = st;
-  }
+  for_each_message(
+      s, keys, offsets, lengths, n, per_msg, &es, [&](uint32_t base, const IoEntry* e, uint32_t k) {
+        Status st = call(op, 0, e, sizeof(IoEntry), k, &resp);
+        const uint8_t* codes =
+            resp.size() >= sizeof(AgentHeader) + k ? resp.data() + sizeof(AgentHeader) : nullptr;
+        for (uint32_t i = 0; i < k; ++i) {
+          Status x = codes ? Status(static_cast<Code>(codes[i])) : st;
+          if (per_entry) per_entry[base + i] = x;
+          if (!x.ok() && first.ok()) first = x;
+        }
+        if (!st.ok() && codes == nullptr && first.ok()) first = st;
+        return true;
+      });
   return first;
 }
 
