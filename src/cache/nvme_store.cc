@@ -83,13 +83,7 @@ void NvmeStore::submit() {
     uint16_t cid = free_.back();
     free_.pop_back();
     slots_[cid] = p;
-    nvme::Sqe c{};
-    c.opc = p.write ? nvme::kNvmWrite : nvme::kNvmRead;
-    c.cid = cid;
-    c.nsid = nsid_;
-    c.cdw10 = static_cast<uint32_t>(p.lba);
-    c.cdw11 = static_cast<uint32_t>(p.lba >> 32);
-    c.cdw12 = p.nlb - 1;
+    const nvme::Sqe c = nvme::rw_command(cid, p.write, nsid_, p.lba, p.nlb);
     if (!host_->submit(0, c, p.buf, p.nlb * bs_, p.write).ok()) {
       for (auto& [t, s] : tags_)
         if (t == p.tag) s.failed = true;

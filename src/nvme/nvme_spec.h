@@ -176,6 +176,18 @@ inline constexpr uint8_t kAerInfoInvalidDoorbell = 0x00;       // write to an in
 inline constexpr uint8_t kAerInfoInvalidDoorbellValue = 0x01;  // invalid doorbell value
 inline constexpr uint8_t kAerInfoTemperature = 0x01;           // SMART: temperature threshold
 
+// A Read or Write of nlb (>= 1) blocks at lba: the one builder hosts use.
+inline Sqe rw_command(uint16_t cid, bool write, uint32_t nsid, uint64_t lba, uint32_t nlb) {
+  Sqe cmd{};
+  cmd.opc = write ? kNvmWrite : kNvmRead;
+  cmd.cid = cid;
+  cmd.nsid = nsid;
+  cmd.cdw10 = static_cast<uint32_t>(lba);
+  cmd.cdw11 = static_cast<uint32_t>(lba >> 32);
+  cmd.cdw12 = nlb - 1;
+  return cmd;
+}
+
 inline constexpr uint32_t kIdentifySize = 4096;
 inline constexpr uint32_t kNsidAll = 0xffffffffu;
 

@@ -72,17 +72,6 @@ bool is_write(const std::string& w) {
   return w.find("write") != std::string::npos;
 }
 
-Sqe rw_command(uint16_t cid, bool write, uint32_t nsid, uint64_t lba, uint32_t nlb) {
-  Sqe cmd{};
-  cmd.opc = write ? kNvmWrite : kNvmRead;
-  cmd.cid = cid;
-  cmd.nsid = nsid;
-  cmd.cdw10 = static_cast<uint32_t>(lba);
-  cmd.cdw11 = static_cast<uint32_t>(lba >> 32);
-  cmd.cdw12 = nlb - 1;
-  return cmd;
-}
-
 // What the benchmark loop needs from an initiator: one queue, a buffer per slot.
 class Initiator {
  public:
