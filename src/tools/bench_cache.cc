@@ -357,9 +357,7 @@ void add_bench_cache_command(CLI::App* bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--disk-size", c->disk_bytes, "Disk tier size")->capture_default_str();
   cmd->add_flag("--no-disk", c->no_disk, "Skip the spill/reload measurement");
-  cmd->add_flag("--json", c->out.json, "Print one JSON object instead of a table");
-  cmd->add_option("--csv-output-file", c->out.csv_path, "Also write the rows to this CSV file");
-  cmd->add_flag("--csv-append-mode", c->out.csv_append, "Append to the CSV file");
+  bench::add_output_options(cmd, &c->out);
   cmd->callback([c, exit_code] { *exit_code = run(*c); });
 }
 

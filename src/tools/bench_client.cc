@@ -208,9 +208,7 @@ void add_bench_client_command(CLI::App* bench, int* exit_code) {
       ->check(CLI::Range(1u, 64u));
   cmd->add_option("--rtt-iterations", c->rtt_iterations, "Round trips measured")
       ->capture_default_str();
-  cmd->add_flag("--json", c->out.json, "Print one JSON object");
-  cmd->add_option("--csv-output-file", c->out.csv_path, "Also write the rows to this CSV file");
-  cmd->add_flag("--csv-append-mode", c->out.csv_append, "Append to the CSV file");
+  bench::add_output_options(cmd, &c->out);
   cmd->callback([c, exit_code] { *exit_code = run(*c); });
 }
 

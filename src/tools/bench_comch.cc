@@ -526,9 +526,7 @@ void add_bench_comch_command(CLI::App* bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--bulk-seconds", c->bulk_seconds, "Seconds of bulk transfer")
       ->capture_default_str();
-  cmd->add_flag("--json", c->out.json, "Print one JSON object instead of a table");
-  cmd->add_option("--csv-output-file", c->out.csv_path, "Also write the rows to this CSV file");
-  cmd->add_flag("--csv-append-mode", c->out.csv_append, "Append to the CSV file");
+  bench::add_output_options(cmd, &c->out);
   cmd->callback([c, exit_code] { *exit_code = run(*c); });
 
   auto path = std::make_shared<std::string>();

@@ -231,4 +231,12 @@ bool run_gnuplot(const std::string& script, const std::string& out_path, std::st
   return ok;
 }
 
+void add_output_options(CLI::App* cmd, OutputOptions* out) {
+  cmd->add_flag("--json", out->json,
+                "Print one JSON object {\"bench\": NAME, \"results\": [rows]} instead of a table");
+  cmd->add_option("--csv-output-file", out->csv_path, "Also write the rows to this CSV file");
+  cmd->add_flag("--csv-append-mode", out->csv_append,
+                "Append to the CSV file instead of replacing it");
+}
+
 }  // namespace dpukv::bench

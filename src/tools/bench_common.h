@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "runtime/clock.h"
@@ -66,6 +67,9 @@ struct OutputOptions {
   std::string csv_path;
   bool csv_append = false;
 };
+
+// --json, --csv-output-file and --csv-append-mode, the same on every benchmark.
+void add_output_options(CLI::App* cmd, OutputOptions* out);
 
 // Writes the rows (scalar fields only) to a CSV file, header unless appending to a
 // non-empty file. Returns false and prints why on failure.

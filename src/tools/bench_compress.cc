@@ -257,9 +257,7 @@ void add_bench_compress_command(CLI::App* bench, int* exit_code) {
   cmd->add_option("--reps", c->reps, "Timed runs per measurement (median reported)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 1000u));
-  cmd->add_flag("--json", c->out.json, "Print one JSON object instead of a table");
-  cmd->add_option("--csv-output-file", c->out.csv_path, "Also write the rows to this CSV file");
-  cmd->add_flag("--csv-append-mode", c->out.csv_append, "Append to the CSV file");
+  bench::add_output_options(cmd, &c->out);
   cmd->callback([c, exit_code] { *exit_code = run(*c); });
 }
 

@@ -538,10 +538,7 @@ void add_bench_dma_command(CLI::App* bench, int* exit_code) {
   cmd->add_flag("--compare-kernels", c->compare_kernels,
                 "Also measure each copy routine alone against libc memcpy");
   cmd->add_flag("--no-pin", c->no_pin, "Do not pin the submitter and engine threads");
-  cmd->add_flag("--json", c->out.json, "Print one JSON object instead of a table");
-  cmd->add_option("--csv-output-file", c->out.csv_path, "Also write the rows to this CSV file");
-  cmd->add_flag("--csv-append-mode", c->out.csv_append,
-                "Append to the CSV file instead of replacing it");
+  bench::add_output_options(cmd, &c->out);
   cmd->callback([c, exit_code] { *exit_code = run(*c); });
 
   auto peer_fd = std::make_shared<int>(-1);

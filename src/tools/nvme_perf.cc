@@ -46,7 +46,6 @@ struct PerfConfig {
   int cpu = 0, target_cpu = 1;
   bool interrupts = false;
   bool digests = false;
-  bool json = false;
   bench::OutputOptions out;
 };
 
@@ -495,7 +494,7 @@ int run_perf(const PerfConfig& c) {
     setsockopt(pp_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   }
   std::vector<Json> rows;
-  if (!c.json)
+  if (!c.out.json)
     std::printf("%-10s %-9s %4s %6s %12s %10s %9s %9s %14s %7s\n", "transport", "workload", "qd",
                 "bs", "IOPS", "MB/s", "p50 us", "p99 us", "baseline IOPS", "ratio");
   int rc = 0;
@@ -503,7 +502,7 @@ int run_perf(const PerfConfig& c) {
     double base_bdev = base ? bdev_baseline_iops(*base, w, static_cast<uint32_t>(bs), 0.5) : 0;
     for (uint64_t qd : qds) {
       PerfResult r;
-      if (bench::progress_enabled() && !c.json)
+      if (bench::progress_enabled() && !c.out.json)
         std::fprintf(stderr, "running %s qd %llu for %.1f s...\r", w.c_str(),
                      static_cast<unsigned long long>(qd), c.seconds + c.warmup);
       Status st = run_one(*ini, w, static_cast<uint32_t>(qd), static_cast<uint32_t>(bs), c, &r);
@@ -543,7 +542,7 @@ int run_perf(const PerfConfig& c) {
         row["ratio"] = base_bdev > 0 ? r.iops / base_bdev : 0.0;
       }
       rows.push_back(row);
-      if (!c.json)
+      if (!c.out.json)
         std::printf("%-10s %-9s %4llu %6s %12.0f %10.1f %9.2f %9.2f %14.0f %7.3f\n",
                     c.transport.c_str(), w.c_str(), static_cast<unsigned long long>(qd),
                     bench::format_size(bs).c_str(), r.iops, r.mbps, r.p50, r.p99,
@@ -551,7 +550,7 @@ int run_perf(const PerfConfig& c) {
     }
   }
   cleanup();
-  if (c.json) bench::print_json("nvme", rows);
+  if (c.out.json) bench::print_json("nvme", rows);
   if (!bench::write_csv(c.out, rows)) rc = 1;
   return rc;
 }
@@ -584,8 +583,7 @@ void add_nvme_perf_command(CLI::App* nvme, int* exit_code) {
   p->add_flag("--interrupts", pc.interrupts,
               "vfio-user: wait on MSI-X eventfds instead of polling");
   p->add_flag("--digests", pc.digests, "tcp: header and data digests");
-  p->add_flag("--json", pc.json, "One JSON object {\"bench\": \"nvme\", \"results\": [...]}");
-  p->add_option("--csv-output-file", pc.out.csv_path, "Also write rows to this CSV file");
+  bench::add_output_options(p, &pc.out);
   p->callback([exit_code] { *exit_code = run_perf(pc); });
 
   static std::string pp_port_file;
