@@ -25,7 +25,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engines/compress/kv_synth.h"
+#include "engines/compress/kv_layout.h"
 #include "runtime/status.h"
 
 namespace dpukv {

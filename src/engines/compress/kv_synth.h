@@ -7,16 +7,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "engines/compress/kv_layout.h"
+
 namespace dpukv {
-
-enum class KvDtype : uint8_t { kBf16 = 1, kFp16 = 2 };
-
-struct KvShape {
-  uint32_t slabs = 1;  // layers x (K, V): independent [tokens, channels] matrices
-  uint32_t tokens = 256;
-  uint32_t channels = 1024;  // heads x head_dim
-  uint64_t elements() const { return static_cast<uint64_t>(slabs) * tokens * channels; }
-};
 
 enum class KvDataset { kRealistic, kIid };
 
