@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "comch/channel.h"
-#include "runtime/copy_kernels.h"
+#include "runtime/copy_routines.h"
 #include "runtime/log.h"
 
 namespace dpukv {

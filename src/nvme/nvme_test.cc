@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "nvme/emulation_manager.h"
-#include "nvme/nvme_driver.h"
 #include "nvme/nvme_pci_function.h"
+#include "nvme/vfio_user_driver.h"
 #include "runtime/child_process.h"
 #include "runtime/log.h"
 
@@ -73,7 +73,7 @@ class NvmeTest : public ::testing::Test {
   }
   void attach(DriverOptions o = {}) {
     o.memory_bytes = 16u << 20;
-    ASSERT_TRUE(NvmeDriver::attach(socket_, o, &drv_).ok());
+    ASSERT_TRUE(VfioUserDriver::attach(socket_, o, &drv_).ok());
   }
   // One I/O command on queue 0, waited for.
   Cqe io(uint8_t opc, uint64_t lba, uint32_t nlb, const DmaBuffer* buf, uint32_t nsid = 1,
@@ -118,7 +118,7 @@ class NvmeTest : public ::testing::Test {
   std::string socket_;
   std::string file_ = "/tmp/dpukv-nvme-test-file-" + std::to_string(getpid());
   pid_t target_ = -1;
-  std::unique_ptr<NvmeDriver> drv_;
+  std::unique_ptr<VfioUserDriver> drv_;
 };
 
 TEST_F(NvmeTest, IdentifyDescribesControllerAndNamespace) {
@@ -672,7 +672,7 @@ TEST_F(NvmeTest, MalformedMessagesGetErrorsAndTheServerKeepsServing) {
   EXPECT_FALSE(c.dma_map(0x1000, 4096, -1, 0, vu::kDmaRead_).ok());
   EXPECT_EQ(c.last_errno(), ENOTSUP);
   int efd = eventfd(0, EFD_CLOEXEC);
-  EXPECT_FALSE(c.dma_map(NvmeDriver::kIovaBase, 4096, efd, 0, vu::kDmaRead_).ok());
+  EXPECT_FALSE(c.dma_map(VfioUserDriver::kIovaBase, 4096, efd, 0, vu::kDmaRead_).ok());
   EXPECT_EQ(c.last_errno(), EEXIST);
   ::close(efd);
   EXPECT_FALSE(c.dma_unmap(0x5000, 4096).ok());
@@ -721,10 +721,10 @@ TEST_F(NvmeTest, KilledClientMidIoLeavesTheServerReady) {
   for (int round = 0; round < 3; ++round) {
     pid_t child = fork();
     if (child == 0) {
-      std::unique_ptr<NvmeDriver> d;
+      std::unique_ptr<VfioUserDriver> d;
       DriverOptions o;
       o.memory_bytes = 16u << 20;
-      if (!NvmeDriver::attach(socket_, o, &d).ok()) _exit(3);
+      if (!VfioUserDriver::attach(socket_, o, &d).ok()) _exit(3);
       DmaBuffer b;
       if (!d->alloc(64 * 4096, &b).ok()) _exit(4);
       for (uint64_t i = 0;; ++i) {  // writes until killed, up to 32 in flight
@@ -781,7 +781,7 @@ TEST_F(NvmeTest, FileNamespaceKeepsDataAcrossRestarts) {
 TEST_F(NvmeTest, UnmappingQueueMemoryIsFatalNotACrash) {
   start_target();
   attach();
-  ASSERT_TRUE(drv_->client().dma_unmap(NvmeDriver::kIovaBase, 16u << 20).ok());
+  ASSERT_TRUE(drv_->client().dma_unmap(VfioUserDriver::kIovaBase, 16u << 20).ok());
   EXPECT_TRUE(drv_->read32(kRegCsts) & kCstsCfs);
   EXPECT_FALSE(drv_->read32(kRegCsts) & kCstsRdy);
 }
@@ -809,10 +809,10 @@ TEST(EmulationManagerTest, HotplugStates) {
   auto fns = m->list_functions();
   ASSERT_EQ(fns.size(), 2u);
   for (const auto& f : fns) EXPECT_EQ(f.state, HotplugState::kPowerOn);
-  std::unique_ptr<NvmeDriver> d;
+  std::unique_ptr<VfioUserDriver> d;
   DriverOptions o;
   o.memory_bytes = 8u << 20;
-  ASSERT_TRUE(NvmeDriver::attach(base + "-a.sock", o, &d).ok());
+  ASSERT_TRUE(VfioUserDriver::attach(base + "-a.sock", o, &d).ok());
   fns = m->list_functions();
   EXPECT_TRUE(fns[0].client_connected);
   EXPECT_EQ(fns[0].io_queues, 1u);

@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "cache/cache_engine.h"
-#include "nvme/nvme_driver.h"
 #include "nvme/tcp_host.h"
 #include "nvme/tcp_wire.h"
+#include "nvme/vfio_user_driver.h"
 #include "runtime/buf.h"
 #include "runtime/child_process.h"
 #include "runtime/log.h"
@@ -577,10 +577,10 @@ TEST(NvmfApp, KvNamespaceSharedByTcpAndVfioUser) {
     ASSERT_TRUE(h->wait_one(0, &e, 5000).ok());
     ASSERT_EQ(sc(e), kSuccess);
   }
-  std::unique_ptr<NvmeDriver> d;
+  std::unique_ptr<VfioUserDriver> d;
   DriverOptions dopt;
   dopt.memory_bytes = 16u << 20;
-  ASSERT_TRUE(NvmeDriver::attach(dir + "/fn/cntrl", dopt, &d).ok());
+  ASSERT_TRUE(VfioUserDriver::attach(dir + "/fn/cntrl", dopt, &d).ok());
   DmaBuffer b;
   ASSERT_TRUE(d->alloc(65536, &b).ok());
   for (uint32_t i = 0; i < 8; ++i) {

@@ -18,7 +18,7 @@
 #include "comch/server.h"
 #include "runtime/buf.h"
 #include "runtime/child_process.h"
-#include "runtime/copy_kernels.h"
+#include "runtime/copy_routines.h"
 #include "runtime/log.h"
 #include "runtime/mem_region.h"
 #include "tools/bench_common.h"

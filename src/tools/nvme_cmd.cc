@@ -13,10 +13,10 @@
 
 #include "nvme/bdev.h"
 #include "nvme/emulation_manager.h"
-#include "nvme/nvme_driver.h"
 #include "nvme/nvmf_app.h"
 #include "nvme/nvmf_target.h"
 #include "nvme/tcp_host.h"
+#include "nvme/vfio_user_driver.h"
 #include "runtime/host_port.h"
 #include "runtime/log.h"
 #include "tools/bench_common.h"
@@ -177,8 +177,8 @@ std::string ascii(const uint8_t* p, size_t n) {
 int run_identify(const std::string& socket, bool json) {
   DriverOptions o;
   o.queue_entries = 16;
-  std::unique_ptr<NvmeDriver> d;
-  if (Status st = NvmeDriver::attach(socket, o, &d); !st.ok()) {
+  std::unique_ptr<VfioUserDriver> d;
+  if (Status st = VfioUserDriver::attach(socket, o, &d); !st.ok()) {
     std::cerr << "dpukv nvme identify: cannot attach to " << socket << ": " << st.name() << "\n";
     return 1;
   }

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "nvme/bdev.h"
-#include "nvme/nvme_driver.h"
 #include "nvme/tcp_host.h"
+#include "nvme/vfio_user_driver.h"
 #include "runtime/child_process.h"
 #include "runtime/host_port.h"
 #include "runtime/log.h"
@@ -87,7 +87,7 @@ class Initiator {
 
 class VfioInitiator final : public Initiator {
  public:
-  VfioInitiator(std::unique_ptr<NvmeDriver> d, bool irq) : d_(std::move(d)), irq_(irq) {}
+  VfioInitiator(std::unique_ptr<VfioUserDriver> d, bool irq) : d_(std::move(d)), irq_(irq) {}
   uint32_t nsid() override { return d_->namespaces().empty() ? 0 : d_->namespaces()[0]; }
   uint32_t block_size() override { return d_->block_size(nsid()); }
   uint64_t num_blocks() override { return d_->num_blocks(nsid()); }
@@ -111,7 +111,7 @@ class VfioInitiator final : public Initiator {
   }
 
  private:
-  std::unique_ptr<NvmeDriver> d_;
+  std::unique_ptr<VfioUserDriver> d_;
   bool irq_;
   std::vector<DmaBuffer> bufs_;
   uint32_t bytes_ = 0;
@@ -426,8 +426,8 @@ int run_perf(const PerfConfig& c) {
     o.queue_entries = static_cast<uint32_t>(std::max<uint64_t>(64, max_qd + 1));
     o.memory_bytes =
         std::max<size_t>(64u << 20, static_cast<size_t>(max_qd * bs * 2 + (32u << 20)));
-    std::unique_ptr<NvmeDriver> d;
-    if (Status st = NvmeDriver::attach(socket, o, &d); !st.ok()) {
+    std::unique_ptr<VfioUserDriver> d;
+    if (Status st = VfioUserDriver::attach(socket, o, &d); !st.ok()) {
       std::cerr << "dpukv nvme perf: cannot attach to " << socket << ": " << st.name() << "\n";
       cleanup();
       return 1;

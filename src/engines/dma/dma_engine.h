@@ -23,7 +23,7 @@
 
 #include "runtime/buf.h"
 #include "runtime/context.h"
-#include "runtime/copy_kernels.h"
+#include "runtime/copy_routines.h"
 #include "runtime/spsc_ring.h"
 #include "runtime/task_engine.h"
 #include "runtime/task_pool.h"

@@ -34,15 +34,15 @@ struct DmaBuffer {
   size_t len = 0;
 };
 
-class NvmeDriver {
+class VfioUserDriver {
  public:
   static constexpr uint64_t kIovaBase = 0x100000000ull;
 
   static Status attach(const std::string& socket_path, const DriverOptions& o,
-                       std::unique_ptr<NvmeDriver>* out);
-  ~NvmeDriver();
-  NvmeDriver(const NvmeDriver&) = delete;
-  NvmeDriver& operator=(const NvmeDriver&) = delete;
+                       std::unique_ptr<VfioUserDriver>* out);
+  ~VfioUserDriver();
+  VfioUserDriver(const VfioUserDriver&) = delete;
+  VfioUserDriver& operator=(const VfioUserDriver&) = delete;
 
   // Controller bring-up: disable, admin queues, enable, identify, I/O queues.
   // attach() runs it; call again after reset_controller() or function_level_reset().
@@ -105,7 +105,7 @@ class NvmeDriver {
     std::vector<DmaBuffer> prp_lists;  // one list page per command slot
     int irq_fd = -1;
   };
-  NvmeDriver() = default;
+  VfioUserDriver() = default;
   Status wait_ready(bool ready);
   Status create_io_queues();
   void ring(uint32_t offset, uint32_t value);

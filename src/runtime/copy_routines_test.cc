@@ -1,4 +1,4 @@
-#include "runtime/copy_kernels.h"
+#include "runtime/copy_routines.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "nvme/nvme_driver.h"
+#include "nvme/vfio_user_driver.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -22,9 +22,9 @@ constexpr uint32_t kAdminEntries = 32;
 
 }  // namespace
 
-Status NvmeDriver::attach(const std::string& socket_path, const DriverOptions& o,
-                          std::unique_ptr<NvmeDriver>* out) {
-  std::unique_ptr<NvmeDriver> d(new NvmeDriver());
+Status VfioUserDriver::attach(const std::string& socket_path, const DriverOptions& o,
+                              std::unique_ptr<VfioUserDriver>* out) {
+  std::unique_ptr<VfioUserDriver> d(new VfioUserDriver());
   d->opts_ = o;
   if (o.queue_entries < 2 || o.io_queues == 0) return Code::kInvalidValue;
   if (Status st = VfioUserClient::connect(socket_path, o.connect_timeout_ms, &d->client_); !st.ok())
@@ -82,30 +82,30 @@ Status NvmeDriver::attach(const std::string& socket_path, const DriverOptions& o
   return Code::kSuccess;
 }
 
-NvmeDriver::~NvmeDriver() {
+VfioUserDriver::~VfioUserDriver() {
   for (auto& q : queues_)
     if (q.irq_fd >= 0) ::close(q.irq_fd);
   if (doorbell_map_ != nullptr) munmap(doorbell_map_, doorbell_map_len_);
 }
 
-uint32_t NvmeDriver::read32(uint32_t reg) {
+uint32_t VfioUserDriver::read32(uint32_t reg) {
   uint32_t v = 0xffffffffu;  // what a PCIe read of a gone device returns
   (void)client_->region_read(vu::kBar0, reg, &v, 4);
   return v;
 }
-uint64_t NvmeDriver::read64(uint32_t reg) {
+uint64_t VfioUserDriver::read64(uint32_t reg) {
   uint64_t v = ~uint64_t{0};
   (void)client_->region_read(vu::kBar0, reg, &v, 8);
   return v;
 }
-Status NvmeDriver::write32(uint32_t reg, uint32_t v) {
+Status VfioUserDriver::write32(uint32_t reg, uint32_t v) {
   return client_->region_write(vu::kBar0, reg, &v, 4);
 }
-Status NvmeDriver::write64(uint32_t reg, uint64_t v) {
+Status VfioUserDriver::write64(uint32_t reg, uint64_t v) {
   return client_->region_write(vu::kBar0, reg, &v, 8);
 }
 
-Status NvmeDriver::alloc(size_t len, DmaBuffer* out) {
+Status VfioUserDriver::alloc(size_t len, DmaBuffer* out) {
   size_t n = (len + kPage - 1) / kPage * kPage;
   if (n == 0 || n > mem_->size() - mem_used_) return Code::kNoMemory;
   out->host = static_cast<uint8_t*>(mem_->data()) + mem_used_;
@@ -116,7 +116,7 @@ Status NvmeDriver::alloc(size_t len, DmaBuffer* out) {
   return Code::kSuccess;
 }
 
-Status NvmeDriver::wait_ready(bool ready) {
+Status VfioUserDriver::wait_ready(bool ready) {
   uint64_t deadline = monotonic_ms() + timeout_ms_;
   for (;;) {
     uint32_t csts = read32(kRegCsts);
@@ -128,13 +128,13 @@ Status NvmeDriver::wait_ready(bool ready) {
   }
 }
 
-Status NvmeDriver::reset_controller() {
+Status VfioUserDriver::reset_controller() {
   uint32_t cc = read32(kRegCc);
   if (Status st = write32(kRegCc, cc & ~kCcEn); !st.ok()) return st;
   return wait_ready(false);
 }
 
-Status NvmeDriver::function_level_reset() {
+Status VfioUserDriver::function_level_reset() {
   uint16_t devctl = 0x8000;
   if (Status st = client_->region_write(vu::kConfig, NvmePciFunction::kCapPcie + 8, &devctl, 2);
       !st.ok())
@@ -143,7 +143,7 @@ Status NvmeDriver::function_level_reset() {
   return client_->region_write(vu::kConfig, 0x04, &cmd, 2);
 }
 
-Status NvmeDriver::shutdown(bool abrupt) {
+Status VfioUserDriver::shutdown(bool abrupt) {
   uint32_t cc = read32(kRegCc);
   cc = (cc & ~(3u << 14)) | ((abrupt ? 2u : 1u) << 14);
   if (Status st = write32(kRegCc, cc); !st.ok()) return st;
@@ -155,7 +155,7 @@ Status NvmeDriver::shutdown(bool abrupt) {
   return Code::kSuccess;
 }
 
-Status NvmeDriver::initialize() {
+Status VfioUserDriver::initialize() {
   cap_ = read64(kRegCap);
   if (cap_ == ~uint64_t{0}) return Code::kConnectionReset;
   timeout_ms_ = std::max<uint32_t>(500, static_cast<uint32_t>((cap_ >> 24) & 0xff) * 500);
@@ -210,7 +210,7 @@ Status NvmeDriver::initialize() {
   return create_io_queues();
 }
 
-Status NvmeDriver::create_io_queues() {
+Status VfioUserDriver::create_io_queues() {
   uint32_t want = static_cast<uint32_t>(queues_.size()) - 1;
   Sqe c{};
   c.opc = kAdminSetFeatures;
@@ -255,18 +255,18 @@ Status NvmeDriver::create_io_queues() {
   return Code::kSuccess;
 }
 
-void NvmeDriver::ring(uint32_t offset, uint32_t value) {
+void VfioUserDriver::ring(uint32_t offset, uint32_t value) {
   if (doorbells_ != nullptr)
     __atomic_store_n(&doorbells_[offset / 4], value, __ATOMIC_RELEASE);
   else
     (void)client_->region_write(vu::kBar0, kDoorbellBase + offset, &value, 4);
 }
 
-void NvmeDriver::ring_doorbell_raw(uint32_t offset, uint32_t value) {
+void VfioUserDriver::ring_doorbell_raw(uint32_t offset, uint32_t value) {
   ring(offset, value);
 }
 
-Status NvmeDriver::build_prps(Queue& q, uint16_t slot, uint64_t iova, uint64_t len, Sqe* cmd) {
+Status VfioUserDriver::build_prps(Queue& q, uint16_t slot, uint64_t iova, uint64_t len, Sqe* cmd) {
   cmd->prp1 = iova;
   cmd->prp2 = 0;
   uint64_t first = std::min<uint64_t>(len, kPage - (iova & (kPage - 1)));
@@ -291,7 +291,7 @@ Status NvmeDriver::build_prps(Queue& q, uint16_t slot, uint64_t iova, uint64_t l
   return Code::kSuccess;
 }
 
-Status NvmeDriver::submit_raw(uint32_t qi, const Sqe& cmd) {
+Status VfioUserDriver::submit_raw(uint32_t qi, const Sqe& cmd) {
   Queue& q = queues_[qi];
   std::memcpy(reinterpret_cast<Sqe*>(q.sq.host) + q.sq_tail, &cmd, sizeof cmd);
   q.sq_tail = q.sq_tail + 1 == q.entries ? 0 : q.sq_tail + 1;
@@ -299,7 +299,7 @@ Status NvmeDriver::submit_raw(uint32_t qi, const Sqe& cmd) {
   return Code::kSuccess;
 }
 
-Status NvmeDriver::admin(Sqe cmd, Cqe* cqe, const DmaBuffer* data, int timeout_ms) {
+Status VfioUserDriver::admin(Sqe cmd, Cqe* cqe, const DmaBuffer* data, int timeout_ms) {
   Queue& a = queues_[0];
   cmd.cid = a.next_cid++ % kAdminEntries;
   if (data != nullptr)
@@ -320,7 +320,7 @@ Status NvmeDriver::admin(Sqe cmd, Cqe* cqe, const DmaBuffer* data, int timeout_m
   }
 }
 
-Status NvmeDriver::identify(uint8_t cns, uint32_t nsid, uint8_t* out4k, uint16_t* status) {
+Status VfioUserDriver::identify(uint8_t cns, uint32_t nsid, uint8_t* out4k, uint16_t* status) {
   DmaBuffer b;
   size_t mark = mem_used_;
   if (Status st = alloc(kIdentifySize, &b); !st.ok()) return st;
@@ -338,8 +338,8 @@ Status NvmeDriver::identify(uint8_t cns, uint32_t nsid, uint8_t* out4k, uint16_t
   return st;
 }
 
-Status NvmeDriver::submit(uint32_t qi, Sqe cmd, const DmaBuffer* buf, uint64_t len,
-                          uint16_t* cid_out) {
+Status VfioUserDriver::submit(uint32_t qi, Sqe cmd, const DmaBuffer* buf, uint64_t len,
+                              uint16_t* cid_out) {
   Queue& q = queues_[qi + 1];
   if (buf != nullptr)
     if (Status st = build_prps(q, cmd.cid, buf->iova, len, &cmd); !st.ok()) return st;
@@ -348,7 +348,7 @@ Status NvmeDriver::submit(uint32_t qi, Sqe cmd, const DmaBuffer* buf, uint64_t l
 }
 
 // q == -1 (as unsigned) is the admin queue; others are I/O queue indices.
-int NvmeDriver::reap(uint32_t qi, Cqe* out, int max) {
+int VfioUserDriver::reap(uint32_t qi, Cqe* out, int max) {
   Queue& q = queues_[qi == static_cast<uint32_t>(-1) ? 0 : qi + 1];
   const Cqe* cq = reinterpret_cast<const Cqe*>(q.cq.host);
   int n = 0;
@@ -367,7 +367,7 @@ int NvmeDriver::reap(uint32_t qi, Cqe* out, int max) {
   return n;
 }
 
-Status NvmeDriver::wait_interrupt(uint32_t qi, int timeout_ms) {
+Status VfioUserDriver::wait_interrupt(uint32_t qi, int timeout_ms) {
   Queue& q = queues_[qi == static_cast<uint32_t>(-1) ? 0 : qi + 1];
   if (q.irq_fd < 0) return Code::kBadState;
   pollfd p{q.irq_fd, POLLIN, 0};
@@ -377,7 +377,7 @@ Status NvmeDriver::wait_interrupt(uint32_t qi, int timeout_ms) {
   return Code::kSuccess;
 }
 
-Status NvmeDriver::wait_one(uint32_t qi, Cqe* out, int timeout_ms) {
+Status VfioUserDriver::wait_one(uint32_t qi, Cqe* out, int timeout_ms) {
   uint64_t deadline = monotonic_ms() + static_cast<uint64_t>(timeout_ms);
   for (;;) {
     if (reap(qi, out, 1) == 1) return Code::kSuccess;
