@@ -40,7 +40,6 @@ class MetricsServer {
   // Closes connections past their deadline; call now and then (the agent's tick).
   void sweep();
   const Counters& counters() const { return counters_; }
-  size_t open_connections() const { return conns_.size(); }
 
  private:
   struct Conn;

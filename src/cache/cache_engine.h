@@ -102,7 +102,6 @@ class CacheEngine final : public Context {
   uint64_t chunk_size(const ChunkKey& key) const;
 
   CacheStats stats() const;
-  Mmap* memory_map() const { return arena_map_.get(); }
   uint64_t index_bytes_per_chunk() const;
   Status sync();  // flushes the disk log
 

@@ -55,8 +55,7 @@ Status DiskTier::open(const DiskTierOptions& o,
   }
   DPUKV_RETURN_IF_ERROR(t->lock_dir(o.dir));
   DPUKV_RETURN_IF_ERROR(t->alloc_.init(o.capacity, o.page_size));
-  t->nvme_ = !o.nvme_address.empty();
-  if (t->nvme_) {
+  if (!o.nvme_address.empty()) {
     NvmeStoreOptions n{o.nvme_address, o.nvme_nqn, o.nvme_nsid, t->alloc_.capacity(),
                        o.queue_depth};
     DPUKV_RETURN_IF_ERROR(NvmeStore::open(n, &t->store_));

@@ -56,7 +56,6 @@ class DiskTier {
 
   SlabAllocator& allocator() { return alloc_; }
   int event_fd() const { return store_->event_fd(); }
-  bool on_nvme() const { return nvme_; }
 
   // Asynchronous I/O of len bytes between buf and the store at offset. AGAIN if
   // nothing more can be queued now.
@@ -86,7 +85,6 @@ class DiskTier {
   SlabAllocator alloc_;
   std::unique_ptr<ChunkStore> store_;
   std::unique_ptr<IndexLog> log_;
-  bool nvme_ = false;
   int lock_fd_ = -1;  // flock on dir/dpukv.lock, held for the tier's life
 };
 
