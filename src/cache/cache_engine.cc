@@ -25,6 +25,8 @@ struct CacheEngine::Entry {
   bool encoded = false;
   uint64_t mem_off = 0, disk_off = 0;
   uint64_t pin_deadline = 0;
+  // Lookup pins hold until unpinned or their deadline passes.
+  bool pinned(uint64_t now) const { return pins != 0 && now < pin_deadline; }
   int32_t prev = -1, next = -1;    // LRU links (memory-resident only)
   int32_t dprev = -1, dnext = -1;  // disk queue links (on_disk only)
   uint32_t hits = 0;
@@ -385,10 +387,10 @@ int32_t CacheEngine::pick_victim() {
 // With a disk tier the least valuable chunk of the whole cache is the disk queue's
 // last disk-only chunk; memory's victim only when the disk holds none.
 int32_t CacheEngine::pick_index_victim() {
+  const uint64_t now = monotonic_ns();
   for (int32_t v = disk_q_.tail; v >= 0; v = entries_[static_cast<size_t>(v)].dprev) {
     const Entry& en = entries_[static_cast<size_t>(v)];
-    const bool pinned = en.pins != 0 && monotonic_ns() < en.pin_deadline;
-    if (!en.in_mem && !en.loading && !pinned) return v;
+    if (!en.in_mem && !en.loading && !en.pinned(now)) return v;
   }
   return pick_victim();
 }
@@ -440,8 +442,8 @@ void CacheEngine::ghost_put(uint64_t h) {
 
 bool CacheEngine::evictable(int32_t e) const {
   const Entry& en = entries_[static_cast<size_t>(e)];
-  const bool pinned = en.pins != 0 && monotonic_ns() < en.pin_deadline;
-  return en.in_mem && en.mem_ready && !pinned && en.readers == 0 && !en.spilling && !en.loading;
+  return en.in_mem && en.mem_ready && !en.pinned(monotonic_ns()) && en.readers == 0 &&
+         !en.spilling && !en.loading;
 }
 
 void CacheEngine::drop_memory(int32_t e) {
@@ -528,12 +530,12 @@ void CacheEngine::d_unlink(int32_t e) {
 // chunk leaves the cache. Chunks being read from disk, and pinned disk-only chunks,
 // stay. False if nothing more can go.
 bool CacheEngine::make_disk_room(uint64_t size, uint64_t* off) {
+  const uint64_t now = monotonic_ns();
   int32_t v = disk_q_.tail;
   while (!disk_->allocator().alloc(size, off)) {
     while (v >= 0) {
       const Entry& en = entries_[static_cast<size_t>(v)];
-      const bool pinned = en.pins != 0 && monotonic_ns() < en.pin_deadline;
-      if (!en.loading && !(pinned && !en.mem_ready)) break;
+      if (!en.loading && !(en.pinned(now) && !en.mem_ready)) break;
       v = en.dprev;
     }
     if (v < 0) return false;
@@ -1175,15 +1177,15 @@ bool CacheEngine::arm_notification() {
 
 uint32_t CacheEngine::lookup(const ChunkKey* keys, uint32_t n, bool pin) {
   uint32_t i = 0;
-  const uint64_t deadline =
-      monotonic_ns() + static_cast<uint64_t>(opts_.pin_timeout_ms) * 1000000ull;
+  const uint64_t now = monotonic_ns();
+  const uint64_t deadline = now + static_cast<uint64_t>(opts_.pin_timeout_ms) * 1000000ull;
   for (; i < n; ++i) {
     const int32_t e = find(keys[i]);
     if (e < 0) break;
     Entry& en = entries_[static_cast<size_t>(e)];
     if (!en.mem_ready && !en.on_disk) break;
     if (pin) {
-      if (en.pins == 0 || monotonic_ns() >= en.pin_deadline) en.pins = 0;
+      if (!en.pinned(now)) en.pins = 0;
       ++en.pins;
       en.pin_deadline = deadline;
     }
@@ -1214,8 +1216,7 @@ Status CacheEngine::remove(const ChunkKey& key) {
   const int32_t e = find(key);
   if (e < 0) return Code::kNotFound;
   const Entry& en = entries_[static_cast<size_t>(e)];
-  if (en.readers || en.spilling || en.loading || (en.pins && monotonic_ns() < en.pin_deadline))
-    return Code::kBadState;
+  if (en.readers || en.spilling || en.loading || en.pinned(monotonic_ns())) return Code::kBadState;
   drop_entry(e);
   return Code::kSuccess;
 }
@@ -1226,8 +1227,7 @@ uint64_t CacheEngine::clear(uint64_t model) {
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Entry& en = entries_[i];
     if (!en.used || (model != 0 && en.key.model != model)) continue;
-    const bool pinned = en.pins != 0 && now < en.pin_deadline;
-    if (en.readers || en.spilling || en.loading || pinned) continue;
+    if (en.readers || en.spilling || en.loading || en.pinned(now)) continue;
     drop_entry(static_cast<int32_t>(i));
     ++removed;
   }
