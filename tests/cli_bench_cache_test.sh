@@ -5,7 +5,7 @@ set -euo pipefail
 bin=$1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-out=$("$bin" bench cache --sizes 256K,1M --pool-size 64M --queue-depth 8 --disk-dir "$tmp/disk" --disk-size 64M --json)
+out=$("$bin" bench cache --sizes 256K,1M --pool-size 64M --queue-depth 8 --disk-dir "$tmp/disk" --disk-size 64M --disk-rounds 1 --json)
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 echo "$out" | "$py" -c '

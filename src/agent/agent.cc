@@ -440,6 +440,8 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
        "Disk tier writes or reads that failed.", c.io_errors},
       {"disk_log_errors", "dpukv_disk_log_errors_total", "counter",
        "Disk index log records that could not be written.", c.disk_log_errors},
+      {"disk_ios_in_flight", "dpukv_disk_ios_in_flight", "gauge",
+       "Disk tier reads and writes under way.", c.disk_ios_in_flight},
       {"store_rejects", "dpukv_store_rejects_total", "counter",
        "Stores refused for lack of room (everything pinned or in use).", c.store_rejects},
       {"recovered", "dpukv_recovered_chunks", "gauge", "Chunks recovered from disk at start.",

@@ -201,6 +201,7 @@ Status CacheEngine::do_start() {
 void CacheEngine::do_stop() {
   for (Request* r : waiting_) finish(r, Code::kShutdown);
   waiting_.clear();
+  room_wanted_bytes_ = 0;
   (void)dma_->stop();
   if (codec_) (void)codec_->stop();
 }
@@ -580,7 +581,9 @@ void CacheEngine::clean_ahead() {
 bool CacheEngine::make_room(uint64_t size, uint64_t* off) {
   for (;;) {
     if (mem_alloc_.alloc(size, off)) return true;
-    if (evict_pending_bytes_ >= size) return false;
+    // Room already coming covers the requests queued before this one first: each
+    // waiter has its own write-back under way, so N waiters keep N writes in flight.
+    if (evict_pending_bytes_ >= room_wanted_bytes_ + size) return false;
     const int32_t v = pick_victim();
     if (v < 0) return false;
     Entry& en = entries_[static_cast<size_t>(v)];
@@ -602,6 +605,12 @@ bool CacheEngine::make_room(uint64_t size, uint64_t* off) {
 // A request that found no room waits while something in flight may still make
 // some: a write-back landing, or a copy finishing (its chunk becomes evictable).
 // Every such completion retries the waiters; with nothing in flight they fail.
+void CacheEngine::wait_for_room(Request* r, uint64_t bytes) {
+  r->state = Request::State::kWaitRoom;
+  waiting_.push_back(r);
+  room_wanted_bytes_ += bytes;
+}
+
 bool CacheEngine::room_may_come() const {
   return disk_ios_ > 0 || engine_ops_ > 0;
 }
@@ -760,8 +769,7 @@ void CacheEngine::begin_store(Request* r) {
   uint64_t off;
   if (!make_room(en.stored, &off)) {
     if (room_may_come()) {
-      r->state = Request::State::kWaitRoom;
-      waiting_.push_back(r);
+      wait_for_room(r, en.stored);
       return;
     }
     erase(r->entry);
@@ -935,15 +943,13 @@ Status CacheEngine::prefetch(const ChunkKey& key, DoneCb cb, void* arg) {
 Status CacheEngine::start_reload(Request* r) {
   Entry& en = entries_[static_cast<size_t>(r->entry)];
   if (en.loading || en.spilling) {  // another request is moving it; try again later
-    r->state = Request::State::kWaitRoom;
-    waiting_.push_back(r);
+    wait_for_room(r, 0);
     return Code::kSuccess;
   }
   uint64_t off;
   if (!make_room(en.stored, &off)) {
     if (room_may_come()) {
-      r->state = Request::State::kWaitRoom;
-      waiting_.push_back(r);
+      wait_for_room(r, en.stored);
       return Code::kSuccess;
     }
     return Code::kNoMemory;
@@ -1130,6 +1136,7 @@ void CacheEngine::retry_waiting() {
   // The two lists trade places (no allocation): requests that still cannot go
   // are queued again on the now empty waiting_.
   retrying_.swap(waiting_);
+  room_wanted_bytes_ = 0;
   for (Request* r : retrying_) {
     if (r->kind == Request::Kind::kStore) {
       begin_store(r);  // its entry is held (loading) while it waits
@@ -1247,6 +1254,7 @@ CacheStats CacheEngine::stats() const {
   if (disk_) {
     s.disk_used = disk_->allocator().used_bytes();
     s.disk_log_errors = disk_->log_errors();
+    s.disk_ios_in_flight = disk_ios_;
   }
   return s;
 }

@@ -62,9 +62,10 @@ struct CacheStats {
   uint64_t stores = 0, store_bytes = 0, retrieves = 0, retrieve_bytes = 0;
   uint64_t hits = 0, misses = 0, evictions = 0, spills = 0, reloads = 0;
   uint64_t checksum_failures = 0, io_errors = 0, recovered = 0, store_rejects = 0;
-  uint64_t disk_evictions = 0;   // chunks dropped from the disk tier to make room
-  uint64_t disk_log_errors = 0;  // index log records that could not be written
-  uint64_t both_chunks = 0;      // chunks with a copy in each tier (counted once in chunks)
+  uint64_t disk_evictions = 0;      // chunks dropped from the disk tier to make room
+  uint64_t disk_log_errors = 0;     // index log records that could not be written
+  uint64_t both_chunks = 0;         // chunks with a copy in each tier (counted once in chunks)
+  uint64_t disk_ios_in_flight = 0;  // disk tier reads and writes under way now
   uint64_t encoded_bytes_in = 0, encoded_bytes_out = 0;  // compression on store
 };
 
@@ -149,6 +150,7 @@ class CacheEngine final : public Context {
   SpillStart start_spill(int32_t e);
   bool spilling_allowed() const;
   bool room_may_come() const;
+  void wait_for_room(Request* r, uint64_t bytes);  // bytes: memory it needs (0: none)
   void disk_failed(const char* what, int err);
   Request* new_request();
   Status accept(int kind, const ChunkKey& key, Buf* user, DoneCb cb, void* arg, Request** out);
@@ -200,6 +202,7 @@ class CacheEngine final : public Context {
   uint64_t mem_clean_bytes_ = 0;      // memory held by chunks that also have a disk copy
   uint64_t spill_bytes_ = 0;          // memory being written back
   uint64_t evict_pending_bytes_ = 0;  // memory freed when the writes under way land
+  uint64_t room_wanted_bytes_ = 0;    // memory the requests in waiting_ need
   uint64_t spill_off_until_ns_ = 0;   // writing back stopped until then (after an error)
   uint64_t last_disk_log_ns_ = 0, disk_errors_unlogged_ = 0;
   std::vector<uint64_t> ghost_ring_;

@@ -4,6 +4,7 @@
 #include <liburing.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -31,6 +32,7 @@ struct Config {
   std::string disk_dir = "/tmp/dpukv-bench-cache";
   std::string disk_bytes = "1G";
   bool no_disk = false;
+  uint32_t disk_rounds = 3;
   bench::OutputOptions out;
 };
 
@@ -154,9 +156,10 @@ int run(const Config& c) {
                   r["baseline_gbps"].get<double>(), r["ratio"].get<double>());
     else if (r.contains("keys_per_s"))
       std::printf("%-10s %7s %9.0f keys/s %-22s %9.0f keys/s ratio %5.2f\n",
-                  r["op"].get<std::string>().c_str(), "64x", r["keys_per_s"].get<double>(),
-                  r["baseline"].get<std::string>().c_str(), r["baseline_keys_per_s"].get<double>(),
-                  r["ratio"].get<double>());
+                  r["op"].get<std::string>().c_str(),
+                  (std::to_string(r["keys"].get<uint32_t>()) + "x").c_str(),
+                  r["keys_per_s"].get<double>(), r["baseline"].get<std::string>().c_str(),
+                  r["baseline_keys_per_s"].get<double>(), r["ratio"].get<double>());
     else
       std::printf("%-10s %lu bytes per chunk in the index\n", r["op"].get<std::string>().c_str(),
                   static_cast<unsigned long>(r["bytes_per_chunk"].get<uint64_t>()));
@@ -247,21 +250,25 @@ int run(const Config& c) {
       // Lookup of 64-chunk prefixes against an unordered_set of the same keys.
       std::vector<ChunkKey> keys;
       std::unordered_set<ChunkKey, KeyHash> set;
-      for (uint64_t i = 0; i < 64; ++i) keys.push_back(bkey(i)), set.insert(bkey(i));
+      // Only keys that were stored: a lookup stops at the first missing one.
+      for (uint64_t i = 0; i < std::min<uint64_t>(64, n); ++i)
+        keys.push_back(bkey(i)), set.insert(bkey(i));
       const uint64_t reps = 20000;
       uint64_t found = 0;
       uint64_t l0 = bench::now_ns();
-      for (uint64_t r = 0; r < reps; ++r) found += cache->lookup(keys.data(), 64, false);
-      const double lk = reps * 64 / ((bench::now_ns() - l0) / 1e9);
+      const auto nk = static_cast<uint32_t>(keys.size());
+      for (uint64_t r = 0; r < reps; ++r) found += cache->lookup(keys.data(), nk, false);
+      const double lk = reps * nk / ((bench::now_ns() - l0) / 1e9);
       uint64_t found2 = 0;
       l0 = bench::now_ns();
       for (uint64_t r = 0; r < reps; ++r)
         for (const ChunkKey& k : keys) found2 += set.count(k);
-      const double lb = reps * 64 / ((bench::now_ns() - l0) / 1e9);
+      const double lb = reps * nk / ((bench::now_ns() - l0) / 1e9);
       if (found != found2)
         std::cerr << "dpukv bench cache: lookup found " << found << " of " << found2 << "\n";
       emit({{"op", "lookup"},
             {"size_bytes", size},
+            {"keys", nk},
             {"keys_per_s", lk},
             {"baseline", "std::unordered_set"},
             {"baseline_keys_per_s", lb},
@@ -274,64 +281,88 @@ int run(const Config& c) {
     while (cache->state() != CtxState::kIdle) pe->progress();
   }
 
-  // Spill and reload through the disk tier against raw io_uring O_DIRECT.
+  // Spill and reload through the disk tier against raw io_uring O_DIRECT. The VM's
+  // disk is noisy from one second to the next, so tier and raw runs alternate and
+  // the medians (and the median of the per-round ratios) are reported.
   if (!c.no_disk) {
     const uint64_t size = sizes.back() > (1ull << 20) ? sizes[sizes.size() / 2] : sizes.back();
-    std::filesystem::remove_all(c.disk_dir);
-    std::unique_ptr<ProgressEngine> pe;
-    std::unique_ptr<CacheEngine> cache;
-    CacheOptions o;
-    // A memory tier of 32 chunks and 8 stores in flight: stores beyond it spill.
     const uint32_t qd = std::min<uint32_t>(c.queue_depth, 8);
-    o.memory_bytes = 32 * size;
-    o.max_chunk_bytes = size;
-    o.disk_dir = c.disk_dir;
-    o.disk_bytes = disk_bytes;
-    o.max_requests = c.queue_depth * 2;
-    o.dma.first_cpu = pin ? 0 : -1;
-    o.dma.num_threads = c.dma_threads;
-    if (!ProgressEngine::create(&pe).ok() || !CacheEngine::create(pe.get(), o, &cache).ok() ||
-        !cache->start().ok()) {
-      std::cerr << "dpukv bench cache: disk tier setup failed in " << c.disk_dir << "\n";
-      return 1;
-    }
-    const uint64_t n = disk_bytes / size * 3 / 4;
-    Driver d{pe.get()};
-    // Stores beyond the memory tier spill the least recent chunks (write back).
-    const uint64_t t0 = bench::now_ns();
-    d.run(cache.get(), inv.get(), src_map.get(), src, pool, size, n, qd, true);
-    const uint64_t spills = cache->stats().spills;
-    if (d.failed)
-      std::cerr << "dpukv bench cache: " << d.failed << " stores failed in the spill phase\n";
-    const double spill_gbps = spills * size / ((bench::now_ns() - t0) / 1e9) / 1e9;
-    // Reload: retrieve the oldest chunks, which are on disk only.
-    const uint64_t m = std::min<uint64_t>(spills, n) / 2;
-    const uint64_t r0 = bench::now_ns();
-    d.run(cache.get(), inv.get(), dst_map.get(), dstp, pool, size, m, qd, false);
-    const double reload_gbps = m * size / ((bench::now_ns() - r0) / 1e9) / 1e9;
-    const uint64_t reloads = cache->stats().reloads;
-    (void)cache->stop();
-    while (cache->state() != CtxState::kIdle) pe->progress();
-    cache.reset();
-    std::filesystem::remove_all(c.disk_dir);
-    std::filesystem::create_directories(c.disk_dir);
-    const std::string raw = c.disk_dir + "/raw";
-    const auto [raw_w, raw_r] = raw_uring(raw, size, spills ? spills : 1, m ? m : 1, src, pool, qd);
-    std::filesystem::remove_all(c.disk_dir);
+    struct Round {
+      double spill = 0, reload = 0, raw_w = 0, raw_r = 0;
+      uint64_t spills = 0, reloads = 0;
+    };
+    auto round = [&](Round* out) -> bool {
+      std::filesystem::remove_all(c.disk_dir);
+      std::unique_ptr<ProgressEngine> pe;
+      std::unique_ptr<CacheEngine> cache;
+      CacheOptions o;
+      // A memory tier of 32 chunks and 8 stores in flight: stores beyond it spill.
+      o.memory_bytes = 32 * size;
+      o.max_chunk_bytes = size;
+      o.disk_dir = c.disk_dir;
+      o.disk_bytes = disk_bytes;
+      o.max_requests = c.queue_depth * 2;
+      o.dma.first_cpu = pin ? 0 : -1;
+      o.dma.num_threads = c.dma_threads;
+      if (!ProgressEngine::create(&pe).ok() || !CacheEngine::create(pe.get(), o, &cache).ok() ||
+          !cache->start().ok()) {
+        std::cerr << "dpukv bench cache: disk tier setup failed in " << c.disk_dir << "\n";
+        return false;
+      }
+      const uint64_t n = disk_bytes / size * 3 / 4;
+      Driver d{pe.get()};
+      // Stores beyond the memory tier spill the least recent chunks (write back).
+      const uint64_t t0 = bench::now_ns();
+      d.run(cache.get(), inv.get(), src_map.get(), src, pool, size, n, qd, true);
+      out->spills = cache->stats().spills;
+      if (d.failed)
+        std::cerr << "dpukv bench cache: " << d.failed << " stores failed in the spill phase\n";
+      out->spill = out->spills * size / ((bench::now_ns() - t0) / 1e9) / 1e9;
+      // Reload: retrieve the oldest chunks, which are on disk only.
+      const uint64_t m = std::min<uint64_t>(out->spills, n) / 2;
+      const uint64_t r0 = bench::now_ns();
+      d.run(cache.get(), inv.get(), dst_map.get(), dstp, pool, size, m, qd, false);
+      out->reload = m * size / ((bench::now_ns() - r0) / 1e9) / 1e9;
+      out->reloads = cache->stats().reloads;
+      (void)cache->stop();
+      while (cache->state() != CtxState::kIdle) pe->progress();
+      cache.reset();
+      std::filesystem::remove_all(c.disk_dir);
+      std::filesystem::create_directories(c.disk_dir);
+      const auto [w, r] = raw_uring(c.disk_dir + "/raw", size, out->spills ? out->spills : 1,
+                                    m ? m : 1, src, pool, qd);
+      out->raw_w = w;
+      out->raw_r = r;
+      std::filesystem::remove_all(c.disk_dir);
+      return true;
+    };
+    std::vector<Round> rounds(c.disk_rounds);
+    for (Round& r : rounds)
+      if (!round(&r)) return 1;
+    auto median = [&](auto field) {
+      std::vector<double> v;
+      for (const Round& r : rounds) v.push_back(field(r));
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double raw_w = median([](const Round& r) { return r.raw_w; });
+    const double raw_r = median([](const Round& r) { return r.raw_r; });
     emit({{"op", "spill"},
           {"size_bytes", size},
-          {"gbps", spill_gbps},
-          {"chunks", spills},
+          {"gbps", median([](const Round& r) { return r.spill; })},
+          {"chunks", rounds.back().spills},
+          {"rounds", rounds.size()},
           {"baseline", "io_uring O_DIRECT write"},
           {"baseline_gbps", raw_w},
-          {"ratio", raw_w > 0 ? spill_gbps / raw_w : 0}});
+          {"ratio", median([](const Round& r) { return r.raw_w > 0 ? r.spill / r.raw_w : 0; })}});
     emit({{"op", "reload"},
           {"size_bytes", size},
-          {"gbps", reload_gbps},
-          {"chunks", reloads},
+          {"gbps", median([](const Round& r) { return r.reload; })},
+          {"chunks", rounds.back().reloads},
+          {"rounds", rounds.size()},
           {"baseline", "io_uring O_DIRECT read"},
           {"baseline_gbps", raw_r},
-          {"ratio", raw_r > 0 ? reload_gbps / raw_r : 0}});
+          {"ratio", median([](const Round& r) { return r.raw_r > 0 ? r.reload / r.raw_r : 0; })}});
   }
   (void)src_map->stop();
   (void)dst_map->stop();
@@ -357,6 +388,10 @@ void add_bench_cache_command(CLI::App* bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--disk-size", c->disk_bytes, "Disk tier size")->capture_default_str();
   cmd->add_flag("--no-disk", c->no_disk, "Skip the spill/reload measurement");
+  cmd->add_option("--disk-rounds", c->disk_rounds,
+                  "Spill/reload rounds, each followed by its raw io_uring run (medians reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 99u));
   bench::add_output_options(cmd, &c->out);
   cmd->callback([c, exit_code] { *exit_code = run(*c); });
 }
