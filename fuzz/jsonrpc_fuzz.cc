@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "nvme/nvmf_app.h"
+#include "nvmf/nvmf_app.h"
 #include "runtime/log.h"
 
 using namespace dpukv;

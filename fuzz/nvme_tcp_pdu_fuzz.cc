@@ -19,7 +19,7 @@
 #include <memory>
 #include <vector>
 
-#include "nvme/nvmf_target.h"
+#include "nvmf/nvmf_target.h"
 #include "nvme/tcp_host.h"
 #include "nvme/tcp_wire.h"
 #include "runtime/log.h"

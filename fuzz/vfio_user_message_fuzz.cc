@@ -14,7 +14,7 @@
 #include <memory>
 #include <vector>
 
-#include "nvme/nvme_pci_function.h"
+#include "nvmf/vfio_user/nvme_pci_function.h"
 #include "runtime/log.h"
 
 using namespace dpukv;

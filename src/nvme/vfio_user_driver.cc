@@ -9,7 +9,6 @@
 #include <cstring>
 #include <thread>
 
-#include "nvme/nvme_pci_function.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -134,11 +133,29 @@ Status VfioUserDriver::reset_controller() {
   return wait_ready(false);
 }
 
+// The PCI Express capability, found as a driver finds it: by walking the
+// capability list from the pointer at 0x34 (ids and next pointers, bounded).
+Status VfioUserDriver::find_pcie_capability(uint16_t* offset) {
+  uint8_t pos = 0;
+  if (Status st = client_->region_read(vu::kConfig, 0x34, &pos, 1); !st.ok()) return st;
+  for (int hops = 0; hops < 48 && pos >= 0x40; ++hops) {
+    uint8_t hdr[2] = {};
+    if (Status st = client_->region_read(vu::kConfig, pos & 0xfc, hdr, 2); !st.ok()) return st;
+    if (hdr[0] == 0x10) {  // PCI Express capability id
+      *offset = pos & 0xfc;
+      return Code::kSuccess;
+    }
+    pos = hdr[1];
+  }
+  LOG_ERR("nvme: the function has no PCI Express capability (no function level reset)");
+  return Code::kNotSupported;
+}
+
 Status VfioUserDriver::function_level_reset() {
-  uint16_t devctl = 0x8000;
-  if (Status st = client_->region_write(vu::kConfig, NvmePciFunction::kCapPcie + 8, &devctl, 2);
-      !st.ok())
-    return st;
+  uint16_t cap = 0;
+  if (Status st = find_pcie_capability(&cap); !st.ok()) return st;
+  uint16_t devctl = 0x8000;  // Device Control: Initiate Function Level Reset
+  if (Status st = client_->region_write(vu::kConfig, cap + 8u, &devctl, 2); !st.ok()) return st;
   uint16_t cmd = 0x0006;  // FLR cleared the command register
   return client_->region_write(vu::kConfig, 0x04, &cmd, 2);
 }
@@ -196,10 +213,13 @@ Status VfioUserDriver::initialize() {
     if (nsid == 0) break;
     active_ns_.push_back(nsid);
   }
-  ns_block_size_.assign(ControllerCore::kMaxNamespaces + 1, 0);
-  ns_blocks_.assign(ControllerCore::kMaxNamespaces + 1, 0);
+  // Per-namespace geometry indexed by nsid; ids beyond the list's 1024 entries
+  // are not tracked (no controller here has them).
+  constexpr uint32_t kMaxTrackedNsid = 1024;
+  ns_block_size_.assign(kMaxTrackedNsid + 1, 0);
+  ns_blocks_.assign(kMaxTrackedNsid + 1, 0);
   for (uint32_t nsid : active_ns_) {
-    if (nsid > ControllerCore::kMaxNamespaces) continue;
+    if (nsid > kMaxTrackedNsid) continue;
     if (Status st = identify(kCnsNamespace, nsid, id, &status); !st.ok() || status != kSuccess)
       return Code::kIoFailed;
     uint64_t nsze;

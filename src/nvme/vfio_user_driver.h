@@ -95,6 +95,7 @@ class VfioUserDriver {
   std::vector<Cqe> take_stray_admin() { return std::exchange(stray_, {}); }
 
  private:
+  Status find_pcie_capability(uint16_t* offset);
   struct Queue {
     uint16_t qid = 0;
     uint32_t entries = 0;

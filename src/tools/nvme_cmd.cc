@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "nvme/bdev.h"
-#include "nvme/emulation_manager.h"
-#include "nvme/nvmf_app.h"
-#include "nvme/nvmf_target.h"
+#include "nvmf/bdev/bdev.h"
+#include "nvmf/vfio_user/emulation_manager.h"
+#include "nvmf/nvmf_app.h"
+#include "nvmf/nvmf_target.h"
 #include "nvme/tcp_host.h"
 #include "nvme/vfio_user_driver.h"
 #include "runtime/host_port.h"

@@ -18,9 +18,10 @@
 #include <thread>
 #include <vector>
 
-#include "nvme/bdev.h"
+#include "nvme/initiator.h"
 #include "nvme/tcp_host.h"
 #include "nvme/vfio_user_driver.h"
+#include "nvmf/bdev/bdev.h"
 #include "runtime/child_process.h"
 #include "runtime/host_port.h"
 #include "runtime/log.h"
@@ -70,76 +71,6 @@ bool is_random(const std::string& w) {
 bool is_write(const std::string& w) {
   return w.find("write") != std::string::npos;
 }
-
-// What the benchmark loop needs from an initiator: one queue, a buffer per slot.
-class Initiator {
- public:
-  virtual ~Initiator() = default;
-  virtual uint32_t nsid() = 0;
-  virtual uint32_t block_size() = 0;
-  virtual uint64_t num_blocks() = 0;
-  virtual uint32_t max_qd() = 0;
-  virtual Status prepare(uint32_t qd, uint32_t bytes) = 0;
-  virtual Status submit(uint16_t slot, bool write, uint64_t lba, uint32_t nlb, uint32_t bytes) = 0;
-  virtual int reap(Cqe* out, int max) = 0;  // < 0: the connection is gone
-  virtual void idle_wait() {}
-};
-
-class VfioInitiator final : public Initiator {
- public:
-  VfioInitiator(std::unique_ptr<VfioUserDriver> d, bool irq) : d_(std::move(d)), irq_(irq) {}
-  uint32_t nsid() override { return d_->namespaces().empty() ? 0 : d_->namespaces()[0]; }
-  uint32_t block_size() override { return d_->block_size(nsid()); }
-  uint64_t num_blocks() override { return d_->num_blocks(nsid()); }
-  uint32_t max_qd() override { return d_->queue_entries() - 1; }
-  Status prepare(uint32_t qd, uint32_t bytes) override {
-    if (bufs_.size() >= qd && bytes_ == bytes) return Code::kSuccess;
-    bufs_.resize(qd);
-    bytes_ = bytes;
-    for (auto& b : bufs_) {
-      if (Status st = d_->alloc(bytes, &b); !st.ok()) return st;
-      std::memset(b.host, 0x5a, bytes);
-    }
-    return Code::kSuccess;
-  }
-  Status submit(uint16_t slot, bool write, uint64_t lba, uint32_t nlb, uint32_t bytes) override {
-    return d_->submit(0, rw_command(slot, write, nsid(), lba, nlb), &bufs_[slot], bytes, nullptr);
-  }
-  int reap(Cqe* out, int max) override { return d_->reap(0, out, max); }
-  void idle_wait() override {
-    if (irq_) (void)d_->wait_interrupt(0, 10);
-  }
-
- private:
-  std::unique_ptr<VfioUserDriver> d_;
-  bool irq_;
-  std::vector<DmaBuffer> bufs_;
-  uint32_t bytes_ = 0;
-};
-
-class TcpInitiator final : public Initiator {
- public:
-  explicit TcpInitiator(std::unique_ptr<NvmeTcpHost> h, uint32_t depth)
-      : h_(std::move(h)), depth_(depth) {}
-  uint32_t nsid() override { return h_->namespaces().empty() ? 0 : h_->namespaces()[0]; }
-  uint32_t block_size() override { return h_->block_size(nsid()); }
-  uint64_t num_blocks() override { return h_->num_blocks(nsid()); }
-  uint32_t max_qd() override { return depth_ - 1; }
-  Status prepare(uint32_t qd, uint32_t bytes) override {
-    bufs_.assign(qd, std::vector<uint8_t>(bytes, 0x5a));
-    return Code::kSuccess;
-  }
-  Status submit(uint16_t slot, bool write, uint64_t lba, uint32_t nlb, uint32_t bytes) override {
-    return h_->submit(0, rw_command(slot, write, nsid(), lba, nlb), bufs_[slot].data(), bytes,
-                      write);
-  }
-  int reap(Cqe* out, int max) override { return h_->reap(0, out, max); }
-
- private:
-  std::unique_ptr<NvmeTcpHost> h_;
-  uint32_t depth_;
-  std::vector<std::vector<uint8_t>> bufs_;
-};
 
 Status run_one(Initiator& ini, const std::string& workload, uint32_t qd, uint32_t bs,
                const PerfConfig& c, PerfResult* res) {
@@ -432,7 +363,7 @@ int run_perf(const PerfConfig& c) {
       cleanup();
       return 1;
     }
-    ini = std::make_unique<VfioInitiator>(std::move(d), c.interrupts);
+    ini = make_vfio_user_initiator(std::move(d), c.interrupts);
     if (!create_malloc_bdev("baseline", tsize / 4096, 4096, &base).ok()) {
       cleanup();
       return 1;
@@ -479,7 +410,7 @@ int run_perf(const PerfConfig& c) {
       return 1;
     }
     uint16_t depth = h->queue_depth();
-    ini = std::make_unique<TcpInitiator>(std::move(h), depth);
+    ini = make_tcp_initiator(std::move(h), depth);
     pp_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;

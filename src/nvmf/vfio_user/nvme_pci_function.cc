@@ -1,4 +1,4 @@
-#include "nvme/nvme_pci_function.h"
+#include "nvmf/vfio_user/nvme_pci_function.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "nvme/pcie_controller.h"
+#include "nvmf/vfio_user/pcie_controller.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "nvme/emulation_manager.h"
+#include "nvmf/vfio_user/emulation_manager.h"
 
 #include <poll.h>
 #include <sched.h>

@@ -1,4 +1,4 @@
-#include "nvme/controller_core.h"
+#include "nvmf/controller_core.h"
 
 #include <algorithm>
 #include <bit>

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "nvme/bdev_kv.h"
+#include "nvmf/bdev/bdev_kv.h"
 #include "runtime/log.h"
 
 namespace dpukv::nvme {

@@ -1,4 +1,4 @@
-#include "nvme/bdev_kv.h"
+#include "nvmf/bdev/bdev_kv.h"
 
 #include <cstring>
 #include <deque>

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "nvme/dma_map_table.h"
-#include "nvme/pcie_controller.h"
+#include "nvmf/vfio_user/dma_map_table.h"
+#include "nvmf/vfio_user/pcie_controller.h"
 #include "nvme/vfio_user_wire.h"
 
 namespace dpukv::nvme {

@@ -1,6 +1,6 @@
-#include "nvme/nvmf_app.h"
+#include "nvmf/nvmf_app.h"
 
-#include "nvme/bdev_kv.h"
+#include "nvmf/bdev/bdev_kv.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

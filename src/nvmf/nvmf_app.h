@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "nvme/bdev.h"
-#include "nvme/emulation_manager.h"
-#include "nvme/nvmf_target.h"
+#include "nvmf/bdev/bdev.h"
+#include "nvmf/nvmf_target.h"
+#include "nvmf/vfio_user/emulation_manager.h"
 #include "rpc/jsonrpc_server.h"
 
 namespace dpukv::nvme {

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <vector>
 
-#include "nvme/bdev.h"
+#include "nvmf/bdev/bdev.h"
 #include "runtime/log.h"
 
 namespace dpukv::nvme {

@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "nvme/bdev.h"
 #include "nvme/nvme_spec.h"
+#include "nvmf/bdev/bdev.h"
 
 namespace dpukv::nvme {
 

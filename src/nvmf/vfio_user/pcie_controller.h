@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "nvme/controller_core.h"
-#include "nvme/dma_map_table.h"
+#include "nvmf/controller_core.h"
+#include "nvmf/vfio_user/dma_map_table.h"
 
 namespace dpukv::nvme {
 

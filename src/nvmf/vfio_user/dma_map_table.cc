@@ -1,4 +1,4 @@
-#include "nvme/dma_map_table.h"
+#include "nvmf/vfio_user/dma_map_table.h"
 
 #include <sys/mman.h>
 #include <sys/stat.h>

@@ -17,9 +17,9 @@
 #include <thread>
 #include <vector>
 
-#include "nvme/bdev.h"
-#include "nvme/controller_core.h"
-#include "nvme/emulation_manager.h"
+#include "nvmf/bdev/bdev.h"
+#include "nvmf/controller_core.h"
+#include "nvmf/vfio_user/emulation_manager.h"
 
 namespace dpukv::nvme {
 

@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "nvme/bdev.h"
-#include "nvme/nvme_pci_function.h"
+#include "nvmf/bdev/bdev.h"
+#include "nvmf/vfio_user/nvme_pci_function.h"
 #include "runtime/call_queue.h"
 #include "runtime/status.h"
 

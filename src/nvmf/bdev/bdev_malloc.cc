@@ -1,7 +1,7 @@
 // RAM and null block devices: complete inside submit(), no threads, no locks.
 #include <cstring>
 
-#include "nvme/bdev.h"
+#include "nvmf/bdev/bdev.h"
 #include "runtime/mem_region.h"
 
 namespace dpukv::nvme {

@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "nvme/emulation_manager.h"
-#include "nvme/nvme_pci_function.h"
+#include "nvmf/vfio_user/emulation_manager.h"
+#include "nvmf/vfio_user/nvme_pci_function.h"
 #include "nvme/vfio_user_driver.h"
 #include "runtime/child_process.h"
 #include "runtime/log.h"

@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "nvme/bdev.h"
+#include "nvmf/bdev/bdev.h"
 
 namespace dpukv::nvme {
 

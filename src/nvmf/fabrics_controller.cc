@@ -1,0 +1,50 @@
+// The controllers of the dynamic controller model: created by a host's
+// admin-queue Connect, they take registers over Property Get/Set and end their
+// I/O queues on a reset.
+#include <cstring>
+
+#include "nvme/tcp_wire.h"
+#include "nvmf/tcp/tcp_connection.h"
+
+namespace dpukv::nvme {
+
+using namespace tcp;
+
+void FabricsController::complete(Request* r, uint16_t status) {
+  static_cast<TcpConnection*>(r->transport)->complete(r, status);
+}
+
+// Property Get/Set: the registers over the admin queue.
+uint16_t FabricsController::admin_transport(Request* r) {
+  if (r->cmd.opc != kFabricsOpcode) return kInvalidOpcode;
+  const auto* raw = reinterpret_cast<const uint8_t*>(&r->cmd);
+  uint8_t fctype = raw[4], attrib = raw[40];
+  uint32_t offset;
+  std::memcpy(&offset, raw + 44, 4);
+  uint32_t size = (attrib & 7) == 1 ? 8 : (attrib & 7) == 0 ? 4 : 0;
+  bool wide = offset == kRegCap || offset == kRegAsq || offset == kRegAcq;
+  if (size == 0 || offset >= kRegEnd || offset % 4 != 0 || (size == 8) != wide)
+    return kInvalidField;
+  if (fctype == kPropertyGet) {
+    uint64_t v = read_reg(offset, size);
+    r->dw0 = static_cast<uint32_t>(v);
+    r->dw1 = static_cast<uint32_t>(v >> 32);
+    return kSuccess;
+  }
+  if (fctype == kPropertySet) {
+    if (offset != kRegCc && offset != kRegNssr) return kInvalidField;  // read-only over fabrics
+    uint64_t v;
+    std::memcpy(&v, raw + 48, 8);
+    write_reg(offset, size, v);
+    return kSuccess;
+  }
+  return kInvalidOpcode;
+}
+
+// A controller reset ends the association's I/O queues; the host reconnects them.
+void FabricsController::on_disable() {
+  for (size_t q = 1; q < queues.size(); ++q)
+    if (queues[q] != nullptr) queues[q]->close("controller reset");
+}
+
+}  // namespace dpukv::nvme

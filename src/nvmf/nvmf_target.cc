@@ -1,0 +1,436 @@
+// NvmfTarget: the poll group and the configuration calls (subsystems, hosts,
+// namespaces, listeners), each run on the poll thread.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <isa-l/crc.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <map>
+
+#include "nvme/tcp_wire.h"
+#include "nvmf/nvmf_target.h"
+#include "nvmf/tcp/tcp_connection.h"
+#include "runtime/call_queue.h"
+#include "runtime/clock.h"
+#include "runtime/crc32c.h"
+#include "runtime/log.h"
+
+namespace dpukv::nvme {
+
+using namespace tcp;
+
+// ---- the poll group ----------------------------------------------------------
+
+void NvmfTarget::Impl::accept_on(Listener* l) {
+  for (;;) {
+    int fd = accept4(l->fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    // A queue of 128 reads of 128 KiB answers 16 MiB at once; start with room for
+    // a busy pass instead of waiting for autotuning.
+    int sndbuf = 4 << 20;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+    auto c = std::make_unique<TcpConnection>(this, fd, l->key);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = c.get();
+    epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
+    conns.push_back(std::move(c));
+    ++stats.connections;
+  }
+}
+
+void NvmfTarget::Impl::close_controller(FabricsController* c, const char* why) {
+  for (TcpConnection* q : c->queues)
+    if (q != nullptr) q->close(why);
+}
+
+// Connections that closed leave once their requests are back; a controller leaves
+// with its admin queue.
+void NvmfTarget::Impl::reap_closed() {
+  for (auto& s : subsystems) {
+    for (auto& c : s.second->controllers) {
+      TcpConnection* admin = c->queues.empty() ? nullptr : c->queues[0];
+      if (admin != nullptr && admin->closed()) close_controller(c.get(), "admin queue closed");
+    }
+  }
+  for (size_t i = 0; i < conns.size();) {
+    TcpConnection* c = conns[i].get();
+    if (!c->closed()) {
+      ++i;
+      continue;
+    }
+    FabricsController* ctrl = c->controller();
+    if (ctrl != nullptr) ctrl->poll_bdevs();
+    if (!c->idle()) {
+      ++i;
+      continue;
+    }
+    epoll_ctl(epfd, EPOLL_CTL_DEL, c->fd(), nullptr);
+    if (ctrl != nullptr) {
+      ctrl->queues[c->qid()] = nullptr;
+      bool empty = std::all_of(ctrl->queues.begin(), ctrl->queues.end(),
+                               [](TcpConnection* q) { return q == nullptr; });
+      if (empty) {
+        Subsystem* s = ctrl->subsys;
+        std::erase_if(s->controllers,
+                      [&](const std::unique_ptr<FabricsController>& x) { return x.get() == ctrl; });
+      }
+    }
+    conns.erase(conns.begin() + static_cast<long>(i));
+  }
+  stats.active_connections = conns.size();
+}
+
+void NvmfTarget::Impl::run() {
+  if (opts.cpu >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(opts.cpu, &set);
+    sched_setaffinity(0, sizeof set, &set);
+  }
+  uint64_t last_work = monotonic_us(), last_ka_check = monotonic_ms();
+  epoll_event evs[64];
+  while (!stop.load(std::memory_order_relaxed)) {
+    bool idle = monotonic_us() - last_work > 2000;
+    int n = epoll_wait(epfd, evs, 64, idle ? 1 : 0);
+    int work = 0;
+    for (int i = 0; i < n; ++i) {
+      void* ptr = evs[i].data.ptr;
+      if (ptr == nullptr) {
+        uint64_t v;
+        (void)::read(wake_fd, &v, sizeof v);
+        continue;
+      }
+      bool is_listener = false;
+      for (auto& l : listeners)
+        if (l.get() == ptr) {
+          accept_on(l.get());
+          is_listener = true;
+          ++work;
+        }
+      if (!is_listener) work += static_cast<TcpConnection*>(ptr)->on_readable();
+    }
+    for (auto& s : subsystems)
+      for (auto& c : s.second->controllers) work += c->poll_bdevs();
+    if (emu != nullptr) work += emu->poll_once();
+    bool closed_any = false;
+    for (auto& c : conns) {
+      if (c->has_output()) {
+        c->flush();
+        ++work;  // a full socket buffer is work pending: do not fall asleep on it
+      }
+      closed_any |= c->closed();
+    }
+    if (closed_any) reap_closed();
+    if (work > 0) last_work = monotonic_us();
+    uint64_t ms = monotonic_ms();
+    if (ms - last_ka_check >= 100) {
+      last_ka_check = ms;
+      for (auto& s : subsystems)
+        for (auto& c : s.second->controllers)
+          if (c->kato_ms > 0 && ms - c->last_activity_ms > c->kato_ms + opts.keep_alive_grace_ms) {
+            LOG_WARN("nvme-tcp: controller %u of %s: keep alive timeout (%u ms)",
+                     c->config().cntlid, s.first.c_str(), c->kato_ms);
+            ++stats.keep_alive_expiries;
+            c->last_activity_ms = ms;  // once
+            close_controller(c.get(), "keep alive timeout");
+          }
+    }
+    if (calls.run_pending()) last_work = monotonic_us();
+  }
+}
+
+// ---- configuration ------------------------------------------------------------
+
+namespace {
+bool valid_tcp_options(const TcpTransportOptions& o) {
+  return o.max_h2c_data >= 4096 && o.max_h2c_data % 4 == 0 && o.max_io_size >= 4096 &&
+         (o.max_io_size & (o.max_io_size - 1)) == 0 && o.max_io_size <= (1u << 20) &&
+         o.max_queue_depth >= 2 && o.max_queue_depth <= 1024 && o.max_io_queues >= 1 &&
+         o.max_io_queues <= 64 && o.in_capsule_data_size <= 128 * 1024 &&
+         o.in_capsule_data_size % 16 == 0;
+}
+}  // namespace
+
+Status NvmfTarget::create(const TcpTransportOptions& o, std::unique_ptr<NvmfTarget>* out) {
+  if (!valid_tcp_options(o)) return Code::kInvalidValue;
+  std::unique_ptr<NvmfTarget> t(new NvmfTarget());
+  t->opts_ = o;
+  t->impl_ = std::make_unique<Impl>();
+  Impl* m = t->impl_.get();
+  m->opts = o;
+  m->epfd = epoll_create1(EPOLL_CLOEXEC);
+  m->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (m->epfd < 0 || m->wake_fd < 0) return Code::kDriver;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;
+  epoll_ctl(m->epfd, EPOLL_CTL_ADD, m->wake_fd, &ev);
+  m->calls.set_wake_fd(m->wake_fd);
+  m->thread = std::thread([m] { m->run(); });
+  *out = std::move(t);
+  return Code::kSuccess;
+}
+
+NvmfTarget::~NvmfTarget() {
+  if (!impl_) return;
+  impl_->stop.store(true);
+  uint64_t one = 1;
+  (void)::write(impl_->wake_fd, &one, sizeof one);
+  if (impl_->thread.joinable()) impl_->thread.join();
+  for (auto& c : impl_->conns) c->close("target stopping");
+  for (auto& s : impl_->subsystems)
+    for (auto& c : s.second->controllers) c->drain_inflight();
+  impl_->conns.clear();
+  impl_->subsystems.clear();
+  for (auto& l : impl_->listeners) ::close(l->fd);
+  ::close(impl_->epfd);
+  ::close(impl_->wake_fd);
+}
+
+Status NvmfTarget::call(std::function<Status()> fn) {
+  return impl_->calls.call(std::move(fn));
+}
+
+namespace {
+bool valid_nqn(const std::string& n) {
+  return n.size() >= 5 && n.size() <= 223 && n.rfind("nqn.", 0) == 0 &&
+         std::all_of(n.begin(), n.end(), [](char ch) { return ch > 0x20 && ch < 0x7f; });
+}
+}  // namespace
+
+Status NvmfTarget::set_tcp_options(const TcpTransportOptions& o) {
+  if (!valid_tcp_options(o)) return Code::kInvalidValue;
+  return call([&]() -> Status {
+    if (!impl_->listeners.empty()) return Code::kBadState;
+    int cpu = impl_->opts.cpu;
+    impl_->opts = o;
+    impl_->opts.cpu = cpu;
+    opts_ = impl_->opts;
+    return Code::kSuccess;
+  });
+}
+
+Status NvmfTarget::create_subsystem(const SubsystemConfig& c) {
+  if (!valid_nqn(c.nqn) || c.nqn == kDiscoveryNqn || c.serial.empty() || c.serial.size() > 20 ||
+      c.model.size() > 40)
+    return Code::kInvalidValue;
+  for (const auto& h : c.hosts)
+    if (!valid_nqn(h)) return Code::kInvalidValue;
+  return call([&]() -> Status {
+    if (impl_->subsystems.count(c.nqn)) return Code::kBadState;
+    auto s = std::make_unique<Subsystem>();
+    s->cfg = c;
+    impl_->subsystems[c.nqn] = std::move(s);
+    return Code::kSuccess;
+  });
+}
+
+Status NvmfTarget::delete_subsystem(const std::string& nqn) {
+  return call([&]() -> Status {
+    Subsystem* s = impl_->find_subsystem(nqn);
+    if (s == nullptr) return Code::kNotFound;
+    for (auto& c : s->controllers) impl_->close_controller(c.get(), "subsystem deleted");
+    // Connections finish their requests before the subsystem's memory goes.
+    while (!s->controllers.empty()) impl_->reap_closed();
+    impl_->subsystems.erase(nqn);
+    return Code::kSuccess;
+  });
+}
+
+Status NvmfTarget::add_host(const std::string& nqn, const std::string& hostnqn) {
+  if (!valid_nqn(hostnqn)) return Code::kInvalidValue;
+  return call([&]() -> Status {
+    Subsystem* s = impl_->find_subsystem(nqn);
+    if (s == nullptr) return Code::kNotFound;
+    if (std::find(s->cfg.hosts.begin(), s->cfg.hosts.end(), hostnqn) != s->cfg.hosts.end())
+      return Code::kBadState;
+    s->cfg.hosts.push_back(hostnqn);
+    return Code::kSuccess;
+  });
+}
+
+Status NvmfTarget::remove_host(const std::string& nqn, const std::string& hostnqn) {
+  return call([&]() -> Status {
+    Subsystem* s = impl_->find_subsystem(nqn);
+    if (s == nullptr) return Code::kNotFound;
+    auto it = std::find(s->cfg.hosts.begin(), s->cfg.hosts.end(), hostnqn);
+    if (it == s->cfg.hosts.end()) return Code::kNotFound;
+    s->cfg.hosts.erase(it);
+    for (auto& c : s->controllers)
+      if (c->hostnqn == hostnqn && !s->cfg.allow_any_host)
+        impl_->close_controller(c.get(), "host removed");
+    return Code::kSuccess;
+  });
+}
+
+Status NvmfTarget::add_namespace(const std::string& nqn, std::shared_ptr<Bdev> bdev,
+                                 uint32_t nsid_hint, uint32_t* nsid) {
+  if (!bdev || nsid_hint > ControllerCore::kMaxNamespaces) return Code::kInvalidValue;
+  return call([&]() -> Status {
+    Subsystem* s = impl_->find_subsystem(nqn);
+    if (s == nullptr) return Code::kNotFound;
+    uint32_t id = nsid_hint;
+    if (id == 0)
+      for (uint32_t i = 1;
+           i <= std::min<uint32_t>(s->cfg.max_namespaces, NamespaceSet::kMax) && id == 0; ++i)
+        if (!s->ns->ns[i]) id = i;
+    // One bdev is at most one namespace of a subsystem: two would alias each other.
+    for (uint32_t i = 1; i <= NamespaceSet::kMax; ++i)
+      if (s->ns->ns[i] == bdev) return Code::kNotPermitted;
+    if (id == 0) return Code::kFull;
+    if (s->ns->ns[id]) return Code::kBadState;
+    s->ns->ns[id] = bdev;
+    ++s->ns->generation;
+    *nsid = id;
+    return Code::kSuccess;
+  });
+}
+
+Status NvmfTarget::remove_namespace(const std::string& nqn, uint32_t nsid) {
+  return call([&]() -> Status {
+    Subsystem* s = impl_->find_subsystem(nqn);
+    if (s == nullptr) return Code::kNotFound;
+    if (nsid == 0 || nsid > NamespaceSet::kMax || !s->ns->ns[nsid]) return Code::kNotFound;
+    for (auto& c : s->controllers) c->drain_inflight();
+    s->ns->ns[nsid].reset();
+    ++s->ns->generation;
+    return Code::kSuccess;
+  });
+}
+
+Status NvmfTarget::add_listener(const std::string& nqn, const std::string& addr, uint16_t port,
+                                uint16_t* bound_port) {
+  in_addr ia{};
+  if (inet_pton(AF_INET, addr.c_str(), &ia) != 1) return Code::kInvalidValue;
+  return call([&]() -> Status {
+    Subsystem* s = impl_->find_subsystem(nqn);
+    if (s == nullptr) return Code::kNotFound;
+    Listener* l = nullptr;
+    for (auto& x : impl_->listeners)
+      if (x->key == "tcp:" + addr + ":" + std::to_string(port) || (port == 0 && false)) l = x.get();
+    if (l == nullptr) {
+      int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (fd < 0) return Code::kDriver;
+      int one = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      sockaddr_in sa{};
+      sa.sin_family = AF_INET;
+      sa.sin_port = htons(port);
+      sa.sin_addr = ia;
+      if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 64) != 0) {
+        LOG_ERR("nvme-tcp: cannot listen on %s:%u: %s", addr.c_str(), port, strerror(errno));
+        ::close(fd);
+        return Code::kIoFailed;
+      }
+      socklen_t sl = sizeof sa;
+      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &sl);
+      auto nl = std::make_unique<Listener>();
+      nl->fd = fd;
+      nl->port = ntohs(sa.sin_port);
+      nl->key = "tcp:" + addr + ":" + std::to_string(nl->port);
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.ptr = nl.get();
+      epoll_ctl(impl_->epfd, EPOLL_CTL_ADD, fd, &ev);
+      l = nl.get();
+      impl_->listeners.push_back(std::move(nl));
+      LOG_INFO("nvme-tcp: listening on %s:%u", addr.c_str(), l->port);
+    }
+    if (std::find(s->listeners.begin(), s->listeners.end(), l->key) != s->listeners.end())
+      return Code::kBadState;
+    s->listeners.push_back(l->key);
+    if (bound_port != nullptr) *bound_port = l->port;
+    return Code::kSuccess;
+  });
+}
+
+Status NvmfTarget::remove_listener(const std::string& nqn, const std::string& addr, uint16_t port) {
+  return call([&]() -> Status {
+    Subsystem* s = impl_->find_subsystem(nqn);
+    if (s == nullptr) return Code::kNotFound;
+    std::string key = "tcp:" + addr + ":" + std::to_string(port);
+    auto it = std::find(s->listeners.begin(), s->listeners.end(), key);
+    if (it == s->listeners.end()) return Code::kNotFound;
+    s->listeners.erase(it);
+    bool used = false;
+    for (auto& x : impl_->subsystems)
+      used |= std::find(x.second->listeners.begin(), x.second->listeners.end(), key) !=
+              x.second->listeners.end();
+    if (!used)
+      for (size_t i = 0; i < impl_->listeners.size(); ++i)
+        if (impl_->listeners[i]->key == key) {
+          epoll_ctl(impl_->epfd, EPOLL_CTL_DEL, impl_->listeners[i]->fd, nullptr);
+          ::close(impl_->listeners[i]->fd);
+          impl_->listeners.erase(impl_->listeners.begin() + static_cast<long>(i));
+          break;
+        }
+    return Code::kSuccess;
+  });
+}
+
+std::vector<SubsystemInfo> NvmfTarget::subsystems() {
+  std::vector<SubsystemInfo> v;
+  (void)call([&]() -> Status {
+    for (auto& [nqn, s] : impl_->subsystems) {
+      SubsystemInfo i{
+          nqn,          s->cfg.serial, s->cfg.model, s->cfg.allow_any_host,
+          s->cfg.hosts, s->listeners,  {},           static_cast<uint32_t>(s->controllers.size())};
+      for (uint32_t id = 1; id <= NamespaceSet::kMax; ++id)
+        if (s->ns->ns[id]) i.namespaces.emplace_back(id, s->ns->ns[id]->name());
+      v.push_back(std::move(i));
+    }
+    return Code::kSuccess;
+  });
+  return v;
+}
+
+TargetStats NvmfTarget::stats() {
+  TargetStats st;
+  (void)call([&]() -> Status {
+    st = impl_->stats;
+    return Code::kSuccess;
+  });
+  return st;
+}
+
+void NvmfTarget::attach_emulation(EmulationManager* m) {
+  (void)call([&]() -> Status {
+    impl_->emu = m;
+    return Code::kSuccess;
+  });
+}
+
+std::shared_ptr<NamespaceSet> NvmfTarget::namespace_set(const std::string& nqn) {
+  std::shared_ptr<NamespaceSet> ns;
+  (void)call([&]() -> Status {
+    if (Subsystem* s = impl_->find_subsystem(nqn)) ns = s->ns;
+    return Code::kSuccess;
+  });
+  return ns;
+}
+
+bool NvmfTarget::uses_bdev(const Bdev* b) {
+  bool used = false;
+  (void)call([&]() -> Status {
+    for (auto& [nqn, s] : impl_->subsystems)
+      for (const auto& n : s->ns->ns) used |= n.get() == b;
+    return Code::kSuccess;
+  });
+  return used;
+}
+
+}  // namespace dpukv::nvme

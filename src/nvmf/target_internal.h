@@ -1,0 +1,90 @@
+// What the target's parts share: subsystems, listeners, the controllers hosts
+// create with Connect, and the poll group (NvmfTarget::Impl) that owns them and
+// every TCP connection. Internal to src/nvmf; users include nvmf_target.h.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nvmf/nvmf_target.h"
+#include "runtime/call_queue.h"
+#include "runtime/clock.h"
+
+namespace dpukv::nvme {
+
+struct Subsystem;
+class TcpConnection;
+
+// A controller created by a host's admin-queue Connect (dynamic controller model).
+class FabricsController final : public ControllerCore {
+ public:
+  FabricsController(const ControllerConfig& c, std::shared_ptr<NamespaceSet> ns, uint32_t pool,
+                    Subsystem* s, std::string host)
+      : ControllerCore(c, std::move(ns), pool), subsys(s), hostnqn(std::move(host)) {}
+  ~FabricsController() override { drain_inflight(); }
+
+  Subsystem* subsys;
+  std::string hostnqn;
+  std::vector<TcpConnection*> queues;  // [qid]; admin at 0
+  uint64_t last_activity_ms = monotonic_ms();
+  uint32_t kato_ms = 0;
+
+  void set_kato(uint32_t ms) { kato_ms = ms; }
+
+ private:
+  void complete(Request* r, uint16_t status) override;
+  uint16_t admin_transport(Request* r) override;
+  void on_disable() override;
+};
+
+struct Subsystem {
+  SubsystemConfig cfg;
+  std::shared_ptr<NamespaceSet> ns = std::make_shared<NamespaceSet>();
+  std::vector<std::string> listeners;
+  uint16_t next_cntlid = 1;
+  std::vector<std::unique_ptr<FabricsController>> controllers;
+  bool host_allowed(const std::string& h) const {
+    return cfg.allow_any_host ||
+           std::find(cfg.hosts.begin(), cfg.hosts.end(), h) != cfg.hosts.end();
+  }
+};
+
+struct Listener {
+  std::string key;  // "tcp:ADDR:PORT"
+  int fd = -1;
+  uint16_t port = 0;
+};
+
+}  // namespace dpukv::nvme
+
+namespace dpukv::nvme {
+
+struct NvmfTarget::Impl {
+  TcpTransportOptions opts;
+  int epfd = -1, wake_fd = -1;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  CallQueue calls;
+
+  std::map<std::string, std::unique_ptr<Subsystem>> subsystems;
+  std::vector<std::unique_ptr<Listener>> listeners;
+  std::vector<std::unique_ptr<TcpConnection>> conns;
+  TargetStats stats;
+  EmulationManager* emu = nullptr;
+
+  void run();
+  void accept_on(Listener* l);
+  void close_controller(FabricsController* c, const char* why);
+  void reap_closed();
+  Subsystem* find_subsystem(const std::string& nqn) {
+    auto it = subsystems.find(nqn);
+    return it == subsystems.end() ? nullptr : it->second.get();
+  }
+};
+
+}  // namespace dpukv::nvme

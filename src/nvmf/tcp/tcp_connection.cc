@@ -1,0 +1,553 @@
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <isa-l/crc.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <map>
+
+#include "nvme/tcp_wire.h"
+#include "nvmf/tcp/tcp_connection.h"
+#include "runtime/call_queue.h"
+#include "runtime/clock.h"
+#include "runtime/crc32c.h"
+#include "runtime/log.h"
+
+namespace dpukv::nvme {
+
+using namespace tcp;
+
+namespace {
+std::string fixed_string(const char* p, size_t n) {
+  return std::string(p, strnlen(p, n));
+}
+}  // namespace
+
+void TcpConnection::close(const char* why) {
+  if (closing_) return;
+  closing_ = true;
+  LOG_INFO("nvme-tcp: connection %d (qid %u) closed: %s", fd_, qid_, why);
+  ::shutdown(fd_, SHUT_RDWR);
+  // Commands waiting for data will never get it; those on a block device finish
+  // and are dropped in complete().
+  for (uint16_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (s.busy && s.waiting_h2c) {
+      ctrl_->release(s.r);
+      s = Slot{s.r, s.buf};
+      s.r = nullptr;
+      --busy_slots_;
+    }
+  }
+}
+
+void TcpConnection::put_header(uint8_t type, uint8_t flags, uint8_t hlen, uint8_t pdo,
+                               uint32_t plen, const void* rest, size_t rest_len) {
+  uint8_t* h = out(hlen);
+  CommonHeader ch{type, flags, hlen, pdo, plen};
+  std::memcpy(h, &ch, sizeof ch);
+  std::memcpy(h + sizeof ch, rest, rest_len);
+  if (hdgst_ && type != kIcResp && type != kC2HTermReq) {
+    uint32_t d = crc32c(obuf_.data() + obuf_.size() - hlen, hlen);
+    std::memcpy(out(4), &d, 4);
+  }
+  ++t_->stats.pdus_out;
+}
+
+void TcpConnection::fatal(uint16_t fes, uint32_t fei, const uint8_t* hdr, uint32_t hlen) {
+  // C2HTermReq carries the offending header (up to 128 bytes); no digests.
+  uint32_t copy = std::min<uint32_t>(hlen, 128);
+  TermReq tr{};
+  tr.ch = CommonHeader{kC2HTermReq, 0, sizeof(TermReq), 0,
+                       static_cast<uint32_t>(sizeof(TermReq) + copy)};
+  tr.fes = fes;
+  tr.fei = fei;
+  std::memcpy(out(sizeof tr), &tr, sizeof tr);
+  if (copy > 0) std::memcpy(out(copy), hdr, copy);
+  ++t_->stats.term_reqs_sent;
+  ++t_->stats.pdus_out;
+  LOG_WARN("nvme-tcp: connection %d: fatal transport error %u (field %u); terminating", fd_, fes,
+           fei);
+  flush();
+  close("fatal transport error");
+}
+
+bool TcpConnection::flush() {
+  while (opos_ < obuf_.size()) {
+    ssize_t n =
+        ::send(fd_, obuf_.data() + opos_, obuf_.size() - opos_, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    if (n <= 0) {
+      obuf_.clear();
+      opos_ = 0;
+      close("send failed");
+      return false;
+    }
+    opos_ += static_cast<size_t>(n);
+  }
+  obuf_.clear();
+  opos_ = 0;
+  return true;
+}
+
+int TcpConnection::on_readable() {
+  if (closing_) return 0;
+  if (rbuf_.size() - rlen_ < 4096) rbuf_.resize(rbuf_.size() * 2);
+  ssize_t n = ::recv(fd_, rbuf_.data() + rlen_, rbuf_.size() - rlen_, MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
+  if (n <= 0) {
+    close(n == 0 ? "host closed the connection" : "receive error");
+    return 1;
+  }
+  rlen_ += static_cast<size_t>(n);
+  size_t pos = 0;
+  int pdus = 0;
+  const uint32_t max_pdu = std::max(t_->opts.max_h2c_data, t_->opts.in_capsule_data_size) + 256;
+  while (!closing_ && rlen_ - pos >= sizeof(CommonHeader)) {
+    CommonHeader ch;
+    std::memcpy(&ch, rbuf_.data() + pos, sizeof ch);
+    if (ch.plen < sizeof ch || ch.plen > max_pdu || ch.hlen < sizeof ch || ch.hlen > ch.plen) {
+      fatal(kFesInvalidHeader, ch.plen > max_pdu || ch.plen < sizeof ch ? 4 : 2, rbuf_.data() + pos,
+            sizeof ch);
+      break;
+    }
+    if (rlen_ - pos < ch.plen) {
+      if (rbuf_.size() < ch.plen + 1024) rbuf_.resize(ch.plen + 1024);
+      break;
+    }
+    ++t_->stats.pdus_in;
+    ++pdus;
+    if (!handle_pdu(rbuf_.data() + pos, ch.plen)) break;
+    pos += ch.plen;
+  }
+  if (pos > 0) {
+    std::memmove(rbuf_.data(), rbuf_.data() + pos, rlen_ - pos);
+    rlen_ -= pos;
+  }
+  return pdus + 1;
+}
+
+// Validates the generic layout of a PDU (header length, digests, data offset)
+// and dispatches it. False: the connection is being terminated.
+bool TcpConnection::handle_pdu(const uint8_t* p, uint32_t plen) {
+  CommonHeader ch;
+  std::memcpy(&ch, p, sizeof ch);
+  if (!ready_) {
+    if (ch.type != kIcReq) {
+      fatal(kFesPduSequence, 0, p, ch.hlen);
+      return false;
+    }
+    return on_icreq(p, plen);
+  }
+  uint32_t want_hlen;
+  switch (ch.type) {
+    case kCapsuleCmd:
+      want_hlen = sizeof(CapsuleCmd);
+      break;
+    case kH2CData:
+      want_hlen = sizeof(DataHeader);
+      break;
+    case kH2CTermReq:
+      close("host sent a termination request");
+      return false;
+    case kIcReq:
+      fatal(kFesPduSequence, 0, p, ch.hlen);
+      return false;
+    default:
+      fatal(kFesInvalidHeader, 0, p, ch.hlen);
+      return false;
+  }
+  if (ch.hlen != want_hlen) {
+    fatal(kFesInvalidHeader, 2, p, ch.hlen);
+    return false;
+  }
+  bool has_hd = (ch.flags & kFlagHdgst) != 0, has_dd = (ch.flags & kFlagDdgst) != 0;
+  if (has_hd != hdgst_) {
+    fatal(kFesInvalidHeader, 1, p, ch.hlen);
+    return false;
+  }
+  uint32_t hd = hdgst_ ? kDigestLen : 0;
+  if (ch.hlen + hd > plen) {
+    fatal(kFesInvalidHeader, 4, p, ch.hlen);
+    return false;
+  }
+  if (hdgst_) {
+    uint32_t got;
+    std::memcpy(&got, p + ch.hlen, 4);
+    if (got != crc32c(p, ch.hlen)) {
+      fatal(kFesHeaderDigest, 0, p, ch.hlen);
+      return false;
+    }
+  }
+  const uint8_t* data = nullptr;
+  uint32_t dlen = 0;
+  if (plen > ch.hlen + hd) {
+    if (has_dd != ddgst_ || ch.pdo < ch.hlen + hd || ch.pdo > plen || ch.pdo % 4 != 0) {
+      fatal(kFesInvalidHeader, has_dd != ddgst_ ? 1 : 3, p, ch.hlen);
+      return false;
+    }
+    uint32_t dd = ddgst_ ? kDigestLen : 0;
+    if (plen - ch.pdo < dd) {
+      fatal(kFesInvalidHeader, 4, p, ch.hlen);
+      return false;
+    }
+    data = p + ch.pdo;
+    dlen = plen - ch.pdo - dd;
+  } else if (has_dd) {
+    fatal(kFesInvalidHeader, 1, p, ch.hlen);
+    return false;
+  }
+  bool data_digest_ok = true;
+  if (data != nullptr && ddgst_) {
+    uint32_t got;
+    std::memcpy(&got, data + dlen, 4);
+    data_digest_ok = got == crc32c(data, dlen);
+  }
+  if (ch.type == kCapsuleCmd) {
+    if (!data_digest_ok) {  // the command is answered, the connection survives
+      Sqe sqe;
+      std::memcpy(&sqe, p + sizeof ch, sizeof sqe);
+      send_resp(sqe.cid, kTransientTransportError, 0, 0);
+      return true;
+    }
+    return on_capsule(p, plen, data, dlen);
+  }
+  if (!data_digest_ok) {
+    DataHeader h;
+    std::memcpy(&h, p, sizeof h);
+    if (h.ttag < slots_.size() && slots_[h.ttag].busy) slots_[h.ttag].digest_error = true;
+  }
+  return on_h2c_data(p, data, dlen);
+}
+
+bool TcpConnection::on_icreq(const uint8_t* p, uint32_t plen) {
+  IcReq req;
+  if (plen != sizeof req) {
+    fatal(kFesInvalidHeader, 4, p, std::min<uint32_t>(plen, 128));
+    return false;
+  }
+  std::memcpy(&req, p, sizeof req);
+  if (req.ch.hlen != sizeof req) {
+    fatal(kFesInvalidHeader, 2, p, 128);
+    return false;
+  }
+  if (req.pfv != 0) {
+    fatal(kFesUnsupportedParameter, 8, p, 128);
+    return false;
+  }
+  if (req.hpda > 31) {
+    fatal(kFesUnsupportedParameter, 10, p, 128);
+    return false;
+  }
+  hpda_ = req.hpda;
+  hdgst_ = (req.dgst & kDigestHeader) != 0;
+  ddgst_ = (req.dgst & kDigestData) != 0;
+  IcResp r{};
+  r.ch = CommonHeader{kIcResp, 0, sizeof r, 0, sizeof r};
+  r.pfv = 0;
+  r.cpda = 0;
+  r.dgst = req.dgst & (kDigestHeader | kDigestData);
+  r.maxh2cdata = t_->opts.max_h2c_data;
+  std::memcpy(out(sizeof r), &r, sizeof r);
+  ++t_->stats.pdus_out;
+  ready_ = true;
+  return true;
+}
+
+bool TcpConnection::setup_queue(uint16_t depth) {
+  depth_ = depth;
+  slots_.assign(depth, Slot{});
+  free_slots_.clear();
+  for (uint32_t i = depth; i-- > 0;) free_slots_.push_back(static_cast<uint16_t>(i));
+  uint32_t per = std::max(t_->opts.max_io_size, t_->opts.in_capsule_data_size);
+  per = std::max<uint32_t>(per, 8192);  // admin in-capsule data and log pages
+  data_area_len_ = size_t{per} * depth;
+  void* m =
+      mmap(nullptr, data_area_len_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return false;
+  data_area_ = static_cast<uint8_t*>(m);  // touched page by page as commands use it
+  for (uint32_t i = 0; i < depth; ++i) slots_[i].buf = data_area_ + size_t{per} * i;
+  return true;
+}
+
+void TcpConnection::send_resp(uint16_t cid, uint16_t status, uint32_t dw0, uint32_t dw1) {
+  Cqe c{};
+  c.dw0 = dw0;
+  c.dw1 = dw1;
+  c.sq_head = sq_flow_control_ ? sqhd_ : 0;
+  c.sq_id = qid_;
+  c.cid = cid;
+  c.status = cqe_status(status, false);
+  put_header(kCapsuleResp, hdgst_ ? kFlagHdgst : 0, sizeof(CapsuleResp), 0,
+             sizeof(CapsuleResp) + (hdgst_ ? kDigestLen : 0), &c, sizeof c);
+  if (status != kSuccess) ++t_->stats.errors;
+}
+
+void TcpConnection::send_r2t(uint16_t cid, uint16_t ttag, uint32_t len) {
+  R2THeader h{};
+  h.cccid = cid;
+  h.ttag = ttag;
+  h.r2to = 0;
+  h.r2tl = len;
+  put_header(kR2T, hdgst_ ? kFlagHdgst : 0, sizeof h, 0, sizeof h + (hdgst_ ? kDigestLen : 0),
+             reinterpret_cast<const uint8_t*>(&h) + sizeof(CommonHeader),
+             sizeof h - sizeof(CommonHeader));
+}
+
+void TcpConnection::send_c2h(uint16_t cid, const uint8_t* data, uint32_t len, bool success) {
+  uint32_t hd = hdgst_ ? kDigestLen : 0;
+  uint32_t align = (hpda_ + 1) * 4;
+  uint32_t pdo = (sizeof(DataHeader) + hd + align - 1) / align * align;
+  uint32_t plen = pdo + len + (ddgst_ ? kDigestLen : 0);
+  DataHeader h{};
+  h.cccid = cid;
+  h.ttag = 0;
+  h.datao = 0;
+  h.datal = len;
+  uint8_t flags = kFlagLastPdu | (success ? kFlagSuccess : 0) | (hdgst_ ? kFlagHdgst : 0) |
+                  (ddgst_ ? kFlagDdgst : 0);
+  put_header(kC2HData, flags, sizeof h, static_cast<uint8_t>(pdo), plen,
+             reinterpret_cast<const uint8_t*>(&h) + sizeof(CommonHeader),
+             sizeof h - sizeof(CommonHeader));
+  uint32_t pad = pdo - sizeof(DataHeader) - hd;
+  if (pad > 0) std::memset(out(pad), 0, pad);
+  std::memcpy(out(len), data, len);
+  if (ddgst_) {
+    uint32_t d = crc32c(data, len);
+    std::memcpy(out(4), &d, 4);
+  }
+}
+
+void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dlen) {
+  const auto* raw = reinterpret_cast<const uint8_t*>(&sqe);
+  uint16_t recfmt, qid, sqsize;
+  uint32_t kato;
+  std::memcpy(&recfmt, raw + kConnectRecfmt, 2);
+  std::memcpy(&qid, raw + kConnectQid, 2);
+  std::memcpy(&sqsize, raw + kConnectSqsize, 2);
+  std::memcpy(&kato, raw + kConnectKato, 4);
+  uint8_t cattr = raw[kConnectCattr];
+  // Invalid-parameter answers name the field: bits 15:0 its byte offset, bit 16
+  // set when it is in the connect data rather than the command.
+  auto reject = [&](uint16_t status, uint32_t dw0) {
+    ++t_->stats.connect_rejects;
+    send_resp(sqe.cid, status, dw0, 0);
+  };
+  if (recfmt != 0) return reject(kConnectIncompatibleFormat, 0);
+  SglDescriptor sgl;
+  std::memcpy(&sgl, raw + 24, sizeof sgl);
+  if (data == nullptr || dlen < sizeof(ConnectData) || sgl.type != kSglDataBlockOffset ||
+      sgl.length != sizeof(ConnectData))
+    return reject(kConnectInvalidParameters, 24);
+  ConnectData cd;
+  std::memcpy(&cd, data, sizeof cd);
+  std::string subnqn = fixed_string(cd.subnqn, sizeof cd.subnqn);
+  std::string hostnqn = fixed_string(cd.hostnqn, sizeof cd.hostnqn);
+  Subsystem* s = t_->find_subsystem(subnqn);
+  if (s == nullptr ||
+      std::find(s->listeners.begin(), s->listeners.end(), listener_) == s->listeners.end())
+    return reject(kConnectInvalidParameters, (1u << 16) | 256);
+  if (!s->host_allowed(hostnqn)) {
+    LOG_WARN("nvme-tcp: host %s is not allowed on %s", hostnqn.c_str(), subnqn.c_str());
+    return reject(kConnectInvalidHost, 0);
+  }
+  uint32_t max_depth = qid == 0 ? 128u : t_->opts.max_queue_depth;
+  if (sqsize == 0 || sqsize + 1u > max_depth || (qid == 0 && sqsize < 31))
+    return reject(kConnectInvalidParameters, kConnectSqsize);
+  sq_flow_control_ = !(cattr & kCattrDisableSqFlowControl);
+  if (qid == 0) {
+    if (cd.cntlid != kCntlidDynamic) return reject(kConnectInvalidParameters, (1u << 16) | 16);
+    ControllerConfig cc;
+    cc.fabrics = true;
+    cc.serial = s->cfg.serial;
+    cc.model = s->cfg.model;
+    cc.subnqn = s->cfg.nqn;
+    cc.cntlid = s->next_cntlid;
+    cc.max_io_queues = t_->opts.max_io_queues;
+    cc.mqes = static_cast<uint16_t>(t_->opts.max_queue_depth - 1);
+    cc.mdts = static_cast<uint8_t>(
+        std::countr_zero(std::max<uint32_t>(t_->opts.max_io_size, 4096) / 4096));
+    cc.in_capsule_bytes = t_->opts.in_capsule_data_size;
+    s->next_cntlid = s->next_cntlid >= 0xffef ? 1 : static_cast<uint16_t>(s->next_cntlid + 1);
+    uint32_t pool = 128u + uint32_t{t_->opts.max_io_queues} * t_->opts.max_queue_depth;
+    auto c = std::make_unique<FabricsController>(cc, s->ns, pool, s, hostnqn);
+    c->set_kato(kato);
+    c->queues.assign(t_->opts.max_io_queues + 1u, nullptr);
+    if (!setup_queue(static_cast<uint16_t>(sqsize + 1))) return reject(kConnectControllerBusy, 0);
+    ctrl_ = c.get();
+    c->queues[0] = this;
+    s->controllers.push_back(std::move(c));
+    qid_ = 0;
+    LOG_INFO("nvme-tcp: host %s connected to %s as controller %u", hostnqn.c_str(), subnqn.c_str(),
+             cc.cntlid);
+    return send_resp(sqe.cid, kSuccess, cc.cntlid, 0);
+  }
+  FabricsController* c = nullptr;
+  for (auto& x : s->controllers)
+    if (x->config().cntlid == cd.cntlid) c = x.get();
+  if (c == nullptr || c->hostnqn != hostnqn)
+    return reject(kConnectInvalidParameters, (1u << 16) | 16);
+  if (!c->ready()) return reject(kCommandSequenceError, 0);  // enable the controller first
+  if (qid > c->allocated_queues() || c->queues[qid] != nullptr)
+    return reject(kConnectInvalidParameters, kConnectQid);
+  if (!setup_queue(static_cast<uint16_t>(sqsize + 1))) return reject(kConnectControllerBusy, 0);
+  ctrl_ = c;
+  qid_ = qid;
+  c->queues[qid] = this;
+  send_resp(sqe.cid, kSuccess, c->config().cntlid, 0);
+}
+
+bool TcpConnection::on_capsule(const uint8_t* p, uint32_t plen, const uint8_t* data,
+                               uint32_t dlen) {
+  (void)plen;
+  Sqe sqe;
+  std::memcpy(&sqe, p + sizeof(CommonHeader), sizeof sqe);
+  ++t_->stats.commands;
+  if (sq_flow_control_ && depth_ > 0) sqhd_ = static_cast<uint16_t>((sqhd_ + 1) % depth_);
+  bool fabrics = sqe.opc == kFabricsOpcode;
+  uint8_t fctype = reinterpret_cast<const uint8_t*>(&sqe)[4];
+  if (ctrl_ == nullptr) {
+    if (fabrics && fctype == kConnect) {
+      on_connect(sqe, data, dlen);
+    } else {
+      send_resp(sqe.cid, kCommandSequenceError, 0, 0);
+    }
+    return true;
+  }
+  if (fabrics && fctype == kConnect) {
+    send_resp(sqe.cid, kCommandSequenceError, 0, 0);
+    return true;
+  }
+  if (qid_ == 0) ctrl_->last_activity_ms = monotonic_ms();
+  if (free_slots_.empty()) {
+    fatal(kFesPduSequence, 0, p, sizeof(CapsuleCmd));  // the host overran its queue
+    return false;
+  }
+  ControllerCore::Request* r = ctrl_->alloc_request();
+  if (r == nullptr) {
+    send_resp(sqe.cid, kInternalError, 0, 0);
+    return true;
+  }
+  uint16_t slot = free_slots_.back();
+  free_slots_.pop_back();
+  ++busy_slots_;
+  Slot& s = slots_[slot];
+  s.r = r;
+  s.busy = true;
+  s.received = 0;
+  s.waiting_h2c = false;
+  s.digest_error = false;
+  r->cmd = sqe;
+  r->qid = qid_;
+  r->transport = this;
+  r->tag = slot;
+  uint64_t len = 0;
+  bool to_host = false;
+  uint16_t st = kSuccess;
+  if (fabrics) {
+    if (qid_ != 0) st = kInvalidOpcode;
+  } else {
+    st = ctrl_->data_length(sqe, qid_ == 0, &len, &to_host);
+  }
+  s.len = static_cast<uint32_t>(len);
+  s.to_host = to_host;
+  s.iov = iovec{s.buf, static_cast<size_t>(len)};
+  r->iov = &s.iov;
+  r->iovcnt = len > 0 ? 1 : 0;
+  if (st == kSuccess && len > 0) {
+    SglDescriptor sgl;
+    std::memcpy(&sgl, reinterpret_cast<const uint8_t*>(&sqe) + 24, sizeof sgl);
+    uint32_t icd_limit = qid_ == 0 ? 8192u : t_->opts.in_capsule_data_size;
+    if (((sqe.flags >> 6) & 3) != 1) {
+      st = kInvalidField;
+    } else if (sgl.length < len) {
+      st = kSglLengthInvalid;
+    } else if (sgl.type == kSglDataBlockOffset) {
+      if (to_host || sgl.address != 0)
+        st = kInvalidField;
+      else if (dlen != sgl.length || dlen > icd_limit)
+        st = kSglLengthInvalid;
+      else
+        std::memcpy(s.buf, data, len);
+    } else if (sgl.type == kSglTransportDataBlock) {
+      if (!to_host) {
+        s.waiting_h2c = true;
+        send_r2t(sqe.cid, slot, static_cast<uint32_t>(len));
+        return true;
+      }
+    } else {
+      st = kSglTypeInvalid;
+    }
+  }
+  if (st != kSuccess) {
+    complete(r, st);
+    return true;
+  }
+  ctrl_->execute(r);
+  return true;
+}
+
+bool TcpConnection::on_h2c_data(const uint8_t* p, const uint8_t* data, uint32_t dlen) {
+  DataHeader h;
+  std::memcpy(&h, p, sizeof h);
+  if (h.ttag >= slots_.size() || !slots_[h.ttag].busy || !slots_[h.ttag].waiting_h2c ||
+      slots_[h.ttag].r->cmd.cid != h.cccid) {
+    fatal(kFesPduSequence, 10, p, sizeof h);  // no R2T outstanding for this tag
+    return false;
+  }
+  Slot& s = slots_[h.ttag];
+  if (h.datal != dlen || h.datal > t_->opts.max_h2c_data) {
+    fatal(h.datal > t_->opts.max_h2c_data ? kFesDataLimitExceeded : kFesInvalidHeader, 16, p,
+          sizeof h);
+    return false;
+  }
+  if (h.datao != s.received || h.datal > s.len - s.received) {
+    fatal(kFesDataOutOfRange, h.datao != s.received ? 12 : 16, p, sizeof h);
+    return false;
+  }
+  std::memcpy(s.buf + h.datao, data, dlen);
+  s.received += dlen;
+  if (s.received < s.len) return true;
+  if (!(h.ch.flags & kFlagLastPdu)) {
+    fatal(kFesInvalidHeader, 1, p, sizeof h);  // all data arrived but not marked last
+    return false;
+  }
+  s.waiting_h2c = false;
+  if (s.digest_error) {
+    complete(s.r, kTransientTransportError);
+    return true;
+  }
+  ctrl_->execute(s.r);
+  return true;
+}
+
+void TcpConnection::complete(ControllerCore::Request* r, uint16_t status) {
+  Slot& s = slots_[r->tag];
+  uint16_t cid = r->cmd.cid;
+  uint32_t dw0 = r->dw0, dw1 = r->dw1;
+  if (!closing_) {
+    bool data_out = status == kSuccess && s.to_host && s.len > 0;
+    bool success_flag = data_out && t_->opts.c2h_success && !sq_flow_control_;
+    if (data_out) send_c2h(cid, s.buf, s.len, success_flag);
+    if (!success_flag) send_resp(cid, status, dw0, dw1);
+  }
+  ctrl_->release(r);
+  s.r = nullptr;
+  s.busy = false;
+  s.waiting_h2c = false;
+  free_slots_.push_back(static_cast<uint16_t>(r->tag));
+  --busy_slots_;
+}
+
+}  // namespace dpukv::nvme

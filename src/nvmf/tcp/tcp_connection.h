@@ -1,0 +1,94 @@
+// The NVMe/TCP transport's queue pair: one TCP connection of one controller.
+// It parses PDUs (ICReq, command capsules, H2CData), checks digests and lengths,
+// hands commands to its controller and sends responses, R2T and C2HData.
+#pragma once
+
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "nvmf/target_internal.h"
+
+namespace dpukv::nvme {
+
+class TcpConnection {
+ public:
+  TcpConnection(NvmfTarget::Impl* t, int fd, std::string listener)
+      : t_(t), fd_(fd), listener_(std::move(listener)) {
+    rbuf_.resize(64 * 1024 + 1024);
+  }
+  ~TcpConnection() {
+    if (fd_ >= 0) ::close(fd_);
+    if (data_area_ != nullptr) munmap(data_area_, data_area_len_);
+  }
+
+  int fd() const { return fd_; }
+  bool closed() const { return closing_; }
+  bool idle() const { return busy_slots_ == 0; }
+  FabricsController* controller() const { return ctrl_; }
+  uint16_t qid() const { return qid_; }
+
+  // Reads what the socket has and handles every whole PDU in it. Returns work done.
+  int on_readable();
+  // Sends pending output; returns false if the connection broke.
+  bool flush();
+  bool has_output() const { return opos_ < obuf_.size(); }
+  void close(const char* why);
+  void complete(ControllerCore::Request* r, uint16_t status);
+
+ private:
+  struct Slot {
+    ControllerCore::Request* r = nullptr;
+    uint8_t* buf = nullptr;
+    uint32_t len = 0, received = 0;
+    bool to_host = false, waiting_h2c = false, digest_error = false, busy = false;
+    iovec iov{};
+  };
+
+  bool handle_pdu(const uint8_t* p, uint32_t plen);
+  bool on_icreq(const uint8_t* p, uint32_t plen);
+  bool on_capsule(const uint8_t* p, uint32_t plen, const uint8_t* data, uint32_t dlen);
+  bool on_h2c_data(const uint8_t* p, const uint8_t* data, uint32_t dlen);
+  void on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dlen);
+  bool setup_queue(uint16_t depth);
+  void send_resp(uint16_t cid, uint16_t status, uint32_t dw0, uint32_t dw1);
+  void send_r2t(uint16_t cid, uint16_t ttag, uint32_t len);
+  void send_c2h(uint16_t cid, const uint8_t* data, uint32_t len, bool success);
+  void fatal(uint16_t fes, uint32_t fei, const uint8_t* hdr, uint32_t hlen);
+  uint8_t* out(size_t n) {
+    size_t at = obuf_.size();
+    obuf_.resize(at + n);
+    return obuf_.data() + at;
+  }
+  void put_header(uint8_t type, uint8_t flags, uint8_t hlen, uint8_t pdo, uint32_t plen,
+                  const void* rest, size_t rest_len);
+
+  NvmfTarget::Impl* t_;
+  int fd_;
+  std::string listener_;
+  bool closing_ = false;
+  bool ready_ = false;  // ICReq done
+  bool hdgst_ = false, ddgst_ = false;
+  uint32_t hpda_ = 0;
+  FabricsController* ctrl_ = nullptr;
+  uint16_t qid_ = 0;
+  bool sq_flow_control_ = true;
+  uint16_t sqhd_ = 0;
+  uint32_t depth_ = 0;
+
+  std::vector<uint8_t> rbuf_;
+  size_t rlen_ = 0;
+  std::vector<uint8_t> obuf_;
+  size_t opos_ = 0;
+
+  std::vector<Slot> slots_;
+  std::vector<uint16_t> free_slots_;
+  uint32_t busy_slots_ = 0;
+  uint8_t* data_area_ = nullptr;
+  size_t data_area_len_ = 0;
+};
+
+}  // namespace dpukv::nvme
