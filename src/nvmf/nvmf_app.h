@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "nvmf/app_transport.h"
 #include "nvmf/bdev/bdev.h"
+#include "nvmf/bdev/bdev_registry.h"
 #include "nvmf/nvmf_target.h"
 #include "nvmf/vfio_user/emulation_manager.h"
 #include "rpc/jsonrpc_server.h"
@@ -42,25 +44,26 @@ class NvmfApp {
 
  private:
   NvmfApp() = default;
-  void register_methods();
-  rpc::RpcError add_bdev(const std::string& name, std::unique_ptr<Bdev> b, Status st,
-                         rpc::Json* result);
+  // The methods, one file per area: nvmf_app.cc (framework), rpc_bdev.cc,
+  // rpc_transport.cc (transports and listeners), rpc_subsystem.cc, rpc_emulation.cc.
+  void register_framework_methods();
+  void register_bdev_methods();
+  void register_transport_methods();
+  void register_subsystem_methods();
+  void register_emulation_methods();
   rpc::RpcError framework_start_init();
-  rpc::RpcError make_function(const std::string& nqn, const std::string& path,
-                              const std::string& want, rpc::Json* out);
+  AppTransport* find_transport(const std::string& trtype);  // any case; null if unknown
 
   AppOptions opts_;
   rpc::JsonRpcServer rpc_;
   std::unique_ptr<NvmfTarget> target_;
   std::unique_ptr<EmulationManager> emu_;
   std::map<std::string, std::shared_ptr<Bdev>> bdevs_;  // RPC thread only
-  bool tcp_transport_ = false, vfiouser_transport_ = false;
-  uint32_t malloc_seq_ = 0;
-  uint64_t max_malloc_bytes_ = 0;
-  struct Function {
-    std::string id, nqn, socket_path;
-  };
-  std::vector<Function> functions_;  // vfio-user functions: emulated PCIe endpoints
+  std::map<std::string, uint32_t> bdev_seq_;            // numbering of unnamed bdevs, per kind
+  BdevLimits bdev_limits_;
+  std::unique_ptr<TcpAppTransport> tcp_;
+  std::unique_ptr<VfioUserAppTransport> vfio_user_;
+  AppTransport* transports_[2] = {};  // the table every trtype is looked up in
 };
 
 }  // namespace dpukv::nvme

@@ -11,12 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "nvmf/bdev/bdev.h"
-#include "nvmf/vfio_user/emulation_manager.h"
-#include "nvmf/nvmf_app.h"
-#include "nvmf/nvmf_target.h"
 #include "nvme/tcp_host.h"
 #include "nvme/vfio_user_driver.h"
+#include "nvmf/bdev/bdev.h"
+#include "nvmf/bdev/bdev_registry.h"
+#include "nvmf/nvmf_app.h"
+#include "nvmf/nvmf_target.h"
+#include "nvmf/vfio_user/emulation_manager.h"
 #include "runtime/host_port.h"
 #include "runtime/log.h"
 #include "tools/bench_common.h"
@@ -44,19 +45,30 @@ struct TargetConfig {
   std::string port_file;
 };
 
-Status make_bdev(const TargetConfig& c, uint32_t index, std::shared_ptr<Bdev>* out) {
+// Through the same registry as the bdev_<kind>_create methods: the parameters
+// mean the same on both paths.
+Status make_bdev(const TargetConfig& c, uint32_t index, std::shared_ptr<Bdev>* out,
+                 std::string* problem) {
   uint64_t bytes = 0;
   if (Status st = bench::parse_size(c.size, &bytes); !st.ok()) return st;
+  const BdevKind* kind = find_bdev_kind(c.bdev);
+  if (kind == nullptr) {
+    *problem = "unknown bdev kind (one of " + bdev_kind_names() + ")";
+    return Code::kInvalidValue;
+  }
+  nlohmann::json params{{"num_blocks", bytes / c.block_size}, {"block_size", c.block_size}};
+  if (c.bdev == "file") {
+    params.erase("num_blocks");
+    params["filename"] = c.namespaces > 1 ? c.file + "." + std::to_string(index) : c.file;
+    params["size"] = bytes;
+  }
+  rpc::Params p(params, kind->params);
+  BdevLimits limits;
+  limits.max_memory_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                            static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) / 2;
   std::unique_ptr<Bdev> b;
-  std::string name = c.bdev + std::to_string(index);
-  Status st = Code::kInvalidValue;
-  if (c.bdev == "malloc")
-    st = create_malloc_bdev(name, bytes / c.block_size, c.block_size, &b);
-  else if (c.bdev == "null")
-    st = create_null_bdev(name, bytes / c.block_size, c.block_size, &b);
-  else if (c.bdev == "file")
-    st = create_file_bdev(name, c.namespaces > 1 ? c.file + "." + std::to_string(index) : c.file,
-                          bytes, c.block_size, &b);
+  Status st = kind->create(p, limits, c.bdev + std::to_string(index), &b);
+  if (!p.ok()) *problem = p.problem();
   if (st.ok()) *out = std::move(b);
   return st;
 }
@@ -139,9 +151,10 @@ int run_target(const TargetConfig& c) {
   spec.config.controller.serial = c.serial;
   for (uint32_t i = 0; i < c.namespaces; ++i) {
     std::shared_ptr<Bdev> b;
-    if (Status st = make_bdev(c, i, &b); !st.ok()) {
+    std::string problem;
+    if (Status st = make_bdev(c, i, &b, &problem); !st.ok()) {
       std::cerr << "dpukv nvme target: cannot create " << c.bdev << " bdev of " << c.size << ": "
-                << st.name() << "\n";
+                << (problem.empty() ? std::string(st.name()) : problem) << "\n";
       return 1;
     }
     spec.namespaces.push_back(std::move(b));
@@ -288,8 +301,10 @@ void add_nvme_commands(CLI::App* app, int* exit_code) {
                 "tcp: host NQN allowed to connect (repeat; none: any host)");
   t->add_option("--port-file", tc.port_file,
                 "tcp: write the bound port to this file when listening");
-  t->add_option("--bdev", tc.bdev, "Namespace medium: malloc, null or file")
-      ->check(CLI::IsMember({"malloc", "null", "file"}))
+  std::vector<std::string> kinds;
+  for (const BdevKind& k : bdev_kinds()) kinds.emplace_back(k.kind);
+  t->add_option("--bdev", tc.bdev, "Namespace medium: " + bdev_kind_names())
+      ->check(CLI::IsMember(kinds))
       ->capture_default_str();
   t->add_option("--size", tc.size, "Namespace size (4K, 1G, ...)")->capture_default_str();
   t->add_option("--file", tc.file, "Backing file for --bdev file");
