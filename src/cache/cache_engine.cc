@@ -27,7 +27,6 @@ struct CacheEngine::Entry {
   uint64_t pin_deadline = 0;
   // Lookup pins hold until unpinned or their deadline passes.
   bool pinned(uint64_t now) const { return pins != 0 && now < pin_deadline; }
-  int32_t prev = -1, next = -1;    // LRU links (memory-resident only)
   int32_t dprev = -1, dnext = -1;  // disk queue links (on_disk only)
   uint32_t hits = 0;
   uint16_t pins = 0;     // lookup pins
@@ -38,8 +37,6 @@ struct CacheEngine::Entry {
   bool on_disk = false;    // a complete copy is on disk and logged
   bool spilling = false, loading = false;
   bool evict_when_clean = false;  // drop the memory copy once the spill lands
-  bool small = false;             // S3-FIFO: in the small queue
-  uint8_t freq = 0;               // S3-FIFO: hits since entering its queue (at most 3)
 };
 
 // One store, retrieve, prefetch or spill in flight: an explicit state machine.
@@ -143,11 +140,11 @@ Status CacheEngine::init() {
   retrying_.reserve(opts_.max_requests);
   if (opts_.policy == CacheOptions::Policy::kS3Fifo) {
     // As many ghosts as the tier holds chunks of the largest size (at least 1024).
-    const size_t n = std::max<uint64_t>(mem_alloc_.capacity() / page_bytes_, 1024);
-    ghost_ring_.assign(n, 0);
-    size_t t = 1;
-    while (t < 2 * n) t <<= 1;
-    ghost_table_.assign(t, 0);
+    const size_t ghosts = std::max<uint64_t>(mem_alloc_.capacity() / page_bytes_, 1024);
+    policy_ =
+        make_s3fifo_policy(static_cast<uint32_t>(entries_.size()), mem_alloc_.capacity(), ghosts);
+  } else {
+    policy_ = make_lru_policy(static_cast<uint32_t>(entries_.size()));
   }
   st_.memory_capacity = mem_alloc_.capacity();
 
@@ -277,48 +274,6 @@ void CacheEngine::erase(int32_t e) {
   }
 }
 
-void CacheEngine::q_push_front(Queue& q, int32_t e) {
-  Entry& en = entries_[static_cast<size_t>(e)];
-  en.prev = -1;
-  en.next = q.head;
-  if (q.head >= 0) entries_[static_cast<size_t>(q.head)].prev = e;
-  q.head = e;
-  if (q.tail < 0) q.tail = e;
-  q.bytes += en.stored;
-}
-
-void CacheEngine::q_unlink(Queue& q, int32_t e) {
-  Entry& en = entries_[static_cast<size_t>(e)];
-  if (en.prev >= 0)
-    entries_[static_cast<size_t>(en.prev)].next = en.next;
-  else if (q.head == e)
-    q.head = en.next;
-  else
-    return;  // not linked
-  if (en.next >= 0)
-    entries_[static_cast<size_t>(en.next)].prev = en.prev;
-  else
-    q.tail = en.prev;
-  en.prev = en.next = -1;
-  q.bytes -= en.stored;
-}
-
-CacheEngine::Queue& CacheEngine::queue_of(int32_t e) {
-  return entries_[static_cast<size_t>(e)].small ? small_ : main_;
-}
-
-void CacheEngine::lru_push_front(int32_t e) {
-  Entry& en = entries_[static_cast<size_t>(e)];
-  en.freq = 0;
-  // S3-FIFO: new chunks start in the small queue, unless evicted from it lately.
-  en.small = opts_.policy == CacheOptions::Policy::kS3Fifo && !ghost_take(en.key.hash());
-  q_push_front(queue_of(e), e);
-}
-
-void CacheEngine::lru_unlink(int32_t e) {
-  q_unlink(queue_of(e), e);
-}
-
 void CacheEngine::touch(int32_t e) {
   Entry& en = entries_[static_cast<size_t>(e)];
   if (!en.mem_ready) {
@@ -328,61 +283,15 @@ void CacheEngine::touch(int32_t e) {
     }
     return;
   }
-  if (opts_.policy == CacheOptions::Policy::kS3Fifo) {
-    if (en.freq < 3) ++en.freq;  // FIFO queues do not move on a hit
-    return;
-  }
-  if (main_.head != e) {
-    q_unlink(main_, e);
-    q_push_front(main_, e);
-  }
+  policy_->access(e);
 }
 
-// The next chunk to leave memory, or -1. LRU: the least recent evictable chunk.
-// S3-FIFO: from the small queue while it holds over 10% of the tier (chunks hit
-// there move to the main queue; the others leave and are remembered in the ghost
-// list), else from the main queue (chunks hit since their last pass get another
-// pass, one hit less).
 int32_t CacheEngine::pick_victim() {
-  auto scan = [&](const Queue& q) {
-    int32_t v = q.tail;
-    while (v >= 0 && !evictable(v)) v = entries_[static_cast<size_t>(v)].prev;
-    return v;
-  };
-  if (opts_.policy == CacheOptions::Policy::kLru) return scan(main_);
-  for (size_t guard = 0; guard < 4 * entries_.size() + 8; ++guard) {
-    const bool from_small =
-        small_.head >= 0 && (small_.bytes * 10 > mem_alloc_.capacity() || main_.head < 0);
-    int32_t v = scan(from_small ? small_ : main_);
-    bool in_small = from_small;
-    if (v < 0) {
-      v = scan(from_small ? main_ : small_);
-      in_small = !from_small;
-    }
-    if (v < 0) return -1;
-    Entry& en = entries_[static_cast<size_t>(v)];
-    if (in_small) {
-      q_unlink(small_, v);
-      if (en.freq > 0) {  // hit while new: promote
-        en.small = false;
-        en.freq = 0;
-        q_push_front(main_, v);
-        continue;
-      }
-      en.small = false;
-      q_push_front(main_, v);  // linked for drop_memory's unlink; leaves at once
-      ghost_put(en.key.hash());
-      return v;
-    }
-    if (en.freq > 0) {
-      --en.freq;
-      q_unlink(main_, v);
-      q_push_front(main_, v);
-      continue;
-    }
-    return v;
-  }
-  return -1;
+  return policy_->victim(
+      [](const void* self, int32_t v) {
+        return static_cast<const CacheEngine*>(self)->evictable(v);
+      },
+      this);
 }
 
 // With a disk tier the least valuable chunk of the whole cache is the disk queue's
@@ -396,51 +305,6 @@ int32_t CacheEngine::pick_index_victim() {
   return pick_victim();
 }
 
-bool CacheEngine::ghost_take(uint64_t h) {
-  if (ghost_table_.empty()) return false;
-  h |= 2;  // 0 and 1 are markers
-  const uint64_t mask = ghost_table_.size() - 1;
-  for (uint64_t i = h & mask;; i = (i + 1) & mask) {
-    if (ghost_table_[i] == 0) return false;
-    if (ghost_table_[i] == h) {
-      ghost_table_[i] = 1;
-      return true;
-    }
-  }
-}
-
-void CacheEngine::ghost_put(uint64_t h) {
-  if (ghost_ring_.empty()) return;
-  h |= 2;
-  const uint64_t mask = ghost_table_.size() - 1;
-  // The ring's oldest hash leaves the table.
-  const uint64_t old = ghost_ring_[ghost_next_];
-  if (old != 0) {
-    for (uint64_t i = old & mask;; i = (i + 1) & mask) {
-      if (ghost_table_[i] == 0) break;
-      if (ghost_table_[i] == old) {
-        ghost_table_[i] = 1;
-        break;
-      }
-    }
-  }
-  ghost_ring_[ghost_next_] = h;
-  ghost_next_ = (ghost_next_ + 1) % ghost_ring_.size();
-  uint64_t i = h & mask;
-  while (ghost_table_[i] > 1) i = (i + 1) & mask;
-  ghost_table_[i] = h;
-  // Tombstones pile up in a long run: rebuild from the ring now and then.
-  if (ghost_next_ == 0) {
-    std::fill(ghost_table_.begin(), ghost_table_.end(), 0);
-    for (uint64_t g : ghost_ring_) {
-      if (g == 0) continue;
-      uint64_t j = g & mask;
-      while (ghost_table_[j] > 1) j = (j + 1) & mask;
-      ghost_table_[j] = g;
-    }
-  }
-}
-
 bool CacheEngine::evictable(int32_t e) const {
   const Entry& en = entries_[static_cast<size_t>(e)];
   return en.in_mem && en.mem_ready && !en.pinned(monotonic_ns()) && en.readers == 0 &&
@@ -452,7 +316,7 @@ void CacheEngine::drop_memory(int32_t e) {
   if (en.in_mem) {
     if (en.on_disk && en.mem_ready) mem_clean_bytes_ -= en.stored;
     mem_alloc_.free(en.mem_off);
-    lru_unlink(e);
+    policy_->remove(e);
     en.in_mem = en.mem_ready = false;
   }
   if (!en.on_disk) {
@@ -563,8 +427,8 @@ void CacheEngine::clean_ahead() {
   const uint64_t cap = mem_alloc_.capacity();
   const uint64_t target = std::min<uint64_t>(cap / 8, 8 * page_bytes_);
   uint64_t reserve = cap - mem_alloc_.used_bytes() + mem_clean_bytes_ + spill_bytes_;
-  for (int32_t v = main_.tail; v >= 0 && reserve < target && disk_ios_ < kMaxSpills;
-       v = entries_[static_cast<size_t>(v)].prev) {
+  for (int32_t v = policy_->coldest(); v >= 0 && reserve < target && disk_ios_ < kMaxSpills;
+       v = policy_->warmer(v)) {
     Entry& en = entries_[static_cast<size_t>(v)];
     if (en.on_disk || en.spilling || !en.mem_ready || en.hits < opts_.disk_admit_hits) continue;
     if (start_spill(v) != SpillStart::kStarted) break;
@@ -867,7 +731,7 @@ void CacheEngine::complete_store(Request* r, uint64_t cs) {
   en.loading = false;
   en.checksum = cs;
   en.mem_ready = true;
-  lru_push_front(e);
+  policy_->insert(e, en.key.hash(), en.stored);
   ++st_.stores;
   st_.store_bytes += en.size;
   finish(r, Code::kSuccess);  // also frees a finished shrink's encode slot
@@ -1104,7 +968,7 @@ void CacheEngine::after_io(Request* r, Status st) {
     return;
   }
   en.mem_ready = true;
-  lru_push_front(e);
+  policy_->insert(e, en.key.hash(), en.stored);
   // The disk copy is now redundant: first to go when the disk tier needs room.
   mem_clean_bytes_ += en.stored;
   d_unlink(e);
@@ -1260,7 +1124,8 @@ CacheStats CacheEngine::stats() const {
 }
 
 uint64_t CacheEngine::index_bytes_per_chunk() const {
-  return sizeof(Entry) + sizeof(int32_t) * table_.size() / entries_.size() + sizeof(int32_t);
+  return sizeof(Entry) + sizeof(int32_t) * table_.size() / entries_.size() + sizeof(int32_t) +
+         policy_->bytes_per_chunk();
 }
 
 Status CacheEngine::sync() {

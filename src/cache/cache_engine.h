@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cache/disk_tier.h"
+#include "cache/eviction_policy.h"
 #include "cache/slab_allocator.h"
 #include "engines/compress/compress_engine.h"
 #include "engines/dma/dma_engine.h"
@@ -125,11 +126,6 @@ class CacheEngine final : public Context {
     int32_t head = -1, tail = -1;
     uint64_t bytes = 0;
   };
-  void q_push_front(Queue& q, int32_t e);
-  void q_unlink(Queue& q, int32_t e);
-  Queue& queue_of(int32_t e);
-  void lru_push_front(int32_t e);  // a chunk enters memory (policy decides where)
-  void lru_unlink(int32_t e);
   void touch(int32_t e);  // a chunk was used
   int32_t pick_victim();
   int32_t pick_index_victim();
@@ -138,9 +134,6 @@ class CacheEngine final : public Context {
   void d_unlink(int32_t e);
   bool make_disk_room(uint64_t size, uint64_t* off);
   void drop_disk_copy(int32_t e);
-  // Ghost list of S3-FIFO: key hashes of recent small-queue evictions, fixed size.
-  bool ghost_take(uint64_t h);
-  void ghost_put(uint64_t h);
 
   bool make_room(uint64_t size, uint64_t* off);
   void drop_memory(int32_t e);
@@ -190,8 +183,8 @@ class CacheEngine final : public Context {
   std::vector<int32_t> table_;  // open addressing: -1 empty, -2 tombstone, else entry
   uint64_t table_mask_ = 0;
   uint64_t tombstones_ = 0;
-  Queue main_, small_;  // memory-resident chunks, most recent first (LRU uses main_ only)
-  Queue disk_q_;        // chunks with a disk copy, most valuable first
+  std::unique_ptr<EvictionPolicy> policy_;    // memory-resident chunks
+  Queue disk_q_;                              // chunks with a disk copy, most valuable first
   static constexpr uint32_t kMaxSpills = 16;  // write-backs in flight
   static constexpr uint64_t kSpillBackoffNs = 1000000000ull;
   // Disk reads and writes whose completion the engine has not handled yet (the
@@ -205,9 +198,6 @@ class CacheEngine final : public Context {
   uint64_t room_wanted_bytes_ = 0;    // memory the requests in waiting_ need
   uint64_t spill_off_until_ns_ = 0;   // writing back stopped until then (after an error)
   uint64_t last_disk_log_ns_ = 0, disk_errors_unlogged_ = 0;
-  std::vector<uint64_t> ghost_ring_;
-  std::vector<uint64_t> ghost_table_;  // open addressing of hashes; 0 empty, 1 tombstone
-  size_t ghost_next_ = 0;
   std::vector<Request> requests_;
   std::vector<Request*> free_requests_;
   std::vector<Request*> waiting_;   // requests waiting for room (a spill or a copy to land)
