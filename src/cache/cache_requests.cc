@@ -1,0 +1,557 @@
+#include "cache/cache_engine_internal.h"
+
+#include <sys/epoll.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+
+#include "runtime/clock.h"
+#include "runtime/log.h"
+
+namespace dpukv {
+
+// ---------------------------------------------------------------- requests
+
+CacheEngine::Request* CacheEngine::new_request() {
+  if (free_requests_.empty()) return nullptr;
+  Request* r = free_requests_.back();
+  free_requests_.pop_back();
+  r->state = Request::State::kFree;
+  r->entry = -1;
+  r->user = r->arena_buf = r->arena_buf2 = nullptr;
+  r->big_off = UINT64_MAX;
+  r->cb = nullptr;
+  r->arg = nullptr;
+  r->status = Code::kSuccess;
+  return r;
+}
+
+void CacheEngine::finish(Request* r, Status st) {
+  for (Buf** b : {&r->arena_buf, &r->arena_buf2}) {
+    if (*b != nullptr) {
+      (void)(*b)->dec_refcount();
+      *b = nullptr;
+    }
+  }
+  if (r->big_off != UINT64_MAX) {  // an encode slot that was not needed in the end
+    mem_alloc_.free(r->big_off);
+    r->big_off = UINT64_MAX;
+  }
+  if (r->user != nullptr) {  // the reference taken when the request was accepted
+    (void)r->user->dec_refcount();
+    r->user = nullptr;
+  }
+  r->status = st;
+  r->state = Request::State::kDone;
+  DoneCb cb = r->cb;
+  void* arg = r->arg;
+  free_requests_.push_back(r);
+  if (cb != nullptr) cb(arg, st);
+}
+
+Status CacheEngine::start_dma(Request* r, Buf* src, Buf* dst) {
+  DmaMemcpyTask* t = nullptr;
+  UserData ud;
+  ud.u64 = r->index;
+  DPUKV_RETURN_IF_ERROR(dma_->memcpy_alloc_init(src, dst, ud, &t));
+  t->set_checksum(true);
+  Status st = dma_->submit(t);
+  if (!st.ok()) {
+    (void)dma_->free(t);
+    return st;
+  }
+  ++engine_ops_;
+  r->state = Request::State::kDma;
+  return Code::kSuccess;
+}
+
+void CacheEngine::dma_done(DmaMemcpyTask* t, UserData task_ud, UserData ctx_ud) {
+  auto* self = static_cast<CacheEngine*>(ctx_ud.ptr);
+  Request* r = &self->requests_[task_ud.u64];
+  const Status st = t->status();
+  const uint64_t cs = t->checksum();
+  (void)self->dma_->free(t);
+  --self->engine_ops_;
+  self->after_dma(r, st, cs);
+}
+
+// Takes a request for an operation; the engine holds a reference on the user's
+// buffer (if any) until the request finishes.
+Status CacheEngine::accept(int kind, const ChunkKey& key, Buf* user, DoneCb cb, void* arg,
+                           Request** out) {
+  if (state() != CtxState::kRunning) return Code::kBadState;
+  if (user != nullptr && !user->inc_refcount().ok()) return Code::kInvalidValue;
+  Request* r = new_request();
+  if (r == nullptr) {
+    if (user != nullptr) (void)user->dec_refcount();
+    return Code::kAgain;
+  }
+  r->kind = static_cast<Request::Kind>(kind);
+  r->key = key;
+  r->user = user;
+  r->cb = cb;
+  r->arg = arg;
+  *out = r;
+  return Code::kSuccess;
+}
+
+Status CacheEngine::store(const ChunkKey& key, Buf* src, DoneCb cb, void* arg) {
+  if (src == nullptr || src->data_len() == 0) return Code::kInvalidValue;
+  if (src->data_len() > opts_.max_chunk_bytes) return Code::kTooBig;
+  Request* r;
+  DPUKV_RETURN_IF_ERROR(accept(static_cast<int>(Request::Kind::kStore), key, src, cb, arg, &r));
+  const int32_t existing = find(key);
+  if (existing >= 0) {  // chunks are immutable: an existing key is a success, and fresh again
+    touch(existing);
+    finish(r, Code::kSuccess);
+    return Code::kSuccess;
+  }
+  int32_t e = insert(key);
+  // A full index is a capacity like any other: evict (from every tier) to make room.
+  while (e < 0) {
+    const int32_t v = disk_ ? pick_index_victim() : pick_victim();
+    if (v < 0) {
+      ++st_.store_rejects;
+      finish(r, Code::kNoMemory);
+      return Code::kSuccess;
+    }
+    ++st_.evictions;
+    drop_entry(v);
+    e = insert(key);
+  }
+  r->entry = e;
+  Entry& en = entries_[static_cast<size_t>(e)];
+  en.size = src->data_len();
+  en.loading = true;  // not evictable, not yet present
+  // Encoded chunks first take a slot of the codec's worst case, then move to one
+  // of their own size.
+  const uint64_t bound =
+      codec_ ? kv_encode_bound(KvCodecParams{KvCodec::kLossless, KvDtype::kBf16, {1, 1, 0}, 0},
+                               en.size)
+             : 0;
+  en.encoded = codec_ != nullptr && bound <= page_bytes_;
+  en.stored = en.encoded ? bound : en.size;
+  begin_store(r);
+  return Code::kSuccess;
+}
+
+void CacheEngine::begin_store(Request* r) {
+  Entry& en = entries_[static_cast<size_t>(r->entry)];
+  uint64_t off;
+  if (!make_room(en.stored, &off)) {
+    if (room_may_come()) {
+      wait_for_room(r, en.stored);
+      return;
+    }
+    erase(r->entry);
+    ++st_.store_rejects;
+    finish(r, Code::kNoMemory);
+    return;
+  }
+  en.mem_off = off;
+  en.in_mem = true;
+  Status st = inv_->get_by_addr(arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + off,
+                                en.stored, &r->arena_buf);
+  if (st.ok())
+    st = en.encoded ? start_codec(r, CompressTask::Op::kCompress, r->user, r->arena_buf)
+                    : start_dma(r, r->user, r->arena_buf);
+  if (!st.ok()) {
+    mem_alloc_.free(off);
+    en.in_mem = false;
+    erase(r->entry);
+    finish(r, st);
+  }
+}
+
+Status CacheEngine::start_codec(Request* r, CompressTask::Op op, Buf* src, Buf* dst) {
+  CompressTask* t = nullptr;
+  UserData ud;
+  ud.u64 = r->index;
+  CodecParams p;
+  p.dtype = KvDtype::kBf16;
+  DPUKV_RETURN_IF_ERROR(
+      codec_->task_alloc_init(op, CompressAlgo::kKvLossless, p, src, dst, ud, &t));
+  Status st = codec_->submit(t);
+  if (!st.ok()) {
+    (void)codec_->free(t);
+    return st;
+  }
+  ++engine_ops_;
+  r->state = op == CompressTask::Op::kCompress ? Request::State::kEncode : Request::State::kDecode;
+  return Code::kSuccess;
+}
+
+void CacheEngine::codec_done(CompressTask* t, UserData task_ud, UserData ctx_ud) {
+  auto* self = static_cast<CacheEngine*>(ctx_ud.ptr);
+  Request* r = &self->requests_[task_ud.u64];
+  const Status st = t->status();
+  const uint64_t out = t->result().out_len;
+  (void)self->codec_->free(t);
+  --self->engine_ops_;
+  self->after_codec(r, st, out);
+  self->retry_waiting();
+}
+
+void CacheEngine::after_codec(Request* r, Status st, uint64_t out_len) {
+  const int32_t e = r->entry;
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (r->state == Request::State::kDecode) {
+    // The decoder checks the original's xxh3-64 and answers CORRUPTED on a mismatch.
+    finish_read(r, st, st == Code::kCorrupted);
+    return;
+  }
+  // Encoded on store.
+  if (!st.ok() || state() == CtxState::kStopping) {
+    en.loading = false;
+    drop_memory(e);
+    finish(r, st.ok() ? Status(Code::kShutdown) : st);
+    return;
+  }
+  st_.encoded_bytes_in += en.size;
+  st_.encoded_bytes_out += out_len;
+  const uint64_t big = en.mem_off;
+  uint64_t small;
+  if (mem_alloc_.class_size(out_len) < mem_alloc_.class_size(en.stored) &&
+      mem_alloc_.alloc(out_len, &small)) {
+    // Move to a slot of the encoded size; the DMA computes the checksum on the way.
+    Status ds = inv_->get_by_addr(arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + small,
+                                  out_len, &r->arena_buf2);
+    if (ds.ok()) ds = start_dma(r, r->arena_buf, r->arena_buf2);
+    if (ds.ok()) {
+      r->big_off = big;
+      en.mem_off = small;
+      en.stored = out_len;
+      r->state = Request::State::kShrink;
+      return;
+    }
+    if (r->arena_buf2) (void)r->arena_buf2->dec_refcount(), r->arena_buf2 = nullptr;
+    mem_alloc_.free(small);
+  }
+  // Keep the encode slot.
+  en.stored = out_len;
+  complete_store(r, XXH3_64bits(static_cast<uint8_t*>(arena_->data()) + big, out_len));
+}
+
+void CacheEngine::complete_store(Request* r, uint64_t cs) {
+  const int32_t e = r->entry;
+  Entry& en = entries_[static_cast<size_t>(e)];
+  en.loading = false;
+  en.checksum = cs;
+  en.mem_ready = true;
+  policy_->insert(e, en.key.hash(), en.stored);
+  ++st_.stores;
+  st_.store_bytes += en.size;
+  finish(r, Code::kSuccess);  // also frees a finished shrink's encode slot
+  if (opts_.write_through && entries_[static_cast<size_t>(e)].hits >= opts_.disk_admit_hits)
+    start_spill(e);
+  clean_ahead();
+}
+
+Status CacheEngine::retrieve(const ChunkKey& key, Buf* dst, DoneCb cb, void* arg) {
+  if (dst == nullptr) return Code::kInvalidValue;
+  Request* r;
+  DPUKV_RETURN_IF_ERROR(accept(static_cast<int>(Request::Kind::kRetrieve), key, dst, cb, arg, &r));
+  const int32_t e = find(key);
+  if (e < 0 ||
+      !(entries_[static_cast<size_t>(e)].mem_ready || entries_[static_cast<size_t>(e)].on_disk)) {
+    ++st_.misses;
+    finish(r, Code::kNotFound);
+    return Code::kSuccess;
+  }
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (dst->tail_room() < en.size) {
+    finish(r, Code::kTooBig);
+    return Code::kSuccess;
+  }
+  r->entry = e;
+  ++en.hits;
+  if (en.mem_ready) {
+    begin_read(r);
+    return Code::kSuccess;
+  }
+  Status st = start_reload(r);
+  if (!st.ok()) finish(r, st);
+  return Code::kSuccess;
+}
+
+// Memory copy → the client's buffer: a DMA (checksummed) or, for an encoded chunk,
+// a decode on the compress engine (which checks the original's checksum).
+void CacheEngine::begin_read(Request* r) {
+  Entry& en = entries_[static_cast<size_t>(r->entry)];
+  ++en.readers;
+  Status st =
+      inv_->get_by_data(arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + en.mem_off,
+                        en.stored, &r->arena_buf);
+  if (st.ok())
+    st = en.encoded ? start_codec(r, CompressTask::Op::kDecompress, r->arena_buf, r->user)
+                    : start_dma(r, r->arena_buf, r->user);
+  if (!st.ok()) {
+    --en.readers;
+    finish(r, st);
+  }
+}
+
+Status CacheEngine::prefetch(const ChunkKey& key, DoneCb cb, void* arg) {
+  Request* r;
+  DPUKV_RETURN_IF_ERROR(
+      accept(static_cast<int>(Request::Kind::kPrefetch), key, nullptr, cb, arg, &r));
+  const int32_t e = find(key);
+  if (e < 0 ||
+      !(entries_[static_cast<size_t>(e)].mem_ready || entries_[static_cast<size_t>(e)].on_disk)) {
+    finish(r, Code::kNotFound);
+    return Code::kSuccess;
+  }
+  if (entries_[static_cast<size_t>(e)].mem_ready) {
+    finish(r, Code::kSuccess);
+    return Code::kSuccess;
+  }
+  r->entry = e;
+  Status st = start_reload(r);
+  if (!st.ok()) finish(r, st);
+  return Code::kSuccess;
+}
+
+Status CacheEngine::start_reload(Request* r) {
+  Entry& en = entries_[static_cast<size_t>(r->entry)];
+  if (en.loading || en.spilling) {  // another request is moving it; try again later
+    wait_for_room(r, 0);
+    return Code::kSuccess;
+  }
+  uint64_t off;
+  if (!make_room(en.stored, &off)) {
+    if (room_may_come()) {
+      wait_for_room(r, en.stored);
+      return Code::kSuccess;
+    }
+    return Code::kNoMemory;
+  }
+  en.mem_off = off;
+  en.in_mem = true;
+  en.loading = true;
+  Status st =
+      disk_->read(en.disk_off, static_cast<uint8_t*>(arena_->data()) + off, en.stored, r->index);
+  if (!st.ok()) {
+    mem_alloc_.free(off);
+    en.in_mem = en.loading = false;
+    return st;
+  }
+  ++disk_ios_;
+  r->state = Request::State::kDiskRead;
+  return Code::kSuccess;
+}
+
+CacheEngine::SpillStart CacheEngine::start_spill(int32_t e) {
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (!disk_ || en.on_disk || en.spilling || !en.mem_ready || !spilling_allowed())
+    return SpillStart::kRefused;
+  Request* r = new_request();
+  if (r == nullptr) return SpillStart::kBusy;
+  uint64_t off;
+  if (!make_disk_room(en.stored, &off)) {  // the tier holds only pinned or busy chunks
+    free_requests_.push_back(r);
+    return SpillStart::kRefused;
+  }
+  r->kind = Request::Kind::kSpill;
+  r->entry = e;
+  r->key = en.key;
+  r->disk_off = off;
+  Status st =
+      disk_->write(off, static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.stored, r->index);
+  if (!st.ok()) {
+    disk_->allocator().free(off);
+    free_requests_.push_back(r);
+    if (st == Code::kAgain) return SpillStart::kBusy;
+    disk_failed("write could not be submitted", EIO);
+    return SpillStart::kRefused;
+  }
+  en.spilling = true;
+  ++en.readers;
+  ++disk_ios_;
+  spill_bytes_ += en.stored;
+  r->state = Request::State::kDiskWrite;
+  return SpillStart::kStarted;
+}
+
+void CacheEngine::after_dma(Request* r, Status st, uint64_t cs) {
+  after_dma_step(r, st, cs);
+  // A finished copy may have made a chunk evictable: requests waiting for room retry.
+  retry_waiting();
+}
+
+void CacheEngine::after_dma_step(Request* r, Status st, uint64_t cs) {
+  Entry& en = entries_[static_cast<size_t>(r->entry)];
+  if (r->kind == Request::Kind::kStore) {
+    if (!st.ok() || state() == CtxState::kStopping) {
+      en.loading = false;
+      drop_memory(r->entry);
+      finish(r, st.ok() ? Status(Code::kShutdown) : st);
+      return;
+    }
+    complete_store(r, cs);
+    return;
+  }
+  // Retrieve: the bytes the DMA read must be the bytes that were stored.
+  finish_read(r, st, st.ok() && cs != en.checksum);
+}
+
+// The end of a retrieve's copy (DMA or decode) into the client's buffer. A chunk
+// whose bytes failed their check is dropped and reported as a miss.
+void CacheEngine::finish_read(Request* r, Status st, bool corrupted) {
+  const int32_t e = r->entry;
+  Entry& en = entries_[static_cast<size_t>(e)];
+  --en.readers;
+  if (corrupted) {
+    ++st_.checksum_failures;
+    LOG_WARN(
+        "cache: chunk %016llx:%016llx (%llu bytes, %s at offset %llu) failed its checksum "
+        "on read; dropped, reported as a miss",
+        static_cast<unsigned long long>(en.key.model),
+        static_cast<unsigned long long>(en.key.prefix_hash),
+        static_cast<unsigned long long>(en.stored), en.on_disk ? "disk copy" : "memory",
+        static_cast<unsigned long long>(en.on_disk ? en.disk_off : en.mem_off));
+    if (en.readers == 0 && !en.spilling && !en.loading) drop_entry(e);
+    ++st_.misses;
+    finish(r, Code::kNotFound);
+    return;
+  }
+  if (!st.ok()) {
+    finish(r, st);
+    return;
+  }
+  ++st_.hits;
+  ++st_.retrieves;
+  st_.retrieve_bytes += en.size;
+  touch(e);
+  finish(r, Code::kSuccess);
+}
+
+void CacheEngine::after_io(Request* r, Status st) {
+  --disk_ios_;
+  const int32_t e = r->entry;
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (r->kind == Request::Kind::kSpill) {
+    en.spilling = false;
+    --en.readers;
+    spill_bytes_ -= en.stored;
+    const bool wrote = st.ok();
+    if (!wrote) disk_failed("write failed", last_io_errno_ ? last_io_errno_ : EIO);
+    if (wrote && disk_->log_put(en.key, r->disk_off, en.stored, en.checksum, en.size, en.encoded)) {
+      en.on_disk = true;
+      en.disk_off = r->disk_off;
+      mem_clean_bytes_ += en.stored;
+      d_push(e, true);
+      ++st_.spills;
+    } else {
+      if (wrote) disk_failed("index log cannot grow", disk_->last_log_errno());
+      disk_->allocator().free(r->disk_off);
+    }
+    r->state = Request::State::kDone;
+    free_requests_.push_back(r);
+    if (en.evict_when_clean) {
+      en.evict_when_clean = false;
+      evict_pending_bytes_ -= en.stored;
+      // Without a disk copy (the write failed) the chunk stays: memory is not
+      // drained by a disk that cannot take data.
+      if (en.on_disk && evictable(e)) {
+        ++st_.evictions;
+        drop_memory(e);
+      }
+    }
+    retry_waiting();
+    return;
+  }
+  // Reload finished.
+  en.loading = false;
+  if (!st.ok()) {
+    ++st_.io_errors;
+    LOG_ERR("cache: disk tier read of %llu bytes at offset %llu failed: %s",
+            static_cast<unsigned long long>(en.stored),
+            static_cast<unsigned long long>(en.disk_off),
+            std::strerror(last_io_errno_ ? last_io_errno_ : EIO));
+    mem_alloc_.free(en.mem_off);
+    en.in_mem = false;
+    finish(r, Code::kIoFailed);
+    retry_waiting();
+    return;
+  }
+  en.mem_ready = true;
+  policy_->insert(e, en.key.hash(), en.stored);
+  // The disk copy is now redundant: first to go when the disk tier needs room.
+  mem_clean_bytes_ += en.stored;
+  d_unlink(e);
+  d_push(e, false);
+  ++st_.reloads;
+  retry_waiting();
+  if (r->kind == Request::Kind::kPrefetch) {
+    // No DMA follows to check the bytes: hash them here.
+    if (XXH3_64bits(static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.stored) != en.checksum) {
+      ++st_.checksum_failures;
+      LOG_WARN(
+          "cache: chunk %016llx:%016llx read back from disk offset %llu failed its checksum; "
+          "dropped",
+          static_cast<unsigned long long>(en.key.model),
+          static_cast<unsigned long long>(en.key.prefix_hash),
+          static_cast<unsigned long long>(en.disk_off));
+      drop_entry(e);
+      finish(r, Code::kNotFound);
+    } else {
+      finish(r, Code::kSuccess);
+    }
+    return;
+  }
+  begin_read(r);
+}
+
+void CacheEngine::retry_waiting() {
+  if (waiting_.empty()) return;
+  // The two lists trade places (no allocation): requests that still cannot go
+  // are queued again on the now empty waiting_.
+  retrying_.swap(waiting_);
+  room_wanted_bytes_ = 0;
+  for (Request* r : retrying_) {
+    if (r->kind == Request::Kind::kStore) {
+      begin_store(r);  // its entry is held (loading) while it waits
+      continue;
+    }
+    // A waiting read holds nothing: its chunk may have moved, or left the cache
+    // and had its entry reused, meanwhile. Look it up again.
+    const int32_t e = find(r->key);
+    if (e < 0 ||
+        !(entries_[static_cast<size_t>(e)].mem_ready || entries_[static_cast<size_t>(e)].on_disk)) {
+      if (r->kind == Request::Kind::kRetrieve) ++st_.misses;
+      finish(r, Code::kNotFound);
+      continue;
+    }
+    r->entry = e;
+    if (entries_[static_cast<size_t>(e)].mem_ready) {
+      if (r->kind == Request::Kind::kRetrieve)
+        begin_read(r);
+      else
+        finish(r, Code::kSuccess);
+      continue;
+    }
+    Status st = start_reload(r);
+    if (!st.ok()) finish(r, st);
+  }
+  retrying_.clear();
+}
+
+size_t CacheEngine::poll() {
+  if (!disk_) return 0;
+  DiskTier::Completion c[32];
+  size_t n = disk_->poll(c, 32);
+  for (size_t i = 0; i < n; ++i) {
+    last_io_errno_ = c[i].err;
+    after_io(&requests_[c[i].tag], c[i].status);
+  }
+  return n;
+}
+
+bool CacheEngine::arm_notification() {
+  return false;
+}  // the ring's eventfd is watched
+
+}  // namespace dpukv
