@@ -19,9 +19,9 @@
 #include <memory>
 #include <vector>
 
-#include "nvmf/nvmf_target.h"
 #include "nvme/tcp_host.h"
 #include "nvme/tcp_wire.h"
+#include "nvmf/nvmf_target.h"
 #include "runtime/log.h"
 
 using namespace dpukv;

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "nvme/vfio_user_wire.h"
 #include "nvmf/vfio_user/dma_map_table.h"
 #include "nvmf/vfio_user/pcie_controller.h"
-#include "nvme/vfio_user_wire.h"
 
 namespace dpukv::nvme {
 

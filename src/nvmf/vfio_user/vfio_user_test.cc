@@ -17,9 +17,9 @@
 #include <thread>
 #include <vector>
 
+#include "nvme/vfio_user_driver.h"
 #include "nvmf/vfio_user/emulation_manager.h"
 #include "nvmf/vfio_user/nvme_pci_function.h"
-#include "nvme/vfio_user_driver.h"
 #include "runtime/child_process.h"
 #include "runtime/log.h"
 
