@@ -60,7 +60,7 @@ void NvmfApp::register_transport_methods() {
     if (l.ok()) (*tr)->parse_address(l, addr);
     if (!l.ok()) a.fail("listen_address: " + l.problem());
   };
-  rpc_.add("nvmf_subsystem_add_listener", [this, listener](const Json& p, Json* r) {
+  rpc_.add("nvmf_subsystem_add_listener", [listener](const Json& p, Json* r) {
     Params a(p, {"nqn", "listen_address", "tgt_name", "secure_channel"});
     std::string nqn = a.str("nqn", "", true);
     AppTransport* tr = nullptr;
@@ -74,7 +74,7 @@ void NvmfApp::register_transport_methods() {
     *r = true;
     return RpcError{};
   });
-  rpc_.add("nvmf_subsystem_remove_listener", [this, listener](const Json& p, Json* r) {
+  rpc_.add("nvmf_subsystem_remove_listener", [listener](const Json& p, Json* r) {
     Params a(p, {"nqn", "listen_address", "tgt_name"});
     std::string nqn = a.str("nqn", "", true);
     AppTransport* tr = nullptr;
