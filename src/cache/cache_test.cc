@@ -158,23 +158,34 @@ class CacheHarness {
     while (std::chrono::steady_clock::now() < end)
       if (!pe_->progress()) usleep(200);
   }
-  // Submits stores of n chunks of len bytes at once (as one batch of the agent
-  // does), each from its own piece of staging, and waits for every completion.
-  std::vector<Status> store_batch(uint64_t first, uint64_t n, size_t len) {
-    std::vector<Status> st(n, Code::kInProgress);
-    std::vector<Buf*> bufs(n, nullptr);
+  // Stores of n chunks of len bytes submitted at once (as one batch of the agent
+  // does), each from its own piece of staging; wait() collects every completion.
+  struct Batch {
+    std::vector<Status> st;
+    std::vector<Buf*> bufs;
+  };
+  void submit_stores(uint64_t first, uint64_t n, size_t len, Batch* b) {
+    b->st.assign(n, Code::kInProgress);
+    b->bufs.assign(n, nullptr);
     for (uint64_t i = 0; i < n; ++i) {
       uint8_t* p = staging() + i * len;
-      for (size_t b = 0; b < len; ++b) p[b] = byte_of(key(first + i), b);
-      EXPECT_TRUE(inv_->get_by_data(map_.get(), p, len, &bufs[i]).ok());
-      Status r = cache_->store(key(first + i), bufs[i], &CacheHarness::done, &st[i]);
-      if (!r.ok()) st[i] = r;
+      for (size_t x = 0; x < len; ++x) p[x] = byte_of(key(first + i), x);
+      EXPECT_TRUE(inv_->get_by_data(map_.get(), p, len, &b->bufs[i]).ok());
+      Status r = cache_->store(key(first + i), b->bufs[i], &CacheHarness::done, &b->st[i]);
+      if (!r.ok()) b->st[i] = r;
     }
-    for (uint64_t i = 0; i < n; ++i) {
-      (void)wait(&st[i]);
-      (void)bufs[i]->dec_refcount();
+  }
+  std::vector<Status> wait(Batch* b) {
+    for (size_t i = 0; i < b->st.size(); ++i) {
+      (void)wait(&b->st[i]);
+      (void)b->bufs[i]->dec_refcount();
     }
-    return st;
+    return b->st;
+  }
+  std::vector<Status> store_batch(uint64_t first, uint64_t n, size_t len) {
+    Batch b;
+    submit_stores(first, n, len, &b);
+    return wait(&b);
   }
   Status prefetch(const ChunkKey& k) {
     Status st = Code::kInProgress;
@@ -740,20 +751,12 @@ TEST(CacheEngine, EachStoreWaitingForRoomHasItsOwnWriteBack) {
   h.settle(100);  // the write-ahead reserve (an eighth of memory) is on disk now
   ASSERT_EQ(h.cache_->stats().disk_ios_in_flight, 0u);
   const uint64_t n = 24;
-  std::vector<Status> st2(n, Code::kInProgress);
-  std::vector<Buf*> bufs(n, nullptr);
-  for (uint64_t i = 0; i < n; ++i) {
-    uint8_t* p = h.staging() + i * chunk;
-    for (size_t b = 0; b < chunk; ++b) p[b] = byte_of(key(100 + i), b);
-    ASSERT_TRUE(h.inv_->get_by_data(h.map_.get(), p, chunk, &bufs[i]).ok());
-    ASSERT_TRUE(h.cache_->store(key(100 + i), bufs[i], &CacheHarness::done, &st2[i]).ok());
-  }
+  CacheHarness::Batch batch;
+  h.submit_stores(100, n, chunk, &batch);
   // The first 8 stores take the clean reserve; the 16 others each need a write.
   EXPECT_GE(h.cache_->stats().disk_ios_in_flight, 16u);
-  for (uint64_t i = 0; i < n; ++i) {
-    EXPECT_TRUE(h.wait(&st2[i]).ok()) << i;
-    (void)bufs[i]->dec_refcount();
-  }
+  const std::vector<Status> st2 = h.wait(&batch);
+  for (uint64_t i = 0; i < n; ++i) EXPECT_TRUE(st2[i].ok()) << i;
   for (uint64_t i = 0; i < n; ++i) EXPECT_TRUE(h.retrieve(key(100 + i), chunk).ok()) << i;
   std::filesystem::remove_all(dir);
 }
