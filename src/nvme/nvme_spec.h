@@ -3,7 +3,10 @@
 // Command Set 1.0, PCIe Transport 1.0). Only what the code uses is named here.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <string_view>
 
 namespace dpukv::nvme {
 
@@ -147,6 +150,7 @@ enum NvmeStatus : uint16_t {
   kAbortRequested = make_status(kSctGeneric, 0x07),
   kAbortSqDeleted = make_status(kSctGeneric, 0x08),
   kInvalidNamespace = make_status(kSctGeneric, 0x0b),
+  kCommandSequenceError = make_status(kSctGeneric, 0x0c),
   kPrpOffsetInvalid = make_status(kSctGeneric, 0x13),
   kLbaOutOfRange = make_status(kSctGeneric, 0x80),
   kCqInvalid = make_status(kSctCommandSpecific, 0x00),
@@ -190,5 +194,21 @@ inline Sqe rw_command(uint16_t cid, bool write, uint32_t nsid, uint64_t lba, uin
 
 inline constexpr uint32_t kIdentifySize = 4096;
 inline constexpr uint32_t kNsidAll = 0xffffffffu;
+
+// Little-endian fields of data structures (identify, logs, config space, registers).
+inline void put16(uint8_t* p, uint16_t v) {
+  std::memcpy(p, &v, 2);
+}
+inline void put32(uint8_t* p, uint32_t v) {
+  std::memcpy(p, &v, 4);
+}
+inline void put64(uint8_t* p, uint64_t v) {
+  std::memcpy(p, &v, 8);
+}
+// ASCII fields are space padded, not NUL terminated.
+inline void put_ascii(uint8_t* p, size_t n, std::string_view s) {
+  std::memset(p, ' ', n);
+  std::memcpy(p, s.data(), std::min(n, s.size()));
+}
 
 }  // namespace dpukv::nvme

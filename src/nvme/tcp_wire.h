@@ -137,7 +137,6 @@ inline constexpr uint16_t kConnectInvalidHost = make_status(kSctCommandSpecific,
 inline constexpr uint16_t kTransientTransportError = make_status(kSctGeneric, 0x22);
 inline constexpr uint16_t kSglLengthInvalid = make_status(kSctGeneric, 0x0f);
 inline constexpr uint16_t kSglTypeInvalid = make_status(kSctGeneric, 0x11);
-inline constexpr uint16_t kCommandSequenceError = make_status(kSctGeneric, 0x0c);
 
 inline constexpr const char* kDiscoveryNqn = "nqn.2014-08.org.nvmexpress.discovery";
 

@@ -59,6 +59,8 @@ class ControllerCore {
  public:
   static constexpr uint32_t kMaxNamespaces = NamespaceSet::kMax;
   static constexpr uint32_t kMaxInflight = 256;
+  static constexpr uint32_t kAerLimit = 4;  // AERL + 1
+  static constexpr uint32_t kAbortLimit = 4;
   static constexpr uint32_t kMaxIov = 257;      // 1 MiB of 4 KiB pages, unaligned
   static constexpr uint16_t kPending = 0xffff;  // admin_transport: completes later
 

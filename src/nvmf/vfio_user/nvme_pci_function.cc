@@ -28,12 +28,6 @@ void append(std::vector<uint8_t>* out, const T& v) {
   const auto* b = reinterpret_cast<const uint8_t*>(&v);
   out->insert(out->end(), b, b + sizeof(T));
 }
-void put16(uint8_t* p, uint16_t v) {
-  std::memcpy(p, &v, 2);
-}
-void put32(uint8_t* p, uint32_t v) {
-  std::memcpy(p, &v, 4);
-}
 
 constexpr uint32_t kMsixEnable = 1u << 15, kMsixFunctionMask = 1u << 14;
 

@@ -1,0 +1,364 @@
+// ControllerCore's admin command set: identify, log pages, features, queue
+// management, asynchronous events, errors. (Registers, requests and the NVM
+// command set are in controller_core.cc.)
+#include <algorithm>
+#include <cstring>
+
+#include "nvmf/controller_core.h"
+#include "runtime/log.h"
+
+namespace dpukv::nvme {
+namespace {
+constexpr uint32_t kSmartLogSize = 512, kFirmwareLogSize = 512, kErrorEntrySize = 64;
+}  // namespace
+
+// ---- admin ------------------------------------------------------------------
+
+void ControllerCore::execute_admin(Request* r) {
+  ++stats_.admin_commands;
+  const Sqe& cmd = r->cmd;
+  uint16_t st;
+  // PCIe: PSDT must be PRPs; Fabrics: SGLs (the transport has resolved them).
+  uint8_t psdt = (cmd.flags >> 6) & 3;
+  if ((cmd.flags & 0x03) != 0 || (cfg_.fabrics ? psdt != 1 : psdt != 0))
+    return finish(r, kInvalidField);
+  switch (cmd.opc) {
+    case kAdminIdentify:
+      st = identify(r);
+      break;
+    case kAdminGetLogPage:
+      st = get_log_page(r);
+      break;
+    case kAdminSetFeatures:
+      st = set_features(r);
+      break;
+    case kAdminGetFeatures:
+      st = get_features(r);
+      break;
+    case kAdminAsyncEvent:
+      return async_event_request(r);
+    case kAdminAbort:
+      // Commands here complete before the next one is fetched or are already on
+      // the medium; none can be pulled back. Bit 0 set: not aborted.
+      r->dw0 = 1;
+      st = kSuccess;
+      break;
+    case kAdminKeepAlive:
+      st = kSuccess;
+      break;
+    default:
+      st = admin_transport(r);
+      if (st == kPending) return;
+      break;
+  }
+  finish(r, st);
+}
+
+void ControllerCore::nguid(uint32_t nsid, uint8_t* out) const {
+  uint64_t h = 0x6470756b766e7630ull ^ (uint64_t{nsid} * 0x9e3779b97f4a7c15ull);
+  for (char c : cfg_.serial) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  put64(out, h);
+  put64(out + 8, h * 0x9e3779b97f4a7c15ull + nsid);
+}
+
+uint16_t ControllerCore::identify(Request* r) {
+  const Sqe& cmd = r->cmd;
+  uint8_t cns = cmd.cdw10 & 0xff;
+  alignas(8) uint8_t d[kIdentifySize] = {};
+  switch (cns) {
+    case kCnsController: {
+      put16(d + 0, cfg_.vendor_id);
+      put16(d + 2, cfg_.vendor_id);
+      put_ascii(d + 4, 20, cfg_.serial);
+      put_ascii(d + 24, 40, cfg_.model);
+      put_ascii(d + 64, 8, cfg_.firmware);
+      d[72] = 6;  // RAB
+      d[77] = cfg_.mdts;
+      put16(d + 78, cfg_.cntlid);
+      put32(d + 80, 0x00010400);
+      d[111] = 1;  // CNTRLTYPE: I/O controller
+      d[258] = kAbortLimit - 1;
+      d[259] = kAerLimit - 1;
+      d[260] = 0x03;  // FRMW: one slot, read-only
+      d[261] = 0x04;  // LPA: extended Get Log Page offsets
+      d[262] = static_cast<uint8_t>(error_log_.size() - 1);
+      put16(d + 266, 343);                                                      // WCTEMP
+      put16(d + 268, 373);                                                      // CCTEMP
+      put16(d + 320, 10);                                                       // KAS: 100 ms units
+      d[512] = 0x66;                                                            // SQES: 64 bytes
+      d[513] = 0x44;                                                            // CQES: 16 bytes
+      if (cfg_.fabrics) put16(d + 514, static_cast<uint16_t>(cfg_.mqes + 1u));  // MAXCMD
+      put32(d + 516, kMaxNamespaces);
+      put16(d + 520, 0x1c);  // ONCS: DSM, Write Zeroes, Save/Select in features
+      d[525] = 0x07;         // VWC present; flush with NSID all supported
+      if (cfg_.fabrics) put32(d + 536, 1u | 1u << 20);  // SGLs; offsets in data blocks
+      std::memcpy(d + 768, cfg_.subnqn.data(), std::min<size_t>(cfg_.subnqn.size(), 255));
+      if (cfg_.fabrics) {
+        put32(d + 1792, (64 + cfg_.in_capsule_bytes) / 16);  // IOCCSZ
+        put32(d + 1796, 1);                                  // IORCSZ
+        put16(d + 1800, 0);                                  // ICDOFF
+        d[1802] = 0;                                         // FCATT: dynamic controllers
+        d[1803] = 1;                                         // MSDBD
+      }
+      put16(d + 2048, 2500);  // PSD0 max power: 25 W
+      break;
+    }
+    case kCnsNamespace: {
+      if (cmd.nsid == 0 || (cmd.nsid > kMaxNamespaces && cmd.nsid != kNsidAll))
+        return kInvalidNamespace;
+      if (cmd.nsid == kNsidAll) {  // capabilities common to all namespaces
+        d[128 + 2] = 12;
+        break;
+      }
+      const Bdev* b = ns_->get(cmd.nsid);
+      if (b == nullptr) break;  // allocated but inactive: zeroes
+      put64(d + 0, b->num_blocks());
+      put64(d + 8, b->num_blocks());
+      put64(d + 16, b->num_blocks());
+      d[25] = 0;     // NLBAF: one format
+      d[26] = 0;     // FLBAS
+      d[33] = 0x09;  // DLFEAT: deallocated blocks read zero; Write Zeroes may deallocate
+      nguid(cmd.nsid, d + 104);
+      d[128 + 2] = static_cast<uint8_t>(std::countr_zero(b->block_size()));  // LBAF0.LBADS
+      break;
+    }
+    case kCnsActiveNsList: {
+      if (cmd.nsid >= 0xfffffffeu) return kInvalidNamespace;
+      size_t n = 0;
+      for (uint32_t id = cmd.nsid + 1; id <= kMaxNamespaces && n < 1024; ++id)
+        if (ns_->get(id) != nullptr) put32(d + 4 * n++, id);
+      break;
+    }
+    case kCnsIoCommandSetController:
+      // The NVM command set's controller data (VSL, WZSL, WUSL, DMRL, DMRSL, DMSL):
+      // zeroes say "no limit beyond MDTS"; other command sets are not supported.
+      if ((cmd.cdw11 >> 24) != 0) return kInvalidField;
+      break;
+    case kCnsNsDescriptors: {
+      if (ns_->get(cmd.nsid) == nullptr) return kInvalidNamespace;
+      d[0] = 2;  // NIDT: NGUID, the same one Identify Namespace reports
+      d[1] = 16;
+      nguid(cmd.nsid, d + 4);
+      break;
+    }
+    default:
+      return kInvalidField;
+  }
+  return copy_to_data(r, d, sizeof d);
+}
+
+uint16_t ControllerCore::get_log_page(Request* r) {
+  const Sqe& cmd = r->cmd;
+  uint8_t lid = cmd.cdw10 & 0xff;
+  bool rae = (cmd.cdw10 >> 15) & 1;
+  uint64_t numd = ((uint64_t{cmd.cdw11} & 0xffff) << 16 | (cmd.cdw10 >> 16)) + 1;
+  uint64_t offset = uint64_t{cmd.cdw12} | uint64_t{cmd.cdw13} << 32;
+  uint64_t len = numd * 4;
+  if (len > max_transfer() || (offset & 3)) return kInvalidField;
+  alignas(8) uint8_t log[kIdentifySize] = {};
+  uint32_t size;
+  switch (lid) {
+    case kLogError: {
+      size = static_cast<uint32_t>(error_log_.size() * kErrorEntrySize);
+      // Newest first, as the log page orders them.
+      size_t have = std::min<uint64_t>(error_count_, error_log_.size());
+      for (size_t i = 0; i < have; ++i) {
+        const ErrorEntry& e = error_log_[(error_count_ - 1 - i) % error_log_.size()];
+        uint8_t* p = log + i * kErrorEntrySize;
+        put64(p, e.count);
+        put16(p + 8, e.sqid);
+        put16(p + 10, e.cid);
+        put16(p + 12, static_cast<uint16_t>(e.status << 1));
+        put16(p + 14, 0xffff);  // parameter location unknown
+        put64(p + 16, e.lba);
+        put32(p + 24, e.nsid);
+      }
+      if (!rae) event_masked_[kAerError] = false;
+      break;
+    }
+    case kLogSmart: {
+      if (cmd.nsid != 0 && cmd.nsid != kNsidAll) return kInvalidField;  // no per-namespace log
+      size = kSmartLogSize;
+      log[0] = critical_warning_;
+      put16(log + 1, temperature_);
+      log[3] = 100;  // available spare
+      log[4] = 10;   // spare threshold
+      // Data units are thousands of 512-byte units, rounded up.
+      put64(log + 32, (stats_.bytes_read / 512 + 999) / 1000);
+      put64(log + 48, (stats_.bytes_written / 512 + 999) / 1000);
+      put64(log + 64, stats_.reads);
+      put64(log + 80, stats_.writes);
+      put64(log + 176, error_count_);
+      put16(log + 200, temperature_);  // temperature sensor 1
+      if (!rae) event_masked_[kAerSmart] = false;
+      break;
+    }
+    case kLogFirmwareSlot:
+      size = kFirmwareLogSize;
+      log[0] = 1;  // active slot 1
+      put_ascii(log + 8, 8, cfg_.firmware);
+      break;
+    default:
+      return kInvalidLogPage;
+  }
+  if (offset >= size) return kInvalidField;
+  std::vector<uint8_t> out(len, 0);  // admin path: a small allocation is fine
+  std::memcpy(out.data(), log + offset, std::min<uint64_t>(len, size - offset));
+  return copy_to_data(r, out.data(), out.size());
+}
+
+uint16_t ControllerCore::set_features(Request* r) {
+  const Sqe& cmd = r->cmd;
+  if (cmd.cdw10 >> 31) return kFeatureNotSaveable;
+  uint32_t v = cmd.cdw11;
+  switch (cmd.cdw10 & 0xff) {
+    case kFeatArbitration:
+      feat_arbitration_ = v;
+      break;
+    case kFeatPowerMgmt:
+      if ((v & 0x1f) != 0) return kInvalidField;  // one power state (NPSS = 0)
+      feat_power_ = v;
+      break;
+    case kFeatTempThreshold: {
+      uint32_t sel = (v >> 16) & 0xf, type = (v >> 20) & 3;
+      if (sel != 0 || type > 1) return kInvalidField;  // composite sensor, over/under
+      (type == 0 ? temp_over_ : temp_under_) = static_cast<uint16_t>(v & 0xffff);
+      bool hot = temperature_ >= temp_over_ || (temp_under_ != 0 && temperature_ <= temp_under_);
+      if (hot && !(critical_warning_ & 0x02)) {
+        critical_warning_ |= 0x02;
+        if (feat_aec_ & 0x02) queue_event(kAerSmart, kAerInfoTemperature, kLogSmart);
+      } else if (!hot) {
+        critical_warning_ &= ~0x02;
+      }
+      break;
+    }
+    case kFeatErrorRecovery:
+      feat_error_recovery_ = v & 0x1ffff;
+      break;
+    case kFeatVolatileWc:
+      feat_vwc_ = v & 1;
+      break;
+    case kFeatNumQueues: {
+      if (queues_created_since_reset_) return kCommandSequenceError;
+      uint32_t nsq = v & 0xffff, ncq = v >> 16;
+      if (nsq == 0xffff || ncq == 0xffff) return kInvalidField;
+      allocated_queues_ =
+          static_cast<uint16_t>(std::min<uint32_t>({nsq + 1, ncq + 1, cfg_.max_io_queues}));
+      uint32_t a = allocated_queues_ - 1u;
+      r->dw0 = a | a << 16;
+      break;
+    }
+    case kFeatIntCoalescing:
+      feat_coalescing_ = v & 0xffff;
+      break;
+    case kFeatIntVectorConfig:
+      if ((v & 0xffff) >= cfg_.num_vectors) return kInvalidField;
+      break;
+    case kFeatWriteAtomicity:
+      feat_write_atomicity_ = v & 1;
+      break;
+    case kFeatAsyncEventConfig:
+      feat_aec_ = v;
+      break;
+    case kFeatKeepAlive:
+      feat_kato_ = v;
+      break;
+    default:
+      return kInvalidField;
+  }
+  return kSuccess;
+}
+
+uint16_t ControllerCore::get_features(Request* r) {
+  const Sqe& cmd = r->cmd;
+  uint32_t sel = (cmd.cdw10 >> 8) & 7;
+  uint8_t fid = cmd.cdw10 & 0xff;
+  uint32_t& dw0 = r->dw0;
+  if (sel > 3) return kInvalidField;
+  if (sel == 3) {  // supported capabilities: changeable, not saveable
+    dw0 = 0x4;
+    return kSuccess;
+  }
+  bool dflt = sel == 1 || sel == 2;  // nothing is saveable, so saved = default
+  switch (fid) {
+    case kFeatArbitration:
+      dw0 = dflt ? 0 : feat_arbitration_;
+      break;
+    case kFeatPowerMgmt:
+      dw0 = dflt ? 0 : feat_power_;
+      break;
+    case kFeatTempThreshold: {
+      uint32_t sel_sensor = (cmd.cdw11 >> 16) & 0xf, type = (cmd.cdw11 >> 20) & 3;
+      if (sel_sensor != 0 || type > 1) return kInvalidField;
+      dw0 = type == 0 ? (dflt ? 343u : temp_over_) : (dflt ? 0u : temp_under_);
+      break;
+    }
+    case kFeatErrorRecovery:
+      dw0 = dflt ? 0 : feat_error_recovery_;
+      break;
+    case kFeatVolatileWc:
+      dw0 = dflt ? 1 : feat_vwc_;
+      break;
+    case kFeatNumQueues: {
+      uint32_t a = (dflt ? cfg_.max_io_queues : allocated_queues_) - 1u;
+      dw0 = a | a << 16;
+      break;
+    }
+    case kFeatIntCoalescing:
+      dw0 = dflt ? 0 : feat_coalescing_;
+      break;
+    case kFeatIntVectorConfig:
+      if ((cmd.cdw11 & 0xffff) >= cfg_.num_vectors) return kInvalidField;
+      dw0 = cmd.cdw11 & 0xffff;
+      break;
+    case kFeatWriteAtomicity:
+      dw0 = dflt ? 0 : feat_write_atomicity_;
+      break;
+    case kFeatAsyncEventConfig:
+      dw0 = dflt ? 0 : feat_aec_;
+      break;
+    case kFeatKeepAlive:
+      dw0 = dflt ? 0 : feat_kato_;
+      break;
+    default:
+      return kInvalidField;
+  }
+  return kSuccess;
+}
+
+void ControllerCore::async_event_request(Request* r) {
+  if (aers_.size() >= kAerLimit) return finish(r, kAerLimitExceeded);
+  aers_.push_back(r);  // completes when an event arrives; keeps its CQ slot
+  deliver_events();
+}
+
+void ControllerCore::queue_event(uint8_t type, uint8_t info, uint8_t log_page) {
+  if (type >= event_masked_.size() || event_masked_[type]) return;
+  for (const Event& e : events_)
+    if (e.type == type && e.info == info) return;
+  if (events_.size() < 16) events_.push_back(Event{type, info, log_page});
+  deliver_events();
+}
+
+void ControllerCore::deliver_events() {
+  if (!(csts_ & kCstsRdy)) return;
+  while (!aers_.empty() && !events_.empty()) {
+    Event e = events_.front();
+    events_.erase(events_.begin());
+    if (event_masked_[e.type]) continue;
+    event_masked_[e.type] = true;  // until the host reads the log page
+    Request* r = aers_.front();
+    aers_.erase(aers_.begin());
+    r->dw0 = uint32_t{e.type} | uint32_t{e.info} << 8 | uint32_t{e.log} << 16;
+    finish(r, kSuccess);
+    on_event_ready();
+  }
+}
+
+void ControllerCore::record_error(uint16_t qid, uint16_t cid, uint16_t status, uint64_t lba,
+                                  uint32_t nsid) {
+  ErrorEntry& e = error_log_[error_count_ % error_log_.size()];
+  e = ErrorEntry{++error_count_, qid, cid, status, lba, nsid};
+}
+
+}  // namespace dpukv::nvme
