@@ -10,6 +10,7 @@
 #include "engines/compress/checksum.h"
 #include "engines/compress/fp16.h"
 #include "engines/compress/huffman.h"
+#include "engines/compress/kv_byte_planes.h"
 
 namespace dpukv {
 
@@ -53,77 +54,6 @@ SimdLevel detect_simd() {
   return SimdLevel::kScalar;
 }
 SimdLevel g_simd = detect_simd();
-
-// ------------------------------------------------------------ byte planes
-
-// Splits one row of n values into the high plane (XORed with the previous row's
-// high bytes when prev is set) and the low plane.
-void split_scalar(const uint16_t* cur, const uint16_t* prev, size_t n, uint8_t* hi, uint8_t* lo) {
-  for (size_t i = 0; i < n; ++i) {
-    uint8_t h = static_cast<uint8_t>(cur[i] >> 8);
-    if (prev) h ^= static_cast<uint8_t>(prev[i] >> 8);
-    hi[i] = h;
-    lo[i] = static_cast<uint8_t>(cur[i]);
-  }
-}
-
-__attribute__((target("avx2"))) void split_avx2(const uint16_t* cur, const uint16_t* prev, size_t n,
-                                                uint8_t* hi, uint8_t* lo) {
-  const __m256i mask = _mm256_set1_epi16(0xff);
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cur + i));
-    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cur + i + 16));
-    __m256i ha = _mm256_srli_epi16(a, 8), hb = _mm256_srli_epi16(b, 8);
-    if (prev) {
-      __m256i pa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(prev + i));
-      __m256i pb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(prev + i + 16));
-      ha = _mm256_xor_si256(ha, _mm256_srli_epi16(pa, 8));
-      hb = _mm256_xor_si256(hb, _mm256_srli_epi16(pb, 8));
-    }
-    __m256i h = _mm256_permute4x64_epi64(_mm256_packus_epi16(ha, hb), 0xd8);
-    __m256i l = _mm256_permute4x64_epi64(
-        _mm256_packus_epi16(_mm256_and_si256(a, mask), _mm256_and_si256(b, mask)), 0xd8);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + i), h);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + i), l);
-  }
-  split_scalar(cur + i, prev ? prev + i : nullptr, n - i, hi + i, lo + i);
-}
-
-// Inverse: out = lo | (hi ^ prev_hi) << 8, where prev is the previous output row.
-void merge_scalar(const uint8_t* hi, const uint8_t* lo, const uint16_t* prev, size_t n,
-                  uint16_t* out) {
-  for (size_t i = 0; i < n; ++i) {
-    uint8_t h = hi[i];
-    if (prev) h ^= static_cast<uint8_t>(prev[i] >> 8);
-    out[i] = static_cast<uint16_t>(lo[i] | (h << 8));
-  }
-}
-
-__attribute__((target("avx2"))) void merge_avx2(const uint8_t* hi, const uint8_t* lo,
-                                                const uint16_t* prev, size_t n, uint16_t* out) {
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + i));
-    __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + i));
-    if (prev) {
-      __m256i pa =
-          _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(prev + i)), 8);
-      __m256i pb =
-          _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(prev + i + 16)), 8);
-      h = _mm256_xor_si256(h, _mm256_permute4x64_epi64(_mm256_packus_epi16(pa, pb), 0xd8));
-    }
-    // Interleave per 128-bit lane, then put the lanes back in order.
-    __m256i x = _mm256_unpacklo_epi8(l, h), y = _mm256_unpackhi_epi8(l, h);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute2x128_si256(x, y, 0x20));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 16),
-                        _mm256_permute2x128_si256(x, y, 0x31));
-  }
-  merge_scalar(hi + i, lo + i, prev ? prev + i : nullptr, n - i, out + i);
-}
-
-using SplitFn = void (*)(const uint16_t*, const uint16_t*, size_t, uint8_t*, uint8_t*);
-using MergeFn = void (*)(const uint8_t*, const uint8_t*, const uint16_t*, size_t, uint16_t*);
 
 // ------------------------------------------------------------ quantization
 
@@ -468,7 +398,8 @@ Status encode_lossless(const KvCodecParams& p, const uint8_t* src, size_t len, u
   // high plane, then the odd trailing byte if any.
   uint8_t* hi = KvCodecImpl::plane(scratch);
   uint8_t* lo = dst + sizeof(KvChunkHeader);
-  const SplitFn split = g_simd != SimdLevel::kScalar ? split_avx2 : split_scalar;
+  const kv_planes::SplitFn split =
+      g_simd != SimdLevel::kScalar ? kv_planes::split_avx2 : kv_planes::split_scalar;
   const uint16_t* v = reinterpret_cast<const uint16_t*>(src);
   const size_t C = shape.channels;
   for (uint64_t s = 0; s < shape.slabs; ++s) {
@@ -677,7 +608,8 @@ Status kv_decode(const uint8_t* src, size_t len, uint8_t* dst, size_t cap, KvScr
     const uint8_t* lo = body;
     DPUKV_RETURN_IF_ERROR(huffman::decompress(body + n, h.section_len, hi, n, &used));
     if (used != h.section_len) return Code::kCorrupted;
-    const MergeFn merge = g_simd != SimdLevel::kScalar ? merge_avx2 : merge_scalar;
+    const kv_planes::MergeFn merge =
+        g_simd != SimdLevel::kScalar ? kv_planes::merge_avx2 : kv_planes::merge_scalar;
     auto* out = reinterpret_cast<uint16_t*>(dst);
     const bool delta = codec == KvCodec::kLosslessDelta;
     const size_t C = h.channels;
