@@ -404,7 +404,7 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
   const MetricsServer::Counters mc =
       metrics_server_ ? metrics_server_->counters() : MetricsServer::Counters{};
   const uint64_t clients = connected_ - (asker_connected && connected_ > 0 ? 1 : 0);
-  return {
+  std::vector<MetricRow> rows = {
       {"clients", "dpukv_clients_connected", "gauge", "Connected clients.", clients},
       {"chunks", "dpukv_chunks", "gauge", "Chunks in the cache (each counted once).", c.chunks},
       {"memory_chunks", "dpukv_memory_chunks", "gauge", "Chunks in the memory tier.",
@@ -465,6 +465,10 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
        "Metrics connections closed at once (16 open) or timed out.",
        mc.refused_busy + mc.timed_out},
   };
+  for (size_t i = 0; i < kRequestStates; ++i)
+    rows.push_back({kRequestStateNames[i], kRequestStateMetrics[i], "gauge",
+                    "Cache requests in this state of the pipeline now.", c.requests_in_state[i]});
+  return rows;
 }
 
 std::string Agent::stats_json(bool asker_connected) const {

@@ -77,6 +77,7 @@ Status CacheEngine::init() {
   table_.assign(tsize, kEmptySlot);
   table_mask_ = tsize - 1;
   requests_.resize(opts_.max_requests);
+  requests_per_state_[static_cast<size_t>(Request::State::kFree)] = opts_.max_requests;
   for (uint32_t i = 0; i < opts_.max_requests; ++i) {
     requests_[i].index = i;
     free_requests_.push_back(&requests_[opts_.max_requests - 1 - i]);
@@ -235,6 +236,9 @@ CacheStats CacheEngine::stats() const {
     s.disk_log_errors = disk_->log_errors();
     s.disk_ios_in_flight = disk_ios_;
   }
+  for (size_t i = 0; i < kRequestStates; ++i)
+    s.requests_in_state[i] =
+        requests_per_state_[static_cast<size_t>(Request::State::kWaitRoom) + i];
   return s;
 }
 

@@ -57,6 +57,19 @@ struct CacheOptions {
   enum class Policy { kLru, kS3Fifo } policy = Policy::kLru;
 };
 
+// The working states of a request (CacheEngine's Request::State, WaitRoom through
+// Decode), as named in stat and in Prometheus.
+inline constexpr size_t kRequestStates = 7;
+inline constexpr const char* kRequestStateNames[kRequestStates] = {
+    "cache_requests_wait_room",  "cache_requests_dma",    "cache_requests_disk_read",
+    "cache_requests_disk_write", "cache_requests_encode", "cache_requests_shrink",
+    "cache_requests_decode"};
+inline constexpr const char* kRequestStateMetrics[kRequestStates] = {
+    "dpukv_cache_requests_wait_room", "dpukv_cache_requests_dma",
+    "dpukv_cache_requests_disk_read", "dpukv_cache_requests_disk_write",
+    "dpukv_cache_requests_encode",    "dpukv_cache_requests_shrink",
+    "dpukv_cache_requests_decode"};
+
 struct CacheStats {
   uint64_t chunks = 0, memory_chunks = 0, disk_chunks = 0;
   uint64_t memory_used = 0, memory_capacity = 0, disk_used = 0, disk_capacity = 0;
@@ -67,6 +80,7 @@ struct CacheStats {
   uint64_t disk_log_errors = 0;     // index log records that could not be written
   uint64_t both_chunks = 0;         // chunks with a copy in each tier (counted once in chunks)
   uint64_t disk_ios_in_flight = 0;  // disk tier reads and writes under way now
+  uint64_t requests_in_state[kRequestStates] = {};       // requests in each working state now
   uint64_t encoded_bytes_in = 0, encoded_bytes_out = 0;  // compression on store
 };
 
@@ -143,7 +157,9 @@ class CacheEngine final : public Context {
   SpillStart start_spill(int32_t e);
   bool spilling_allowed() const;
   bool room_may_come() const;
-  void wait_for_room(Request* r, uint64_t bytes);  // bytes: memory it needs (0: none)
+  void wait_for_room(Request* r, uint64_t bytes);
+  // Every state change goes through here: it keeps the count per state.
+  void set_state(Request* r, uint8_t state);  // bytes: memory it needs (0: none)
   void disk_failed(const char* what, int err);
   Request* new_request();
   Status accept(int kind, const ChunkKey& key, Buf* user, DoneCb cb, void* arg, Request** out);
@@ -190,7 +206,8 @@ class CacheEngine final : public Context {
   // Disk reads and writes whose completion the engine has not handled yet (the
   // tier's own count drops when a batch is reaped, before each is handled).
   uint32_t disk_ios_ = 0;
-  uint32_t engine_ops_ = 0;           // DMA and codec tasks in flight
+  uint32_t requests_per_state_[kRequestStates + 2] = {};  // [State]: Free and Done too
+  uint32_t engine_ops_ = 0;                               // DMA and codec tasks in flight
   int last_io_errno_ = 0;             // errno of the disk completion being handled
   uint64_t mem_clean_bytes_ = 0;      // memory held by chunks that also have a disk copy
   uint64_t spill_bytes_ = 0;          // memory being written back

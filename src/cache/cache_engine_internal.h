@@ -47,6 +47,9 @@ struct CacheEngine::Request {
     kDecode,     // the compress engine decodes the arena copy into the client's buffer
     kDone,       // finished
   };
+  static_assert(static_cast<size_t>(State::kDecode) - static_cast<size_t>(State::kWaitRoom) + 1 ==
+                    kRequestStates,
+                "kRequestStateNames lists the working states");
   Kind kind = Kind::kStore;
   State state = State::kFree;
   int32_t entry = -1;

@@ -15,11 +15,17 @@ namespace dpukv {
 
 // ---------------------------------------------------------------- requests
 
+void CacheEngine::set_state(Request* r, uint8_t state) {
+  --requests_per_state_[static_cast<size_t>(r->state)];
+  ++requests_per_state_[state];
+  r->state = static_cast<Request::State>(state);
+}
+
 CacheEngine::Request* CacheEngine::new_request() {
   if (free_requests_.empty()) return nullptr;
   Request* r = free_requests_.back();
   free_requests_.pop_back();
-  r->state = Request::State::kFree;
+  set_state(r, static_cast<uint8_t>(Request::State::kFree));
   r->entry = -1;
   r->user = r->arena_buf = r->arena_buf2 = nullptr;
   r->big_off = UINT64_MAX;
@@ -45,7 +51,7 @@ void CacheEngine::finish(Request* r, Status st) {
     r->user = nullptr;
   }
   r->status = st;
-  r->state = Request::State::kDone;
+  set_state(r, static_cast<uint8_t>(Request::State::kDone));
   DoneCb cb = r->cb;
   void* arg = r->arg;
   free_requests_.push_back(r);
@@ -64,7 +70,7 @@ Status CacheEngine::start_dma(Request* r, Buf* src, Buf* dst) {
     return st;
   }
   ++engine_ops_;
-  r->state = Request::State::kDma;
+  set_state(r, static_cast<uint8_t>(Request::State::kDma));
   return Code::kSuccess;
 }
 
@@ -180,7 +186,8 @@ Status CacheEngine::start_codec(Request* r, CompressTask::Op op, Buf* src, Buf* 
     return st;
   }
   ++engine_ops_;
-  r->state = op == CompressTask::Op::kCompress ? Request::State::kEncode : Request::State::kDecode;
+  set_state(r, static_cast<uint8_t>(op == CompressTask::Op::kCompress ? Request::State::kEncode
+                                                                      : Request::State::kDecode));
   return Code::kSuccess;
 }
 
@@ -224,7 +231,7 @@ void CacheEngine::after_codec(Request* r, Status st, uint64_t out_len) {
       r->big_off = big;
       en.mem_off = small;
       en.stored = out_len;
-      r->state = Request::State::kShrink;
+      set_state(r, static_cast<uint8_t>(Request::State::kShrink));
       return;
     }
     if (r->arena_buf2) (void)r->arena_buf2->dec_refcount(), r->arena_buf2 = nullptr;
@@ -339,7 +346,7 @@ Status CacheEngine::start_reload(Request* r) {
     return st;
   }
   ++disk_ios_;
-  r->state = Request::State::kDiskRead;
+  set_state(r, static_cast<uint8_t>(Request::State::kDiskRead));
   return Code::kSuccess;
 }
 
@@ -371,7 +378,7 @@ CacheEngine::SpillStart CacheEngine::start_spill(int32_t e) {
   ++en.readers;
   ++disk_ios_;
   spill_bytes_ += en.stored;
-  r->state = Request::State::kDiskWrite;
+  set_state(r, static_cast<uint8_t>(Request::State::kDiskWrite));
   return SpillStart::kStarted;
 }
 
@@ -448,7 +455,7 @@ void CacheEngine::after_io(Request* r, Status st) {
       if (wrote) disk_failed("index log cannot grow", disk_->last_log_errno());
       disk_->allocator().free(r->disk_off);
     }
-    r->state = Request::State::kDone;
+    set_state(r, static_cast<uint8_t>(Request::State::kDone));
     free_requests_.push_back(r);
     if (en.evict_when_clean) {
       en.evict_when_clean = false;

@@ -169,7 +169,6 @@ TEST(CacheEngine, DiskFullKeepsServingFromMemory) {
   std::filesystem::remove_all(dir);
 }
 
-
 // A tier larger than the free space is refused before a byte is taken, and the
 // data file it would have created is gone (on a 16 MiB tmpfs made for the test).
 TEST(DiskTier, RefusesATierLargerThanTheFreeSpace) {
@@ -222,7 +221,6 @@ TEST(DiskTier, OneOwnerPerDirectory) {
   b.reset();
   std::filesystem::remove_all(dir);
 }
-
 
 // A full disk tier makes room: sequential stores through a 4-chunk memory tier and
 // a 16-chunk disk tier leave the most recent ~20 chunks in the cache, not the
@@ -307,9 +305,16 @@ TEST(CacheEngine, EachStoreWaitingForRoomHasItsOwnWriteBack) {
   CacheHarness::Batch batch;
   h.submit_stores(100, n, chunk, &batch);
   // The first 8 stores take the clean reserve; the 16 others each need a write.
-  EXPECT_GE(h.cache_->stats().disk_ios_in_flight, 16u);
+  const CacheStats busy = h.cache_->stats();
+  EXPECT_GE(busy.disk_ios_in_flight, 16u);
+  // Every request is in one state: each store copies or waits for room, each
+  // write-back is a disk write (indices as in kRequestStateNames).
+  EXPECT_EQ(busy.requests_in_state[0] + busy.requests_in_state[1], n);  // wait_room + dma
+  EXPECT_EQ(busy.requests_in_state[3], busy.disk_ios_in_flight);        // disk_write
   const std::vector<Status> st2 = h.wait(&batch);
   for (uint64_t i = 0; i < n; ++i) EXPECT_TRUE(st2[i].ok()) << i;
+  h.settle(100);
+  for (uint64_t c : h.cache_->stats().requests_in_state) EXPECT_EQ(c, 0u);
   for (uint64_t i = 0; i < n; ++i) EXPECT_TRUE(h.retrieve(key(100 + i), chunk).ok()) << i;
   std::filesystem::remove_all(dir);
 }
