@@ -124,6 +124,18 @@ class CacheEngine final : public Context {
  private:
   struct Entry;
   struct Request;
+  // What a request waits for (Request in cache_engine_internal.h).
+  enum class RequestState : uint8_t {
+    kFree,
+    kWaitRoom,   // waiting for a spill to free memory
+    kDma,        // a DMA (with checksum) is moving the bytes
+    kDiskRead,   // reloading from disk into the arena
+    kDiskWrite,  // spilling from the arena to disk
+    kEncode,     // the compress engine encodes the client's bytes into the arena
+    kShrink,     // the DMA moves the encoded chunk to a slot of its own size
+    kDecode,     // the compress engine decodes the arena copy into the client's buffer
+    kDone,       // finished
+  };
   CacheEngine(ProgressEngine* pe, const CacheOptions& o);
   Status init();
   Status do_start() override;
@@ -159,7 +171,7 @@ class CacheEngine final : public Context {
   bool room_may_come() const;
   void wait_for_room(Request* r, uint64_t bytes);
   // Every state change goes through here: it keeps the count per state.
-  void set_state(Request* r, uint8_t state);  // bytes: memory it needs (0: none)
+  void set_state(Request* r, RequestState state);  // bytes: memory it needs (0: none)
   void disk_failed(const char* what, int err);
   Request* new_request();
   Status accept(int kind, const ChunkKey& key, Buf* user, DoneCb cb, void* arg, Request** out);
@@ -167,17 +179,19 @@ class CacheEngine final : public Context {
   Status start_dma(Request* r, Buf* src, Buf* dst);
   void begin_store(Request* r);
   Status start_codec(Request* r, CompressTask::Op op, Buf* src, Buf* dst);
-  void after_codec(Request* r, Status st, uint64_t out_len);
+  void after_encode(Request* r, Status st, uint64_t out_len);
   void complete_store(Request* r, uint64_t checksum);
   void finish_read(Request* r, Status st, bool corrupted);
   void begin_read(Request* r);
   static void codec_done(CompressTask* t, UserData task_ud, UserData ctx_ud);
   Status start_reload(Request* r);
-  void after_dma(Request* r, Status st, uint64_t checksum);
-  void after_dma_step(Request* r, Status st, uint64_t checksum);
+  void after_copy(Request* r, Status st, uint64_t checksum);
   void clean_ahead();
-  void after_io(Request* r, Status st);
+  void after_spill(Request* r, Status st);
+  void after_reload(Request* r, Status st);
   void retry_waiting();
+  void resume_waiting(Request* r);
+  void advance(Request* r);  // a completion or a retry: the state says what comes next
   static void dma_done(DmaMemcpyTask* t, UserData task_ud, UserData ctx_ud);
 
   CacheOptions opts_;

@@ -36,17 +36,7 @@ struct CacheEngine::Entry {
 // One store, retrieve, prefetch or spill in flight: an explicit state machine.
 struct CacheEngine::Request {
   enum class Kind : uint8_t { kStore, kRetrieve, kPrefetch, kSpill };
-  enum class State : uint8_t {
-    kFree,
-    kWaitRoom,   // waiting for a spill to free memory
-    kDma,        // a DMA (with checksum) is moving the bytes
-    kDiskRead,   // reloading from disk into the arena
-    kDiskWrite,  // spilling from the arena to disk
-    kEncode,     // the compress engine encodes the client's bytes into the arena
-    kShrink,     // the DMA moves the encoded chunk to a slot of its own size
-    kDecode,     // the compress engine decodes the arena copy into the client's buffer
-    kDone,       // finished
-  };
+  using State = RequestState;
   static_assert(static_cast<size_t>(State::kDecode) - static_cast<size_t>(State::kWaitRoom) + 1 ==
                     kRequestStates,
                 "kRequestStateNames lists the working states");
@@ -62,6 +52,8 @@ struct CacheEngine::Request {
   void* arg = nullptr;
   uint64_t disk_off = 0;
   Status status;
+  Status result;              // of the last engine operation (DMA, codec, disk I/O)
+  uint64_t result_value = 0;  // its checksum (DMA) or output length (codec)
   uint32_t index = 0;
 };
 

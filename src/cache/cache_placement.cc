@@ -269,7 +269,7 @@ bool CacheEngine::make_room(uint64_t size, uint64_t* off) {
 // some: a write-back landing, or a copy finishing (its chunk becomes evictable).
 // Every such completion retries the waiters; with nothing in flight they fail.
 void CacheEngine::wait_for_room(Request* r, uint64_t bytes) {
-  set_state(r, static_cast<uint8_t>(Request::State::kWaitRoom));
+  set_state(r, Request::State::kWaitRoom);
   waiting_.push_back(r);
   room_wanted_bytes_ += bytes;
 }

@@ -15,17 +15,17 @@ namespace dpukv {
 
 // ---------------------------------------------------------------- requests
 
-void CacheEngine::set_state(Request* r, uint8_t state) {
+void CacheEngine::set_state(Request* r, RequestState state) {
   --requests_per_state_[static_cast<size_t>(r->state)];
-  ++requests_per_state_[state];
-  r->state = static_cast<Request::State>(state);
+  ++requests_per_state_[static_cast<size_t>(state)];
+  r->state = state;
 }
 
 CacheEngine::Request* CacheEngine::new_request() {
   if (free_requests_.empty()) return nullptr;
   Request* r = free_requests_.back();
   free_requests_.pop_back();
-  set_state(r, static_cast<uint8_t>(Request::State::kFree));
+  set_state(r, Request::State::kFree);
   r->entry = -1;
   r->user = r->arena_buf = r->arena_buf2 = nullptr;
   r->big_off = UINT64_MAX;
@@ -51,7 +51,7 @@ void CacheEngine::finish(Request* r, Status st) {
     r->user = nullptr;
   }
   r->status = st;
-  set_state(r, static_cast<uint8_t>(Request::State::kDone));
+  set_state(r, Request::State::kDone);
   DoneCb cb = r->cb;
   void* arg = r->arg;
   free_requests_.push_back(r);
@@ -70,18 +70,20 @@ Status CacheEngine::start_dma(Request* r, Buf* src, Buf* dst) {
     return st;
   }
   ++engine_ops_;
-  set_state(r, static_cast<uint8_t>(Request::State::kDma));
+  set_state(r, Request::State::kDma);
   return Code::kSuccess;
 }
 
 void CacheEngine::dma_done(DmaMemcpyTask* t, UserData task_ud, UserData ctx_ud) {
   auto* self = static_cast<CacheEngine*>(ctx_ud.ptr);
   Request* r = &self->requests_[task_ud.u64];
-  const Status st = t->status();
-  const uint64_t cs = t->checksum();
+  r->result = t->status();
+  r->result_value = t->checksum();
   (void)self->dma_->free(t);
   --self->engine_ops_;
-  self->after_dma(r, st, cs);
+  self->advance(r);
+  // A finished copy may have made a chunk evictable: requests waiting for room retry.
+  self->retry_waiting();
 }
 
 // Takes a request for an operation; the engine holds a reference on the user's
@@ -186,31 +188,27 @@ Status CacheEngine::start_codec(Request* r, CompressTask::Op op, Buf* src, Buf* 
     return st;
   }
   ++engine_ops_;
-  set_state(r, static_cast<uint8_t>(op == CompressTask::Op::kCompress ? Request::State::kEncode
-                                                                      : Request::State::kDecode));
+  set_state(r,
+            op == CompressTask::Op::kCompress ? Request::State::kEncode : Request::State::kDecode);
   return Code::kSuccess;
 }
 
 void CacheEngine::codec_done(CompressTask* t, UserData task_ud, UserData ctx_ud) {
   auto* self = static_cast<CacheEngine*>(ctx_ud.ptr);
   Request* r = &self->requests_[task_ud.u64];
-  const Status st = t->status();
-  const uint64_t out = t->result().out_len;
+  r->result = t->status();
+  r->result_value = t->result().out_len;
   (void)self->codec_->free(t);
   --self->engine_ops_;
-  self->after_codec(r, st, out);
+  self->advance(r);
   self->retry_waiting();
 }
 
-void CacheEngine::after_codec(Request* r, Status st, uint64_t out_len) {
+// The chunk's bytes are encoded into its worst-case slot: move them to a slot of
+// their own size (state Shrink) or, when none is smaller, keep that one.
+void CacheEngine::after_encode(Request* r, Status st, uint64_t out_len) {
   const int32_t e = r->entry;
   Entry& en = entries_[static_cast<size_t>(e)];
-  if (r->state == Request::State::kDecode) {
-    // The decoder checks the original's xxh3-64 and answers CORRUPTED on a mismatch.
-    finish_read(r, st, st == Code::kCorrupted);
-    return;
-  }
-  // Encoded on store.
   if (!st.ok() || state() == CtxState::kStopping) {
     en.loading = false;
     drop_memory(e);
@@ -231,7 +229,7 @@ void CacheEngine::after_codec(Request* r, Status st, uint64_t out_len) {
       r->big_off = big;
       en.mem_off = small;
       en.stored = out_len;
-      set_state(r, static_cast<uint8_t>(Request::State::kShrink));
+      set_state(r, Request::State::kShrink);
       return;
     }
     if (r->arena_buf2) (void)r->arena_buf2->dec_refcount(), r->arena_buf2 = nullptr;
@@ -346,7 +344,7 @@ Status CacheEngine::start_reload(Request* r) {
     return st;
   }
   ++disk_ios_;
-  set_state(r, static_cast<uint8_t>(Request::State::kDiskRead));
+  set_state(r, Request::State::kDiskRead);
   return Code::kSuccess;
 }
 
@@ -378,17 +376,13 @@ CacheEngine::SpillStart CacheEngine::start_spill(int32_t e) {
   ++en.readers;
   ++disk_ios_;
   spill_bytes_ += en.stored;
-  set_state(r, static_cast<uint8_t>(Request::State::kDiskWrite));
+  set_state(r, Request::State::kDiskWrite);
   return SpillStart::kStarted;
 }
 
-void CacheEngine::after_dma(Request* r, Status st, uint64_t cs) {
-  after_dma_step(r, st, cs);
-  // A finished copy may have made a chunk evictable: requests waiting for room retry.
-  retry_waiting();
-}
-
-void CacheEngine::after_dma_step(Request* r, Status st, uint64_t cs) {
+// The end of a DMA: a store's bytes are in the arena (state Dma, or Shrink after
+// an encode), or a retrieve's are in the client's buffer.
+void CacheEngine::after_copy(Request* r, Status st, uint64_t cs) {
   Entry& en = entries_[static_cast<size_t>(r->entry)];
   if (r->kind == Request::Kind::kStore) {
     if (!st.ok() || state() == CtxState::kStopping) {
@@ -435,42 +429,48 @@ void CacheEngine::finish_read(Request* r, Status st, bool corrupted) {
   finish(r, Code::kSuccess);
 }
 
-void CacheEngine::after_io(Request* r, Status st) {
+// A write-back landed (or failed): log it and keep the disk copy, or keep the
+// chunk in memory only; drop its memory if a store was waiting for it.
+void CacheEngine::after_spill(Request* r, Status st) {
   --disk_ios_;
   const int32_t e = r->entry;
   Entry& en = entries_[static_cast<size_t>(e)];
-  if (r->kind == Request::Kind::kSpill) {
-    en.spilling = false;
-    --en.readers;
-    spill_bytes_ -= en.stored;
-    const bool wrote = st.ok();
-    if (!wrote) disk_failed("write failed", last_io_errno_ ? last_io_errno_ : EIO);
-    if (wrote && disk_->log_put(en.key, r->disk_off, en.stored, en.checksum, en.size, en.encoded)) {
-      en.on_disk = true;
-      en.disk_off = r->disk_off;
-      mem_clean_bytes_ += en.stored;
-      d_push(e, true);
-      ++st_.spills;
-    } else {
-      if (wrote) disk_failed("index log cannot grow", disk_->last_log_errno());
-      disk_->allocator().free(r->disk_off);
-    }
-    set_state(r, static_cast<uint8_t>(Request::State::kDone));
-    free_requests_.push_back(r);
-    if (en.evict_when_clean) {
-      en.evict_when_clean = false;
-      evict_pending_bytes_ -= en.stored;
-      // Without a disk copy (the write failed) the chunk stays: memory is not
-      // drained by a disk that cannot take data.
-      if (en.on_disk && evictable(e)) {
-        ++st_.evictions;
-        drop_memory(e);
-      }
-    }
-    retry_waiting();
-    return;
+  en.spilling = false;
+  --en.readers;
+  spill_bytes_ -= en.stored;
+  const bool wrote = st.ok();
+  if (!wrote) disk_failed("write failed", last_io_errno_ ? last_io_errno_ : EIO);
+  if (wrote && disk_->log_put(en.key, r->disk_off, en.stored, en.checksum, en.size, en.encoded)) {
+    en.on_disk = true;
+    en.disk_off = r->disk_off;
+    mem_clean_bytes_ += en.stored;
+    d_push(e, true);
+    ++st_.spills;
+  } else {
+    if (wrote) disk_failed("index log cannot grow", disk_->last_log_errno());
+    disk_->allocator().free(r->disk_off);
   }
-  // Reload finished.
+  set_state(r, Request::State::kDone);
+  free_requests_.push_back(r);
+  if (en.evict_when_clean) {
+    en.evict_when_clean = false;
+    evict_pending_bytes_ -= en.stored;
+    // Without a disk copy (the write failed) the chunk stays: memory is not
+    // drained by a disk that cannot take data.
+    if (en.on_disk && evictable(e)) {
+      ++st_.evictions;
+      drop_memory(e);
+    }
+  }
+  retry_waiting();
+}
+
+// A reload from disk landed: the chunk is in memory again; a retrieve goes on to
+// copy it out, a prefetch checks it here.
+void CacheEngine::after_reload(Request* r, Status st) {
+  --disk_ios_;
+  const int32_t e = r->entry;
+  Entry& en = entries_[static_cast<size_t>(e)];
   en.loading = false;
   if (!st.ok()) {
     ++st_.io_errors;
@@ -518,32 +518,69 @@ void CacheEngine::retry_waiting() {
   // are queued again on the now empty waiting_.
   retrying_.swap(waiting_);
   room_wanted_bytes_ = 0;
-  for (Request* r : retrying_) {
-    if (r->kind == Request::Kind::kStore) {
-      begin_store(r);  // its entry is held (loading) while it waits
-      continue;
-    }
-    // A waiting read holds nothing: its chunk may have moved, or left the cache
-    // and had its entry reused, meanwhile. Look it up again.
-    const int32_t e = find(r->key);
-    if (e < 0 ||
-        !(entries_[static_cast<size_t>(e)].mem_ready || entries_[static_cast<size_t>(e)].on_disk)) {
-      if (r->kind == Request::Kind::kRetrieve) ++st_.misses;
-      finish(r, Code::kNotFound);
-      continue;
-    }
-    r->entry = e;
-    if (entries_[static_cast<size_t>(e)].mem_ready) {
-      if (r->kind == Request::Kind::kRetrieve)
-        begin_read(r);
-      else
-        finish(r, Code::kSuccess);
-      continue;
-    }
-    Status st = start_reload(r);
-    if (!st.ok()) finish(r, st);
-  }
+  for (Request* r : retrying_) advance(r);
   retrying_.clear();
+}
+
+// A request that waited for room (or for its chunk to stop moving) tries again.
+void CacheEngine::resume_waiting(Request* r) {
+  if (r->kind == Request::Kind::kStore) {
+    begin_store(r);  // its entry is held (loading) while it waits
+    return;
+  }
+  // A waiting read holds nothing: its chunk may have moved, or left the cache
+  // and had its entry reused, meanwhile. Look it up again.
+  const int32_t e = find(r->key);
+  if (e < 0 ||
+      !(entries_[static_cast<size_t>(e)].mem_ready || entries_[static_cast<size_t>(e)].on_disk)) {
+    if (r->kind == Request::Kind::kRetrieve) ++st_.misses;
+    finish(r, Code::kNotFound);
+    return;
+  }
+  r->entry = e;
+  if (entries_[static_cast<size_t>(e)].mem_ready) {
+    if (r->kind == Request::Kind::kRetrieve)
+      begin_read(r);
+    else
+      finish(r, Code::kSuccess);
+    return;
+  }
+  Status st = start_reload(r);
+  if (!st.ok()) finish(r, st);
+}
+
+// The one place a request moves on. Each completion (DMA, codec, disk) leaves its
+// result in the request, and retry_waiting() hands back the waiters; the state
+// says what the request was waiting for, and so what comes next.
+void CacheEngine::advance(Request* r) {
+  using S = Request::State;
+  switch (r->state) {
+    case S::kWaitRoom:
+      resume_waiting(r);
+      return;
+    case S::kDma:
+    case S::kShrink:
+      after_copy(r, r->result, r->result_value);
+      return;
+    case S::kEncode:
+      after_encode(r, r->result, r->result_value);
+      return;
+    case S::kDecode:
+      // The decoder checks the original's xxh3-64 and answers CORRUPTED on a mismatch.
+      finish_read(r, r->result, r->result == Code::kCorrupted);
+      return;
+    case S::kDiskRead:
+      after_reload(r, r->result);
+      return;
+    case S::kDiskWrite:
+      after_spill(r, r->result);
+      return;
+    case S::kFree:
+    case S::kDone:
+      break;
+  }
+  LOG_ERR("cache: a completion for request %u, which is not waiting for one (a bug); ignored",
+          r->index);
 }
 
 size_t CacheEngine::poll() {
@@ -552,7 +589,9 @@ size_t CacheEngine::poll() {
   size_t n = disk_->poll(c, 32);
   for (size_t i = 0; i < n; ++i) {
     last_io_errno_ = c[i].err;
-    after_io(&requests_[c[i].tag], c[i].status);
+    Request* r = &requests_[c[i].tag];
+    r->result = c[i].status;
+    advance(r);
   }
   return n;
 }
