@@ -84,7 +84,7 @@ std::vector<ChunkKey> keys_from_ids(uint64_t model, const std::vector<uint64_t>&
 
 }  // namespace
 
-PYBIND11_MODULE(dpukv, m) {
+PYBIND11_MODULE(_dpukv, m) {
   m.doc() = "dpukv client: KV-cache offload through the dpukv agent";
   py::class_<ChunkKey>(m, "ChunkKey")
       .def_readonly("model", &ChunkKey::model)
@@ -97,6 +97,9 @@ PYBIND11_MODULE(dpukv, m) {
         return std::string(b);
       });
   m.def("model_id", &model_id, "xxh3-64 of a model name");
+  m.def("kv_layout_fingerprint", &kv_layout_fingerprint, py::arg("dtype"), py::arg("layers"),
+        py::arg("kv_heads"), py::arg("head_dim"),
+        "Fingerprint of a KV layout, the layout field of chunk keys");
   m.def(
       "chunk_keys",
       [](uint64_t model, const std::vector<int32_t>& tokens, uint32_t chunk_tokens,

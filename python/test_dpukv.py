@@ -3,7 +3,8 @@ retrieve them, and check them. Usage: test_dpukv.py BUILD_DIR SOCKET"""
 import json
 import sys
 
-sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[1])  # the compiled _dpukv
+sys.path.insert(0, __import__("os").path.dirname(__file__))  # the dpukv package
 import dpukv  # noqa: E402
 
 sock = sys.argv[2]

@@ -83,6 +83,7 @@ struct Settings {
       {"metrics_address", "DPUKV_METRICS_ADDRESS", Kind::kText, 0, nullptr, "127.0.0.1", ""},
       {"write_through", nullptr, Kind::kBool, 0, nullptr, "false", ""},
       {"disk_admit_hits", nullptr, Kind::kCount, 1u << 30, nullptr, "0", ""},
+      {"pin_timeout_ms", nullptr, Kind::kCount, 24u * 3600 * 1000, nullptr, "30000", ""},
       {"max_staging_size", "DPUKV_MAX_STAGING_SIZE", Kind::kGib, 0, nullptr, "", ""},
   };
   Setting* find(const std::string& name) {
@@ -308,6 +309,7 @@ int run_agent(Settings st, const std::string& config) {
   o.cache.policy = st.at("eviction").value == "s3fifo" ? CacheOptions::Policy::kS3Fifo
                                                        : CacheOptions::Policy::kLru;
   o.cache.disk_admit_hits = static_cast<uint32_t>(as_u64(&st, "disk_admit_hits"));
+  o.cache.pin_timeout_ms = static_cast<uint32_t>(as_u64(&st, "pin_timeout_ms"));
   std::string err;
   (void)parse_port(st.at("metrics_port").value, &o.metrics_port, &err);
   o.metrics_address = st.at("metrics_address").value;
@@ -451,6 +453,8 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
       {"--metrics-address", "metrics_address",
        "Address the metrics listener binds (default 127.0.0.1)"},
       {"--disk-admit-hits", "disk_admit_hits", "Only chunks hit this often go to disk"},
+      {"--pin-timeout-ms", "pin_timeout_ms",
+       "Lookup pins (a connector's lease on a hit) expire after this (default 30000)"},
       {"--max-staging-size", "max_staging_size",
        "Staging memory one client may export, GiB or bytes with a unit (default: half the "
        "available RAM)"},

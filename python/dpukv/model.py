@@ -1,0 +1,146 @@
+"""A small Llama-architecture decoder in plain torch, for tests and benchmarks of
+the connector: RMSNorm, rotary position embeddings, grouped-query attention,
+SwiGLU, and a paged KV cache with block tables laid out as vLLM lays it out
+(per layer a tensor [2, num_blocks, block_size, num_kv_heads, head_dim]).
+
+Weights are deterministic (a seeded generator), so two processes build the same
+model. Nothing here is dpukv-specific: it is the inference engine the connector
+serves, small enough for CPU tests and shaped like Llama-3.1-8B when asked."""
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int = 512
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 8
+    kv_heads: int = 2
+    head_dim: int = 16
+    ffn: int = 256
+    rope_theta: float = 500000.0
+    eps: float = 1e-5
+    dtype: torch.dtype = torch.float32
+
+    @staticmethod
+    def llama_3_1_8b(dtype=torch.bfloat16):
+        return LlamaConfig(vocab_size=128256, hidden=4096, layers=32, heads=32, kv_heads=8,
+                           head_dim=128, ffn=14336, dtype=dtype)
+
+
+class PagedKVCache:
+    """Per layer one tensor [2, num_blocks, block_size, kv_heads, head_dim]; a
+    request owns a list of block ids (its block table)."""
+
+    def __init__(self, cfg: LlamaConfig, num_blocks: int, block_size: int, device="cpu"):
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.layers = [torch.zeros(2, num_blocks, block_size, cfg.kv_heads, cfg.head_dim,
+                                   dtype=cfg.dtype, device=device) for _ in range(cfg.layers)]
+        self.free = list(range(num_blocks - 1, -1, -1))
+
+    def allocate(self, tokens: int):
+        n = (tokens + self.block_size - 1) // self.block_size
+        if n > len(self.free):
+            raise MemoryError("KV cache has no free blocks")
+        return [self.free.pop() for _ in range(n)]
+
+    def release(self, blocks):
+        self.free.extend(reversed(blocks))
+
+    def slots(self, blocks, start: int, end: int, device):
+        """Flat slot indices (block * block_size + offset) of positions [start, end)."""
+        pos = torch.arange(start, end, device=device)
+        table = torch.tensor(blocks, device=device)
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+
+class LlamaModel:
+    def __init__(self, cfg: LlamaConfig, device="cpu", seed=1234):
+        self.cfg = cfg
+        self.device = device
+        g = torch.Generator().manual_seed(seed)
+
+        def w(*shape, scale=None):
+            scale = scale if scale is not None else shape[-1] ** -0.5
+            return (torch.randn(*shape, generator=g) * scale).to(cfg.dtype).to(device)
+
+        c = cfg
+        self.embed = w(c.vocab_size, c.hidden, scale=1.0)
+        self.blocks = []
+        for _ in range(c.layers):
+            self.blocks.append({
+                "attn_norm": torch.ones(c.hidden, dtype=c.dtype, device=device),
+                "wq": w(c.heads * c.head_dim, c.hidden),
+                "wk": w(c.kv_heads * c.head_dim, c.hidden),
+                "wv": w(c.kv_heads * c.head_dim, c.hidden),
+                "wo": w(c.hidden, c.heads * c.head_dim),
+                "ffn_norm": torch.ones(c.hidden, dtype=c.dtype, device=device),
+                "w1": w(c.ffn, c.hidden),
+                "w3": w(c.ffn, c.hidden),
+                "w2": w(c.hidden, c.ffn),
+            })
+        self.norm = torch.ones(c.hidden, dtype=c.dtype, device=device)
+        self.lm_head = w(c.vocab_size, c.hidden)
+        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+        self.inv_freq = inv.to(device)
+
+    def _rms(self, x, weight):
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.eps)
+        return xf.to(x.dtype) * weight
+
+    def _rope(self, x, positions):
+        # x: [T, H, D]; rotate pairs (first half, second half) as Llama does.
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        cos = freqs.cos()[:, None, :]
+        sin = freqs.sin()[:, None, :]
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+    @torch.no_grad()
+    def forward(self, tokens, start: int, cache: PagedKVCache, blocks, layer_hook=None,
+                layer_done=None):
+        """Computes positions [start, start + len(tokens)) of a request whose KV for
+        positions [0, start) is already in its blocks; writes the new KV there and
+        returns the logits of the last position. layer_hook(l) runs before layer l
+        reads the cache (a connector waits for that layer's load there);
+        layer_done(l) runs once layer l has written its KV (a connector saves it)."""
+        c = self.cfg
+        t = torch.as_tensor(tokens, device=self.device)
+        end = start + t.numel()
+        positions = torch.arange(start, end, device=self.device)
+        slots = cache.slots(blocks, start, end, self.device)
+        all_slots = cache.slots(blocks, 0, end, self.device)
+        x = self.embed[t]
+        group = c.heads // c.kv_heads
+        # Causal mask over [T, end]: query i (position start + i) sees keys <= it.
+        mask = torch.arange(end, device=self.device)[None, :] <= positions[:, None]
+        for l, b in enumerate(self.blocks):
+            if layer_hook is not None:
+                layer_hook(l)
+            h = self._rms(x, b["attn_norm"])
+            q = (h @ b["wq"].T).view(-1, c.heads, c.head_dim)
+            k = (h @ b["wk"].T).view(-1, c.kv_heads, c.head_dim)
+            v = (h @ b["wv"].T).view(-1, c.kv_heads, c.head_dim)
+            q = self._rope(q, positions)
+            k = self._rope(k, positions)
+            kv = cache.layers[l]
+            flat = kv.view(2, -1, c.kv_heads, c.head_dim)
+            flat[0, slots] = k
+            flat[1, slots] = v
+            if layer_done is not None:
+                layer_done(l)
+            keys = flat[0, all_slots].repeat_interleave(group, dim=1)  # [end, H, D]
+            vals = flat[1, all_slots].repeat_interleave(group, dim=1)
+            scores = torch.einsum("thd,shd->hts", q.float(), keys.float()) * c.head_dim ** -0.5
+            scores = scores.masked_fill(~mask[None], float("-inf"))
+            attn = torch.einsum("hts,shd->thd", scores.softmax(-1), vals.float()).to(c.dtype)
+            x = x + attn.reshape(-1, c.heads * c.head_dim) @ b["wo"].T
+            h = self._rms(x, b["ffn_norm"])
+            gate = torch.nn.functional.silu(h @ b["w1"].T) * (h @ b["w3"].T)
+            x = x + gate @ b["w2"].T
+        x = self._rms(x[-1:], self.norm)
+        return (x @ self.lm_head.T)[0].float()
