@@ -74,6 +74,28 @@ diff = (logits_b - logits_f).abs().max().item()
 assert diff <= 0.05 * logits_f.abs().max().item(), (diff, logits_f.abs().max().item())
 assert logits_b.argmax() == logits_f.argmax()
 
+# Saves through a small staging (5 save slots for 12 chunks): batches wrap around
+# the ring of slots and wait for earlier stores; a connector with room loads the
+# same bytes back.
+client2 = dpukv.Client(sys.argv[2], model=dpukv.model_id("ref-llama-2"))
+small = DpukvConnector(client2, "ref-llama-2", chunk_tokens=CHUNK, staging_bytes=10 * 4096)
+small.register_kv_caches(cache.layers)
+assert small.slots == 5 and small.chunk_bytes == 4096
+for l in range(cfg.layers):
+    small.save_kv_layer("s", l, prompt_a, blocks_a)
+small.wait_for_save()
+assert small.counters["saved_chunks"] == 3 * cfg.layers, small.counters
+big = DpukvConnector(client2, "ref-llama-2", chunk_tokens=CHUNK, staging_bytes=8 << 20)
+big.register_kv_caches(cache.layers)
+assert big.get_num_new_matched_tokens("s", prompt_a, 0) == 96
+blocks_s = cache.allocate(96)
+big.update_state_after_alloc("s", blocks_s, 96)
+big.start_load_kv("s")
+for l in range(cfg.layers):
+    big.wait_for_layer_load("s", l)
+    assert torch.equal(cache.layers[l][:, blocks_s], cache.layers[l][:, blocks_a[:6]]), l
+big.request_finished("s")
+
 # A lease that expires before the load: the chunks go (here removed; in life
 # evicted) and the load is a miss, never stale bytes.
 hit_c = conn.get_num_new_matched_tokens("c", prompt_b, 0)

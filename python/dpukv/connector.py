@@ -52,6 +52,9 @@ class _Request:
 
 
 class DpukvConnector:
+    """client: a dpukv.Client opened with model=model_id(model_name) (the agent
+    refuses keys of another model: they count as save failures and misses)."""
+
     def __init__(self, client, model_name: str, chunk_tokens: int = 256,
                  staging_bytes: int = 256 << 20, world_size: int = 1, rank: int = 0):
         self.client = client
@@ -98,14 +101,6 @@ class DpukvConnector:
     def _keys(self, tokens, layer, include_partial=False):
         return native.chunk_keys(self.model, list(tokens), self.chunk_tokens, include_partial,
                                  self.world_size, self.rank, self.layouts[layer])
-
-    def _slot(self, i):
-        b = i * self.chunk_bytes
-        return self.staging_u8[b:b + self.chunk_bytes]
-
-    def _chunk_view(self, layer, block_ids, chunk):
-        blocks = block_ids[chunk * self.blocks_per_chunk:(chunk + 1) * self.blocks_per_chunk]
-        return self.kv[layer], torch.tensor(blocks, device=self.kv[layer].device)
 
     # ---- scheduler side --------------------------------------------------------
 
@@ -170,12 +165,15 @@ class DpukvConnector:
         status = self.client.wait(pending)
         if any(s != "SUCCESS" for s in status):
             raise LoadMiss(f"layer {layer}: {status}")
+        # One scatter for the layer: staging holds its n chunks back to back, each
+        # [2, blocks_per_chunk, block_size, heads, dim].
         kv = self.kv[layer]
-        shape = (2, self.blocks_per_chunk) + tuple(kv.shape[2:])
-        for c in range(n):
-            _, blocks = self._chunk_view(layer, req.block_ids, c)
-            src = self._slot(layer * n + c).view(kv.dtype).view(shape)
-            kv[:, blocks] = src.to(kv.device, non_blocking=True)
+        first = layer * n * self.chunk_bytes
+        src = self.staging_u8[first:first + n * self.chunk_bytes].view(kv.dtype)
+        src = src.view((n, 2, self.blocks_per_chunk) + tuple(kv.shape[2:])).transpose(0, 1)
+        blocks = torch.tensor(req.block_ids[:n * self.blocks_per_chunk], device=kv.device)
+        kv[:, blocks] = src.reshape((2, n * self.blocks_per_chunk) + tuple(kv.shape[2:])).to(
+            kv.device, non_blocking=True)
         self.counters["loaded_chunks"] += n
 
     # ---- saves -----------------------------------------------------------------
@@ -191,13 +189,25 @@ class DpukvConnector:
             batch = keys[first:first + self.slots]
             if self.saving_chunks + len(batch) > self.slots:
                 self.wait_for_save()
+            # One gather for the batch's chunks, copied into consecutive slots (two
+            # pieces when the ring of slots wraps).
+            c0 = skip_chunks + first
+            n = len(batch)
+            blocks = torch.tensor(
+                block_ids[c0 * self.blocks_per_chunk:(c0 + n) * self.blocks_per_chunk],
+                device=kv.device)
+            data = kv[:, blocks].view((2, n, self.blocks_per_chunk) + tuple(kv.shape[2:]))
+            data = data.transpose(0, 1)  # [n, 2, blocks_per_chunk, ...]: chunk after chunk
             offsets = []
-            for i, key in enumerate(batch):
-                c = skip_chunks + first + i
-                slot = self.slots + (self.save_slot + i) % self.slots
-                _, blocks = self._chunk_view(layer, block_ids, c)
-                self._slot(slot).view(kv.dtype).view(-1).copy_(kv[:, blocks].reshape(-1))
-                offsets.append(slot * self.chunk_bytes)
+            done = 0
+            while done < n:
+                slot = self.slots + (self.save_slot + done) % self.slots
+                run = min(n - done, 2 * self.slots - slot)
+                b = slot * self.chunk_bytes
+                dst = self.staging_u8[b:b + run * self.chunk_bytes].view(kv.dtype)
+                dst.view(data[done:done + run].shape).copy_(data[done:done + run])
+                offsets += [(slot + i) * self.chunk_bytes for i in range(run)]
+                done += run
             self.save_slot = (self.save_slot + len(batch)) % self.slots
             self.saving_chunks += len(batch)
             pending = self.client.submit_store(self.staging, batch, offsets,

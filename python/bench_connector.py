@@ -1,0 +1,166 @@
+"""Time to first token with and without a dpukv prefix hit, through the connector
+and the reference model (python/dpukv/model.py), against a running agent.
+
+For each prefix length: a full prefill of prefix + 128 new tokens (the baseline),
+then the same prompt after the prefix was saved: lookup, layerwise load, and a
+prefill of the 128 new tokens. Also the cost of saving (a forward pass that saves
+each layer, against the same pass without) and the GB/s of a load alone (lookup,
+retrieve and scatter of every layer, no compute) next to a same-run copy of the
+same bytes (torch clone on the same device). Prints one JSON object,
+{"bench": "connector", "results": [...]}, each row with its baseline and ratio.
+
+On a GPU (cuda available) the KV cache and compute are on the GPU and the loads
+go host staging -> GPU; without one it says so and measures the CPU path with a
+small shape. Usage:
+  bench_connector.py BUILD_DIR SOCKET [--shape small|llama-8b] [--prefixes 512,2048]"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, os.path.dirname(__file__))
+import torch  # noqa: E402
+
+import dpukv  # noqa: E402
+from dpukv.connector import DpukvConnector  # noqa: E402
+from dpukv.model import LlamaConfig, LlamaModel, PagedKVCache  # noqa: E402
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build_dir")
+    ap.add_argument("socket")
+    ap.add_argument("--shape", default=None, help="small (default without a GPU) or llama-8b")
+    ap.add_argument("--prefixes", default=None, help="prefix lengths in tokens")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=0, help="override the layer count")
+    a = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    shape = a.shape or ("llama-8b" if device == "cuda" else "small")
+    if shape == "llama-8b":
+        cfg = LlamaConfig.llama_3_1_8b()
+        prefixes = a.prefixes or "2048,8192,32768"
+        block, chunk = 16, 256
+    else:
+        cfg = LlamaConfig(dtype=torch.bfloat16, hidden=512, layers=8, heads=8, kv_heads=2,
+                          head_dim=64, ffn=1024, vocab_size=4096)
+        prefixes = a.prefixes or "256,1024"
+        block, chunk = 16, 128
+    if a.layers:
+        cfg.layers = a.layers
+    prefixes = [int(x) for x in prefixes.split(",")]
+    if device == "cpu":
+        print("bench connector: no GPU here; measuring the CPU path with the %s shape" % shape,
+              file=sys.stderr)
+    model = LlamaModel(cfg, device=device)
+    suffix = 128
+    max_tokens = max(prefixes) + suffix
+    blocks_needed = 3 * ((max_tokens + block - 1) // block) + 8
+    cache = PagedKVCache(cfg, num_blocks=blocks_needed, block_size=block, device=device)
+    client = dpukv.Client(a.socket, model=dpukv.model_id("bench-llama-%s" % shape))
+    kv_bytes_per_token = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * 2
+    staging = 2 * (max(prefixes) // chunk + 1) * cfg.layers * (kv_bytes_per_token // cfg.layers) * chunk
+    conn = DpukvConnector(client, "bench-llama-%s" % shape, chunk_tokens=chunk,
+                          staging_bytes=staging + (64 << 20))
+    conn.register_kv_caches(cache.layers)
+    rows = []
+    g = torch.Generator().manual_seed(7)
+    for n in prefixes:
+        prompt = torch.randint(0, cfg.vocab_size, (n + suffix,), generator=g).tolist()
+        full, saved, plain, hit_t, load_t = [], [], [], [], []
+        for rep in range(a.reps):
+            client.clear()
+            # Full prefill without saving, then with saving (the save overhead).
+            blocks = cache.allocate(len(prompt))
+            sync(device)
+            t0 = time.perf_counter()
+            model.forward(prompt, 0, cache, blocks)
+            sync(device)
+            plain.append(time.perf_counter() - t0)
+            cache.release(blocks)
+            rid = "save%d" % rep
+            conn.get_num_new_matched_tokens(rid, prompt, 0)
+            blocks = cache.allocate(len(prompt))
+            conn.update_state_after_alloc(rid, blocks, 0)
+            sync(device)
+            t0 = time.perf_counter()
+            model.forward(prompt, 0, cache, blocks,
+                          layer_done=lambda l: conn.save_kv_layer(rid, l, prompt, blocks))
+            sync(device)
+            saved.append(time.perf_counter() - t0)
+            conn.wait_for_save()
+            conn.request_finished(rid)
+            cache.release(blocks)
+            full.append(plain[-1])
+            # The same prompt again: a hit on the prefix.
+            rid = "hit%d" % rep
+            blocks = cache.allocate(len(prompt))
+            sync(device)
+            t0 = time.perf_counter()
+            hit = conn.get_num_new_matched_tokens(rid, prompt, 0)
+            conn.update_state_after_alloc(rid, blocks, hit)
+            conn.start_load_kv(rid)
+            model.forward(prompt[hit:], hit, cache, blocks,
+                          layer_hook=lambda l: conn.wait_for_layer_load(rid, l))
+            sync(device)
+            hit_t.append(time.perf_counter() - t0)
+            conn.request_finished(rid)
+            cache.release(blocks)
+            # The load alone: every layer retrieved and scattered, no compute.
+            rid = "load%d" % rep
+            blocks = cache.allocate(len(prompt))
+            sync(device)
+            t0 = time.perf_counter()
+            hit = conn.get_num_new_matched_tokens(rid, prompt, 0)
+            conn.update_state_after_alloc(rid, blocks, hit)
+            conn.start_load_kv(rid)
+            for l in range(cfg.layers):
+                conn.wait_for_layer_load(rid, l)
+            sync(device)
+            load_t.append((time.perf_counter() - t0, hit))
+            conn.request_finished(rid)
+            cache.release(blocks)
+        hit_tokens = load_t[-1][1]
+        loaded = hit_tokens * kv_bytes_per_token
+        # Same-run baseline for the bytes moved: a copy of as many KV bytes on the device.
+        src = torch.empty(max(loaded, 1), dtype=torch.uint8, device=device)
+        reps = []
+        for _ in range(3):
+            sync(device)
+            t0 = time.perf_counter()
+            src.clone()
+            sync(device)
+            reps.append(time.perf_counter() - t0)
+        copy_gbps = loaded / median(reps) / 1e9 if loaded else 0.0
+        load_gbps = loaded / median([x for x, _ in load_t]) / 1e9 if loaded else 0.0
+        rows.append({"op": "ttft", "device": device, "shape": shape, "prefix_tokens": n,
+                     "hit_tokens": hit_tokens, "seconds": median(hit_t),
+                     "baseline": "full prefill", "baseline_seconds": median(full),
+                     "ratio": median(full) / median(hit_t)})
+        rows.append({"op": "save_overhead", "device": device, "shape": shape,
+                     "prefix_tokens": n, "seconds": median(saved),
+                     "baseline": "same forward without saving",
+                     "baseline_seconds": median(plain),
+                     "ratio": median(saved) / median(plain)})
+        rows.append({"op": "load", "device": device, "shape": shape, "prefix_tokens": n,
+                     "bytes": loaded, "gbps": load_gbps,
+                     "baseline": "same-device copy of the same bytes",
+                     "baseline_gbps": copy_gbps,
+                     "ratio": load_gbps / copy_gbps if copy_gbps else 0.0})
+    print(json.dumps({"bench": "connector", "results": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
