@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config python3 clang-14 libclang-rt-14-dev clang-format
       libgtest-dev libcli11-dev nlohmann-json3-dev liburing-dev libisal-dev liblz4-dev libzstd-dev
-      libxxhash-dev gnuplot-nox pybind11-dev python3-dev)
+      libxxhash-dev libucx-dev gnuplot-nox pybind11-dev python3-dev)
 # --test: also what the real-initiator test boots (a Debian kernel under QEMU) and
 # the connector test's torch (CPU).
 if [ "${1:-}" = "--test" ]; then

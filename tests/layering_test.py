@@ -32,7 +32,7 @@ forbidden = {
     "protocol": {"agent", "cache", "client", "comch", "engines", "nvme", "nvmf"},
     "runtime": set(deps) - {"runtime"},
     "nvme": {"cache", "nvmf", "agent", "client"},
-    "cache": {"nvmf", "agent", "client"},
+    "cache": {"nvmf", "agent", "client", "cluster"},
 }
 problems = []
 for folder, bad in forbidden.items():

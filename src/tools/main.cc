@@ -9,6 +9,7 @@
 #include "tools/agent_cmd.h"
 #include "tools/bench_cache.h"
 #include "tools/bench_client.h"
+#include "tools/bench_cluster.h"
 #include "tools/bench_comch.h"
 #include "tools/bench_compress.h"
 #include "tools/bench_dma.h"
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   dpukv::add_bench_compress_command(bench, &exit_code);
   dpukv::add_bench_cache_command(bench, &exit_code);
   dpukv::add_bench_client_command(bench, &exit_code);
+  dpukv::add_bench_cluster_command(bench, &exit_code);
 
   dpukv::add_agent_commands(&app, &exit_code);
   dpukv::add_replay_command(&app, &exit_code);
