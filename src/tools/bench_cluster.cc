@@ -67,8 +67,7 @@ bool read_all(int fd, void* p, size_t n) {
   std::unique_ptr<ProgressEngine> pe;
   std::unique_ptr<UcxNode> node;
   std::string blob;
-  if (!ProgressEngine::create(&pe).ok() ||
-      !UcxNode::create(pe.get(), no, &node).ok() ||
+  if (!ProgressEngine::create(&pe).ok() || !UcxNode::create(pe.get(), no, &node).ok() ||
       !node->expose(region.data(), bytes).ok() || !node->start().ok() ||
       !node->description(&blob).ok())
     _exit(1);
@@ -130,8 +129,7 @@ int measure(const Config& c, const std::string& transport, uint64_t bytes,
   if (!read_all(p[0], &port, 2) || !read_all(p[0], &n, 4) || n > (1u << 20)) goto out;
   blob.resize(n);
   if (!read_all(p[0], blob.data(), n)) goto out;
-  if (!ProgressEngine::create(&pe).ok() ||
-      !UcxNode::create(pe.get(), no, &node).ok() ||
+  if (!ProgressEngine::create(&pe).ok() || !UcxNode::create(pe.get(), no, &node).ok() ||
       !node->expose(local.data(), local.size()).ok() || !node->start().ok() ||
       !node->connect(reinterpret_cast<const uint8_t*>(blob.data()), blob.size(), &peer).ok()) {
     std::cerr << "dpukv bench cluster: UCX setup failed (" << transport << ")\n";
