@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `dpukv bench cluster --json`: one-sided reads from a peer process over UCX TCP and
 # shared memory, each row with its same-run baseline (raw TCP stream, memcpy) and
-# ratio; the bench itself checks the bytes it read.
+# ratio (the bench itself checks the bytes it read), and a directory lookup of 64
+# keys against one Redis round trip (the bench starts a redis-server).
 set -euo pipefail
 bin=$1
 out=$("$bin" bench cluster --size 1M --reps 3 --json 2>/dev/null)
@@ -11,7 +12,11 @@ echo "$out" | "$py" -c '
 import json, sys
 d = json.load(sys.stdin)
 assert d["bench"] == "cluster"
-rows = {r["transport"]: r for r in d["results"]}
+rows = {r["transport"]: r for r in d["results"] if r["op"] == "remote_read"}
+look = [r for r in d["results"] if r["op"] == "directory_lookup"]
+assert len(look) == 1 and look[0]["keys"] == 64, look
+assert look[0]["seconds"] > 0 and look[0]["baseline_seconds"] > 0
+assert abs(look[0]["ratio"] - look[0]["seconds"] / look[0]["baseline_seconds"]) < 1e-9
 assert set(rows) == {"tcp", "shm"}, rows
 assert rows["tcp"]["baseline"] == "raw TCP stream" and rows["shm"]["baseline"] == "memcpy"
 assert rows["tcp"]["peer_failure_detection"] and not rows["shm"]["peer_failure_detection"]

@@ -15,10 +15,17 @@
 #include <thread>
 #include <vector>
 
+#include <hiredis/hiredis.h>
+#include <spawn.h>
+
+#include "cluster/directory.h"
 #include "cluster/ucx_node.h"
 #include "runtime/child_process.h"
+#include "runtime/host_port.h"
 #include "runtime/log.h"
 #include "tools/bench_common.h"
+
+extern char** environ;
 
 namespace dpukv {
 namespace {
@@ -26,6 +33,8 @@ namespace {
 using bench::Json;
 
 struct Config {
+  std::string redis;  // HOST:PORT; empty: start a redis-server for the run
+  bool no_directory = false;
   std::string size = "32M";
   uint32_t reps = 9;
   std::string transports = "tcp,shm";
@@ -214,6 +223,127 @@ out:
   return rc;
 }
 
+// Directory lookup of a 64-key prefix (published by another node) against one
+// Redis round trip (PING on a plain hiredis connection), both medians of 200.
+int measure_directory(const Config& c, std::vector<Json>* rows) {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  pid_t redis = -1;
+  if (!c.redis.empty()) {
+    if (!parse_host_port(c.redis, &host, &port, 6379)) {
+      std::cerr << "dpukv bench cluster: --redis takes HOST:PORT\n";
+      return 2;
+    }
+  } else {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    (void)bind(s, reinterpret_cast<sockaddr*>(&a), len);
+    (void)getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+    close(s);
+    port = ntohs(a.sin_port);
+    std::string ps = std::to_string(port);
+    const char* argv[] = {"redis-server", "--port",    ps.c_str(),  "--bind",
+                          "127.0.0.1",    "--save",    "",          "--appendonly",
+                          "no",           "--logfile", "/dev/null", nullptr};
+    if (posix_spawnp(&redis, "redis-server", nullptr, nullptr, const_cast<char**>(argv), environ) !=
+        0) {
+      std::cerr
+          << "dpukv bench cluster: no redis-server to start (give --redis or --no-directory)\n";
+      return 1;
+    }
+  }
+  int rc = 1;
+  redisContext* sync = nullptr;
+  for (int i = 0; i < 300 && sync == nullptr; ++i) {
+    sync = redisConnect(host.c_str(), port);
+    if (sync != nullptr && sync->err) {
+      redisFree(sync);
+      sync = nullptr;
+      usleep(10000);
+    }
+  }
+  std::unique_ptr<ProgressEngine> pe;
+  std::unique_ptr<Directory> a, b;
+  DirectoryOptions o;
+  o.host = host;
+  o.port = port;
+  o.prefix = "dpukv-bench-" + std::to_string(getpid());
+  std::vector<ChunkKey> keys;
+  for (uint64_t i = 0; i < 64; ++i) keys.push_back(key_from_block_id(KeyContext{9, 1, 0, 1}, i));
+  std::vector<double> ping, look;
+  if (sync == nullptr || !ProgressEngine::create(&pe).ok()) goto out;
+  o.node_id = 1;
+  if (!Directory::create(pe.get(), o, &a).ok() || !a->start().ok()) goto out;
+  o.node_id = 2;
+  if (!Directory::create(pe.get(), o, &b).ok() || !b->start().ok()) goto out;
+  for (int i = 0; i < 100000 && !(a->connected() && b->connected()); ++i) pe->wait(1000, 1);
+  if (!a->connected() || !b->connected()) goto out;
+  for (const ChunkKey& k : keys) a->add(k);
+  for (int i = 0; i < 200; ++i) pe->wait(1000, 1);  // published
+  for (int r = 0; r < 201; ++r) {
+    uint64_t t0 = bench::now_ns();
+    auto* reply = static_cast<redisReply*>(redisCommand(sync, "PING"));
+    if (reply == nullptr) goto out;
+    freeReplyObject(reply);
+    if (r > 0) ping.push_back((bench::now_ns() - t0) / 1e9);
+    struct Done {
+      bool done = false;
+      size_t hits = 0;
+    } d;
+    t0 = bench::now_ns();
+    if (!b->lookup(
+              keys.data(), 64,
+              [](void* arg, Status st, const std::vector<std::vector<uint64_t>>& h) {
+                auto* x = static_cast<Done*>(arg);
+                x->done = true;
+                if (st.ok())
+                  for (const auto& v : h) x->hits += !v.empty();
+              },
+              &d)
+             .ok())
+      goto out;
+    while (!d.done) pe->progress();
+    if (r > 0) look.push_back((bench::now_ns() - t0) / 1e9);
+    if (d.hits != 64) {
+      std::cerr << "dpukv bench cluster: directory found " << d.hits << " of 64 keys\n";
+      goto out;
+    }
+  }
+  {
+    const double l = median(look), p = median(ping);
+    rows->push_back({{"bench", "cluster"},
+                     {"op", "directory_lookup"},
+                     {"keys", 64},
+                     {"seconds", l},
+                     {"baseline", "one Redis round trip (PING)"},
+                     {"baseline_seconds", p},
+                     {"ratio", l / p}});
+    if (!c.out.json)
+      std::printf(
+          "directory_lookup 64 keys %8.1f us   one Redis round trip %8.1f us   ratio %5.2f\n",
+          l * 1e6, p * 1e6, l / p);
+    rc = 0;
+  }
+out:
+  for (Directory* d : {a.get(), b.get()})
+    if (d != nullptr) {
+      (void)d->stop();
+      for (int i = 0; i < 100000 && d->state() != CtxState::kIdle; ++i) pe->progress();
+    }
+  a.reset();
+  b.reset();
+  if (sync != nullptr) redisFree(sync);
+  if (redis > 0) {
+    (void)signal_child(redis, SIGKILL);
+    (void)reap_child(redis, nullptr);
+  }
+  if (rc != 0) std::cerr << "dpukv bench cluster: directory measurement failed\n";
+  return rc;
+}
+
 int run(const Config& c) {
   uint64_t bytes = 0;
   if (!bench::parse_size(c.size, &bytes).ok() || bytes == 0) {
@@ -237,6 +367,8 @@ int run(const Config& c) {
     if (measure(c, t, bytes, &rows) != 0) return 1;
     start = comma + 1;
   }
+  if (!c.no_directory)
+    if (int rc = measure_directory(c, &rows); rc != 0) return rc;
   if (c.out.json) bench::print_json("cluster", rows);
   return bench::write_csv(c.out, rows) ? 0 : 1;
 }
@@ -252,6 +384,9 @@ void add_bench_cluster_command(CLI::App* bench, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(1u, 1000u));
   cmd->add_option("--transports", c->transports, "tcp, shm or both")->capture_default_str();
+  cmd->add_option("--redis", c->redis,
+                  "Redis for the directory measurement, HOST:PORT (default: start redis-server)");
+  cmd->add_flag("--no-directory", c->no_directory, "Skip the directory measurement");
   bench::add_output_options(cmd, &c->out);
   cmd->callback([c, exit_code] { *exit_code = run(*c); });
 }

@@ -1,0 +1,243 @@
+// The Redis directory against a real redis-server that the test starts (Debian's
+// redis-server): publish, look up (one round trip, live holders only), remove; a
+// dead node's entries age out with its lease; Redis stopped: lookups fail at once
+// and the agent goes on; Redis back: the node reconnects and publishes again
+// everything it holds.
+#include "cluster/directory.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/child_process.h"
+#include "runtime/log.h"
+
+extern char** environ;
+
+namespace dpukv {
+namespace {
+
+uint16_t free_port() {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(bind(s, reinterpret_cast<sockaddr*>(&a), len), 0);
+  EXPECT_EQ(getsockname(s, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+class Redis {
+ public:
+  explicit Redis(uint16_t port) : port_(port) { start(); }
+  ~Redis() { stop(); }
+  bool start() {
+    std::vector<std::string> args = {
+        "redis-server", "--port", std::to_string(port_), "--bind",   "127.0.0.1", "--save", "",
+        "--appendonly", "no",     "--logfile",           "/dev/null"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawnp(&pid_, "redis-server", nullptr, nullptr, argv.data(), environ) != 0) {
+      pid_ = -1;
+      return false;
+    }
+    for (int i = 0; i < 200; ++i) {  // until it accepts connections
+      int s = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(port_);
+      const bool up = ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+      close(s);
+      if (up) return true;
+      usleep(10000);
+    }
+    return false;
+  }
+  void stop() {
+    if (pid_ > 0) {
+      (void)signal_child(pid_, SIGKILL);
+      (void)reap_child(pid_, nullptr);
+    }
+    pid_ = -1;
+  }
+  bool running() const { return pid_ > 0; }
+
+ private:
+  uint16_t port_;
+  pid_t pid_ = -1;
+};
+
+struct Node {
+  std::unique_ptr<ProgressEngine> pe;
+  std::unique_ptr<Directory> dir;
+  Node(uint16_t port, uint64_t id, uint32_t lease_ms = 5000) {
+    DirectoryOptions o;
+    o.port = port;
+    o.node_id = id;
+    o.description = "desc-of-" + std::to_string(id);
+    o.lease_ms = lease_ms;
+    o.retry_ms = 50;
+    o.live_refresh_ms = 20;
+    o.prefix = "dpukv-test-" + std::to_string(getpid());
+    EXPECT_TRUE(ProgressEngine::create(&pe).ok());
+    EXPECT_TRUE(Directory::create(pe.get(), o, &dir).ok());
+    EXPECT_TRUE(dir->start().ok());
+  }
+  ~Node() {
+    (void)dir->stop();
+    for (int i = 0; i < 100000 && dir->state() != CtxState::kIdle; ++i) pe->progress();
+  }
+};
+
+template <typename F>
+bool serve(std::vector<Node*> nodes, F done, int ms = 5000) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (!done() && std::chrono::steady_clock::now() < end)
+    for (Node* n : nodes)
+      if (!n->pe->progress()) usleep(100);
+  return done();
+}
+
+ChunkKey key(uint64_t i) {
+  return key_from_block_id(KeyContext{7, 1, 0, 3}, i);
+}
+
+struct Answer {
+  bool done = false;
+  Status st;
+  std::vector<std::vector<uint64_t>> holders;
+  static void cb(void* arg, Status st, const std::vector<std::vector<uint64_t>>& h) {
+    auto* a = static_cast<Answer*>(arg);
+    a->done = true;
+    a->st = st;
+    a->holders = h;
+  }
+};
+
+// Looks up keys from node n, serving every node until the answer comes.
+Answer ask(std::vector<Node*> all, Node& n, std::vector<ChunkKey> keys) {
+  Answer a;
+  Status st = n.dir->lookup(keys.data(), static_cast<uint32_t>(keys.size()), &Answer::cb, &a);
+  if (!st.ok()) {
+    a.st = st;
+    return a;
+  }
+  EXPECT_TRUE(serve(all, [&] { return a.done; }));
+  return a;
+}
+
+TEST(Directory, PublishLookupRemoveAndDeadNodesAgeOut) {
+  log_set_level(LogSource::kLib, LogLevel::kDisable);
+  const uint16_t port = free_port();
+  Redis redis(port);
+  ASSERT_TRUE(redis.running()) << "redis-server could not be started";
+  Node a(port, 0xa1, 300), b(port, 0xb2);
+  ASSERT_TRUE(serve({&a, &b}, [&] { return a.dir->connected() && b.dir->connected(); }));
+  a.dir->add(key(1));
+  a.dir->add(key(2));
+  b.dir->add(key(2));
+  // Published on the next round; a lookup after it sees them (one connection per
+  // node keeps order, so serve until a's writes were answered).
+  serve(
+      {&a, &b}, [] { return false; }, 300);
+  Answer r = ask({&a, &b}, b, {key(1), key(2), key(3)});
+  ASSERT_TRUE(r.st.ok()) << r.st.name();
+  ASSERT_EQ(r.holders.size(), 3u);
+  EXPECT_EQ(r.holders[0], std::vector<uint64_t>{0xa1});
+  std::sort(r.holders[1].begin(), r.holders[1].end());
+  EXPECT_EQ(r.holders[1], (std::vector<uint64_t>{0xa1, 0xb2}));
+  EXPECT_TRUE(r.holders[2].empty());
+  // A node's description, for connecting to it.
+  struct NodeAnswer {
+    bool done = false;
+    Status st;
+    std::string desc;
+  } na;
+  ASSERT_TRUE(b.dir
+                  ->find_node(
+                      0xa1,
+                      [](void* arg, Status st, const std::string& d) {
+                        auto* x = static_cast<NodeAnswer*>(arg);
+                        x->done = true;
+                        x->st = st;
+                        x->desc = d;
+                      },
+                      &na)
+                  .ok());
+  ASSERT_TRUE(serve({&a, &b}, [&] { return na.done; }));
+  EXPECT_TRUE(na.st.ok());
+  EXPECT_EQ(na.desc, "desc-of-161");
+  // Removal.
+  a.dir->remove(key(1));
+  serve(
+      {&a, &b}, [] { return false; }, 300);
+  r = ask({&a, &b}, b, {key(1)});
+  ASSERT_TRUE(r.st.ok());
+  EXPECT_TRUE(r.holders[0].empty());
+  // a stops renewing its lease (its engine is no longer served: as if it hung or
+  // died); after the lease its entries are not answered, and are deleted.
+  const auto t0 = std::chrono::steady_clock::now();
+  serve(
+      {&b}, [&] { return std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(500); },
+      1000);
+  r = ask({&b}, b, {key(2)});
+  ASSERT_TRUE(r.st.ok());
+  EXPECT_EQ(r.holders[0], std::vector<uint64_t>{0xb2});
+  EXPECT_GE(b.dir->counters().stale_dropped, 1u);
+}
+
+TEST(Directory, RedisAwayThenBackTheNodePublishesAgain) {
+  log_set_level(LogSource::kLib, LogLevel::kDisable);
+  const uint16_t port = free_port();
+  Redis redis(port);
+  ASSERT_TRUE(redis.running());
+  Node a(port, 0xa1), b(port, 0xb2);
+  ASSERT_TRUE(serve({&a, &b}, [&] { return a.dir->connected() && b.dir->connected(); }));
+  a.dir->add(key(5));
+  serve(
+      {&a, &b}, [] { return false; }, 300);
+  redis.stop();  // kill -9: every key is gone with it (no persistence)
+  ASSERT_TRUE(serve({&a, &b}, [&] { return !a.dir->connected() && !b.dir->connected(); }));
+  Answer r = ask({&a, &b}, b, {key(5)});
+  EXPECT_EQ(r.st.code(), Code::kConnectionReset);  // at once: the agent serves locally
+  EXPECT_GE(b.dir->counters().unreachable, 1u);
+  a.dir->add(key(6));  // held while Redis is away
+  ASSERT_TRUE(redis.start());
+  ASSERT_TRUE(serve({&a, &b}, [&] { return a.dir->connected() && b.dir->connected(); }));
+  serve(
+      {&a, &b}, [] { return false; }, 300);
+  r = ask({&a, &b}, b, {key(5), key(6)});
+  ASSERT_TRUE(r.st.ok()) << r.st.name();
+  EXPECT_EQ(r.holders[0], std::vector<uint64_t>{0xa1});
+  EXPECT_EQ(r.holders[1], std::vector<uint64_t>{0xa1});
+  EXPECT_GE(a.dir->counters().connects, 2u);
+}
+
+TEST(Directory, UnreachableAtStartIsRetriedNotFatal) {
+  log_set_level(LogSource::kLib, LogLevel::kDisable);
+  const uint16_t port = free_port();
+  Node a(port, 0xa1);  // nothing listens yet
+  serve(
+      {&a}, [] { return false; }, 200);
+  EXPECT_FALSE(a.dir->connected());
+  EXPECT_GE(a.dir->counters().unreachable, 1u);
+  Redis redis(port);
+  ASSERT_TRUE(redis.running());
+  EXPECT_TRUE(serve({&a}, [&] { return a.dir->connected(); }));
+}
+
+}  // namespace
+}  // namespace dpukv
