@@ -82,6 +82,19 @@ struct CacheStats {
   uint64_t disk_ios_in_flight = 0;  // disk tier reads and writes under way now
   uint64_t requests_in_state[kRequestStates] = {};       // requests in each working state now
   uint64_t encoded_bytes_in = 0, encoded_bytes_out = 0;  // compression on store
+  uint64_t ingests = 0, ingest_bytes = 0;  // chunks filled by another agent (ingest)
+  uint64_t ingest_rejects = 0;             // ingests refused (no room) or failed
+  uint64_t located = 0;                    // chunks shown in place to another agent
+};
+
+// Where a memory-resident chunk lies in the arena, and what a copy of it must be
+// to be the same chunk: what another agent needs to read it one-sided and check it.
+struct ChunkPlacement {
+  uint64_t offset = 0;    // in the arena
+  uint64_t stored = 0;    // bytes in the arena (encoded size, or size)
+  uint64_t size = 0;      // bytes as the client gave them
+  uint64_t checksum = 0;  // xxh3-64 of the stored bytes
+  bool encoded = false;   // stored with the lossless KV codec
 };
 
 class CacheEngine final : public Context {
@@ -116,6 +129,27 @@ class CacheEngine final : public Context {
   uint64_t clear(uint64_t model = 0);
   // Size of a stored chunk, or 0.
   uint64_t chunk_size(const ChunkKey& key) const;
+
+  // Sharing with other agents (cache_sharing.cc). The cache knows nothing of how
+  // bytes travel between agents; it shows a chunk in place and takes one in.
+  //
+  // The arena: what a transport exposes for one-sided reads.
+  void arena(void** base, uint64_t* len) const;
+  // A memory-resident chunk, pinned as lookup(pin) pins (release with unpin()).
+  // AGAIN: only on disk (prefetch() it, then ask again); NOT_FOUND: absent.
+  Status locate(const ChunkKey& key, ChunkPlacement* out);
+  // Room in the arena for a chunk that another party writes there (*dst, p.stored
+  // bytes); the key is not present until end_ingest. ALREADY present: BAD_STATE;
+  // NO_MEMORY when nothing can be evicted now; NOT_SUPPORTED for an encoded chunk
+  // without the codec; TOO_BIG beyond max_chunk_bytes.
+  Status begin_ingest(const ChunkKey& key, const ChunkPlacement& p, uint8_t** dst);
+  // bytes_ok: the writer says the bytes landed. The chunk is present only if they
+  // also match p.checksum (CORRUPTED otherwise); every other outcome frees the room.
+  Status end_ingest(const ChunkKey& key, bool bytes_ok);
+  // Told when a chunk becomes present (memory or disk) and when it leaves every
+  // tier; on setting, told of every chunk present now. Called on the engine's thread.
+  using ResidencyCb = void (*)(void* arg, const ChunkKey& key, bool present);
+  void set_residency_listener(ResidencyCb cb, void* arg);
 
   CacheStats stats() const;
   uint64_t index_bytes_per_chunk() const;
@@ -192,6 +226,7 @@ class CacheEngine final : public Context {
   void retry_waiting();
   void resume_waiting(Request* r);
   void advance(Request* r);  // a completion or a retry: the state says what comes next
+  void announce(int32_t e);  // a chunk became present: tell the residency listener
   static void dma_done(DmaMemcpyTask* t, UserData task_ud, UserData ctx_ud);
 
   CacheOptions opts_;
@@ -234,6 +269,8 @@ class CacheEngine final : public Context {
   std::vector<Request*> waiting_;   // requests waiting for room (a spill or a copy to land)
   std::vector<Request*> retrying_;  // waiting_'s previous contents while they are retried
   CacheStats st_;
+  ResidencyCb residency_cb_ = nullptr;
+  void* residency_arg_ = nullptr;
 };
 
 }  // namespace dpukv

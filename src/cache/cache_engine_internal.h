@@ -31,6 +31,8 @@ struct CacheEngine::Entry {
   bool on_disk = false;    // a complete copy is on disk and logged
   bool spilling = false, loading = false;
   bool evict_when_clean = false;  // drop the memory copy once the spill lands
+  bool announced = false;         // the residency listener was told it is present
+  bool ingesting = false;         // begin_ingest gave its room to another writer
 };
 
 // One store, retrieve, prefetch or spill in flight: an explicit state machine.

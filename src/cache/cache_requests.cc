@@ -247,6 +247,7 @@ void CacheEngine::complete_store(Request* r, uint64_t cs) {
   en.checksum = cs;
   en.mem_ready = true;
   policy_->insert(e, en.key.hash(), en.stored);
+  announce(e);
   ++st_.stores;
   st_.store_bytes += en.size;
   finish(r, Code::kSuccess);  // also frees a finished shrink's encode slot
