@@ -58,6 +58,25 @@ constexpr const char* kRemoveScript =
     "if v == ',' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], v, 'KEEPTTL') end "
     "return 1";
 
+// Renews a node's lease; 1 if it had run out (or never was). Nodes dead for a
+// minute leave the set.
+constexpr const char* kLeaseScript =
+    "local old = redis.call('ZSCORE', KEYS[1], ARGV[1]) "
+    "redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1]) "
+    "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[2]) - 60000) "
+    "if not old or tonumber(old) <= tonumber(ARGV[2]) then return 1 end return 0";
+
+// A holder is dropped from a chunk only if its lease has really run out: this
+// node's view of the live set may be older than the holder's (re)joining.
+constexpr const char* kDropDeadScript =
+    "local s = redis.call('ZSCORE', KEYS[2], ARGV[1]) "
+    "if s and tonumber(s) > tonumber(ARGV[2]) then return 0 end "
+    "local v = redis.call('GET', KEYS[1]) if not v then return 0 end "
+    "local b, e = string.find(v, ',' .. ARGV[1] .. ',', 1, true) if not b then return 0 end "
+    "v = string.sub(v, 1, b) .. string.sub(v, e + 1) "
+    "if v == ',' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], v, 'KEEPTTL') end "
+    "return 1";
+
 Directory::Directory(ProgressEngine* pe, const DirectoryOptions& o) : Context(pe), opts_(o) {
   watch_.owner = this;
 }
@@ -183,6 +202,7 @@ void Directory::on_connect(const redisAsyncContext* c, int status) {
     return;
   }
   d->ready_ = true;
+  d->leased_ = false;  // everything is published now anyway
   ++d->counters_.connects;
   d->adds_.assign(d->held_.begin(), d->held_.end());
   d->renew_lease();
@@ -238,7 +258,8 @@ void Directory::on_reply(redisAsyncContext* c, void* r, void* priv) {
       }
       if (d->ctx_ != nullptr)
         d->command(&Directory::on_reply, nullptr,
-                   {"EVAL", kRemoveScript, "1", op->keys[k], hex16(node)});
+                   {"EVAL", kDropDeadScript, "2", op->keys[k], d->opts_.prefix + ":nodes",
+                    hex16(node), std::to_string(wall_ms())});
       ++d->counters_.stale_dropped;
     }
     if (!h.empty()) ++d->counters_.lookup_hits;
@@ -264,10 +285,29 @@ void Directory::on_live_nodes(redisAsyncContext* c, void* r, void*) {
   std::sort(d->live_.begin(), d->live_.end());
 }
 
+// The lease script answers 1 when the node's lease had run out (a long pause, Redis
+// restarted): others may have dropped its entries, so it publishes them again.
+void Directory::on_lease(redisAsyncContext* c, void* r, void*) {
+  auto* d = static_cast<Directory*>(c->data);
+  --d->pending_replies_;
+  auto* reply = static_cast<redisReply*>(r);
+  if (reply == nullptr || reply->type != REDIS_REPLY_INTEGER) {
+    ++d->counters_.errors;
+    return;
+  }
+  if (reply->integer == 1 && d->counters_.connects > 0 && d->leased_) {
+    ++d->counters_.rejoined;
+    d->adds_.assign(d->held_.begin(), d->held_.end());
+  }
+  d->leased_ = true;
+}
+
 void Directory::renew_lease() {
   const std::string id = hex16(opts_.node_id);
-  command(&Directory::on_reply, nullptr,
-          {"ZADD", opts_.prefix + ":nodes", std::to_string(wall_ms() + opts_.lease_ms), id});
+  const uint64_t now = wall_ms();
+  command(&Directory::on_lease, nullptr,
+          {"EVAL", kLeaseScript, "1", opts_.prefix + ":nodes", id, std::to_string(now),
+           std::to_string(now + opts_.lease_ms)});
   command(&Directory::on_reply, nullptr,
           {"SET", node_key(opts_.node_id), opts_.description, "PX",
            std::to_string(2ull * opts_.lease_ms)});

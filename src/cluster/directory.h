@@ -56,6 +56,7 @@ class Directory final : public Context {
   struct Counters {
     uint64_t published = 0, unpublished = 0, lookups = 0, lookup_keys = 0, lookup_hits = 0;
     uint64_t unreachable = 0, connects = 0, errors = 0, stale_dropped = 0;
+    uint64_t rejoined = 0;  // the lease had run out while connected: published again
   };
 
   static Status create(ProgressEngine* pe, const DirectoryOptions& o,
@@ -100,6 +101,7 @@ class Directory final : public Context {
   static void on_disconnect(const redisAsyncContext* c, int status);
   static void on_reply(redisAsyncContext* c, void* reply, void* priv);
   static void on_live_nodes(redisAsyncContext* c, void* reply, void* priv);
+  static void on_lease(redisAsyncContext* c, void* reply, void* priv);
   static void add_read(void* p);
   static void del_read(void* p);
   static void add_write(void* p);
@@ -110,6 +112,7 @@ class Directory final : public Context {
   DirectoryOptions opts_;
   redisAsyncContext* ctx_ = nullptr;
   bool ready_ = false;
+  bool leased_ = false;  // a lease was taken on this connection
   bool reading_ = false, writing_ = false, watched_ = false;
   int fd_ = -1;
   Watch watch_;

@@ -415,7 +415,7 @@ ucs_status_t UcxNode::on_control(void* arg, const void* header, size_t header_le
     if (self->peers_[i] && self->peers_[i]->desc.node_id == h.sender)
       peer = static_cast<uint32_t>(i);
   if (self->control_cb_ != nullptr)
-    self->control_cb_(self->control_arg_, peer, static_cast<const uint8_t*>(data), len);
+    self->control_cb_(self->control_arg_, h.sender, peer, static_cast<const uint8_t*>(data), len);
   return UCS_OK;
 }
 

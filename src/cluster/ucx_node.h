@@ -49,8 +49,10 @@ Status parse_peer_description(const uint8_t* blob, size_t len, PeerDescription* 
 class UcxNode final : public Context {
  public:
   using DoneCb = void (*)(void* arg, Status st);
-  // peer: its index if this node is connected to the sender, else kUnknownPeer.
-  using ControlCb = void (*)(void* arg, uint32_t peer, const uint8_t* msg, size_t len);
+  // sender: the node id the message names; peer: its index if this node is
+  // connected to that node, else kUnknownPeer.
+  using ControlCb = void (*)(void* arg, uint64_t sender, uint32_t peer, const uint8_t* msg,
+                             size_t len);
   static constexpr uint32_t kUnknownPeer = UINT32_MAX;
   static constexpr size_t kMaxControl = 4096;
 

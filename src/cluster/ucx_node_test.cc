@@ -100,12 +100,14 @@ TEST(UcxNode, ControlMessagesNameTheirSender) {
       b.ucx->connect(reinterpret_cast<const uint8_t*>(a.blob.data()), a.blob.size(), &pa).ok());
   struct Got {
     uint32_t peer = 99;
+    uint64_t sender = 0;
     std::string msg;
   } got;
   b.ucx->set_control_handler(
-      [](void* arg, uint32_t peer, const uint8_t* m, size_t n) {
+      [](void* arg, uint64_t sender, uint32_t peer, const uint8_t* m, size_t n) {
         auto* g = static_cast<Got*>(arg);
         g->peer = peer;
+        g->sender = sender;
         g->msg.assign(reinterpret_cast<const char*>(m), n);
       },
       &got);
@@ -113,6 +115,7 @@ TEST(UcxNode, ControlMessagesNameTheirSender) {
   ASSERT_TRUE(until(a, b, [&] { return !got.msg.empty(); }));
   EXPECT_EQ(got.msg, "pin 42");
   EXPECT_EQ(got.peer, pa);
+  EXPECT_EQ(got.sender, a.ucx->node_id());
   std::string big(UcxNode::kMaxControl + 1, 'x');
   EXPECT_EQ(a.ucx->send_control(pb, big.data(), big.size()).code(), Code::kInvalidValue);
 }

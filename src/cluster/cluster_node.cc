@@ -1,0 +1,571 @@
+#include "cluster/cluster_node.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/clock.h"
+#include "runtime/log.h"
+
+namespace dpukv {
+
+// Another node, as this one knows it: resolved through the directory on first
+// use, then a UcxNode peer. Messages wait here while it is being resolved.
+struct ClusterNode::Link {
+  enum class State : uint8_t { kNew, kResolving, kReady, kFailed };
+  uint64_t node = 0;
+  State state = State::kNew;
+  uint32_t peer = UcxNode::kUnknownPeer;
+  uint64_t retry_at_ms = 0;
+  uint32_t reads = 0;  // reads in flight from it: placement picks the least loaded
+  struct Queued {
+    std::vector<uint8_t> msg;
+    std::vector<ChunkKey> pinned;  // pins this message hands over (PLACED)
+  };
+  std::vector<Queued> queued;
+  PeerStats stats;
+};
+
+// One fetch(): the keys, which are local now, and asks still out.
+struct ClusterNode::Fetch {
+  ClusterNode* owner = nullptr;
+  FetchCb cb = nullptr;
+  void* arg = nullptr;
+  std::vector<ChunkKey> keys;
+  std::vector<uint8_t> got;  // 1: now in the local cache
+  uint32_t asks = 0;
+  bool in_use = false;
+};
+
+// One PIN sent to one holder for up to peer::kMaxKeys keys of a fetch.
+struct ClusterNode::Ask {
+  uint64_t id = 0;
+  Fetch* fetch = nullptr;
+  Link* link = nullptr;
+  uint64_t deadline_ms = 0;
+  bool answered = false;
+  uint32_t reads = 0;
+  std::vector<uint32_t> index;  // positions in fetch->keys, in message order
+  std::vector<ChunkKey> unpin;  // chunks the holder pinned for us
+};
+
+struct ClusterNode::Pull {
+  ClusterNode* owner;
+  Ask* ask;
+  uint32_t index;
+  uint64_t bytes;
+};
+
+// A PIN being answered; waits while chunks only on disk are prefetched.
+struct ClusterNode::Serve {
+  ClusterNode* owner = nullptr;
+  uint64_t sender = 0, request = 0;
+  std::vector<ChunkKey> keys;
+  std::vector<ChunkPlacement> placed;
+  std::vector<uint8_t> status;
+  uint32_t prefetching = 0;
+};
+
+struct ClusterNode::Resolve {
+  ClusterNode* owner;
+  uint64_t node;
+};
+
+ClusterNode::ClusterNode(ProgressEngine* pe, CacheEngine* cache, const ClusterOptions& o)
+    : Context(pe), opts_(o), cache_(cache) {}
+
+Status ClusterNode::create(ProgressEngine* pe, CacheEngine* cache, const ClusterOptions& o,
+                           std::unique_ptr<ClusterNode>* out) {
+  if (cache == nullptr || o.request_timeout_ms == 0) return Code::kInvalidValue;
+  std::unique_ptr<ClusterNode> c(new ClusterNode(pe, cache, o));
+  UcxNodeOptions uo;
+  uo.detect_peer_failure = o.detect_peer_failure;
+  DPUKV_RETURN_IF_ERROR(UcxNode::create(pe, uo, &c->ucx_));
+  void* base;
+  uint64_t len;
+  cache->arena(&base, &len);
+  DPUKV_RETURN_IF_ERROR(c->ucx_->expose(base, len));
+  DirectoryOptions d;
+  d.host = o.redis_host;
+  d.port = o.redis_port;
+  d.prefix = o.prefix;
+  d.node_id = c->ucx_->node_id();
+  d.lease_ms = o.lease_ms;
+  d.live_refresh_ms = o.live_refresh_ms;
+  d.retry_ms = o.retry_ms;
+  DPUKV_RETURN_IF_ERROR(c->ucx_->description(&d.description));
+  DPUKV_RETURN_IF_ERROR(Directory::create(pe, d, &c->dir_));
+  c->ucx_->set_control_handler(&ClusterNode::on_control, c.get());
+  *out = std::move(c);
+  return Code::kSuccess;
+}
+
+ClusterNode::~ClusterNode() {
+  stopping_ = true;
+  cache_->set_residency_listener(nullptr, nullptr);
+  dir_.reset();  // its pending callbacks run now, into a node that still exists
+  ucx_.reset();
+}
+
+Status ClusterNode::do_start() {
+  DPUKV_RETURN_IF_ERROR(ucx_->start());
+  Status st = dir_->start();
+  if (!st.ok()) {
+    (void)ucx_->stop();
+    return st;
+  }
+  cache_->set_residency_listener(&ClusterNode::on_residency, this);
+  return Code::kSuccess;
+}
+
+void ClusterNode::do_stop() {
+  stopping_ = true;
+  cache_->set_residency_listener(nullptr, nullptr);
+  // Unanswered asks end now (their keys are misses); answered ones finish with
+  // their reads, which the UcxNode's stop breaks.
+  std::vector<Ask*> open;
+  for (auto& [id, a] : asks_)
+    if (!a->answered) open.push_back(a.get());
+  for (Ask* a : open) ask_failed(a, nullptr);
+  (void)ucx_->stop();
+  (void)dir_->stop();
+}
+
+bool ClusterNode::drained() {
+  return serves_.empty() && fetching_ == 0 && ucx_->state() == CtxState::kIdle &&
+         dir_->state() == CtxState::kIdle;
+}
+
+void ClusterNode::on_residency(void* arg, const ChunkKey& k, bool present) {
+  auto* self = static_cast<ClusterNode*>(arg);
+  if (present)
+    self->dir_->add(k);
+  else
+    self->dir_->remove(k);
+}
+
+// ---- reader side -------------------------------------------------------------------
+
+Status ClusterNode::fetch(const ChunkKey* keys, uint32_t n, FetchCb cb, void* arg) {
+  if (state() != CtxState::kRunning) return Code::kBadState;
+  if (keys == nullptr || n == 0 || cb == nullptr) return Code::kInvalidValue;
+  if (!dir_->connected()) {
+    ++counters_.directory_unreachable;
+    return Code::kConnectionReset;
+  }
+  if (free_fetches_.empty()) {
+    fetches_.push_back(std::make_unique<Fetch>());
+    fetches_.back()->owner = this;
+    free_fetches_.push_back(fetches_.back().get());
+  }
+  Fetch* f = free_fetches_.back();
+  f->cb = cb;
+  f->arg = arg;
+  f->keys.assign(keys, keys + n);
+  f->got.assign(n, 0);
+  f->asks = 0;
+  Status st = dir_->lookup(keys, n, &ClusterNode::on_holders, f);
+  if (!st.ok()) {
+    if (st == Code::kConnectionReset) ++counters_.directory_unreachable;
+    return st;
+  }
+  free_fetches_.pop_back();
+  f->in_use = true;
+  ++fetching_;
+  ++counters_.fetches;
+  counters_.fetch_keys += n;
+  return Code::kSuccess;
+}
+
+ClusterNode::Link* ClusterNode::pick_holder(const std::vector<uint64_t>& holders) {
+  Link* best = nullptr;
+  const uint64_t now = monotonic_ms();
+  for (uint64_t node : holders) {
+    if (node == node_id()) continue;  // a stale entry of our own: we do not have it
+    Link* l = link(node);
+    if (l->state == Link::State::kFailed && now < l->retry_at_ms) continue;
+    const bool ready = l->state == Link::State::kReady;
+    if (best == nullptr || l->reads < best->reads ||
+        (l->reads == best->reads && ready && best->state != Link::State::kReady))
+      best = l;
+  }
+  return best;
+}
+
+void ClusterNode::on_holders(void* arg, Status st,
+                             const std::vector<std::vector<uint64_t>>& holders) {
+  auto* f = static_cast<Fetch*>(arg);
+  ClusterNode* self = f->owner;
+  if (!st.ok() || self->stopping_ || holders.size() != f->keys.size()) {
+    self->fetch_done(f);
+    return;
+  }
+  // The leading keys with a reachable holder, grouped into one ask per holder and
+  // peer::kMaxKeys keys.
+  std::unordered_map<Link*, Ask*> open;
+  for (uint32_t i = 0; i < f->keys.size(); ++i) {
+    if (self->cache_->contains(f->keys[i])) {  // here already: nothing to ask
+      f->got[i] = 1;
+      continue;
+    }
+    Link* l = self->pick_holder(holders[i]);
+    if (l == nullptr) break;
+    Ask*& a = open[l];
+    if (a == nullptr || a->index.size() == peer::kMaxKeys) {
+      auto owned = std::make_unique<Ask>();
+      a = owned.get();
+      a->id = self->next_request_++;
+      a->fetch = f;
+      a->link = l;
+      self->asks_.emplace(a->id, std::move(owned));
+      ++f->asks;
+    }
+    a->index.push_back(i);
+    ++l->reads;  // counted from the ask on: later keys spread over holders
+  }
+  // Sent after grouping. A send may fail at once and end asks of its holder: the
+  // guard keeps the fetch until every ask is out, and asks are found again by id.
+  std::vector<uint64_t> to_send;
+  for (auto& [id, a] : self->asks_)
+    if (a->fetch == f && a->deadline_ms == 0) to_send.push_back(id);
+  ++f->asks;
+  for (uint64_t id : to_send) {
+    auto it = self->asks_.find(id);
+    if (it != self->asks_.end() && !it->second->answered) self->send_ask(it->second.get());
+  }
+  if (--f->asks == 0) self->fetch_done(f);
+}
+
+void ClusterNode::send_ask(Ask* a) {
+  const Fetch* f = a->fetch;
+  const auto n = static_cast<uint32_t>(a->index.size());
+  std::vector<uint8_t> msg(peer::message_bytes(peer::Type::kPin, n));
+  peer::write_header(peer::Type::kPin, a->id, n, msg.data());
+  for (uint32_t j = 0; j < n; ++j)
+    std::memcpy(msg.data() + sizeof(peer::Header) + j * sizeof(ChunkKey), &f->keys[a->index[j]],
+                sizeof(ChunkKey));
+  a->deadline_ms = monotonic_ms() + opts_.request_timeout_ms;
+  send(a->link, std::move(msg), {});
+}
+
+void ClusterNode::on_placed(Link* l, const peer::Message& m) {
+  auto it = asks_.find(m.request);
+  if (it == asks_.end() || it->second->link != l || it->second->answered ||
+      it->second->index.size() != m.count) {
+    // Late (the ask timed out and its keys went as misses) or not ours. A PLACED
+    // names no keys, so what it pinned stays pinned until the holder's pin timeout.
+    if (it != asks_.end()) ++counters_.bad_messages;
+    return;
+  }
+  Ask* a = it->second.get();
+  a->answered = true;
+  Fetch* f = a->fetch;
+  for (uint32_t j = 0; j < m.count; ++j) {
+    const peer::Placed p = m.placed(j);
+    const uint32_t i = a->index[j];
+    const ChunkKey& k = f->keys[i];
+    if (p.status != static_cast<uint8_t>(Code::kSuccess)) {
+      ++counters_.stale;
+      continue;
+    }
+    a->unpin.push_back(k);
+    const ChunkPlacement cp{p.offset, p.stored, p.size, p.checksum, p.encoded != 0};
+    uint8_t* dst = nullptr;
+    Status st = cache_->begin_ingest(k, cp, &dst);
+    if (st == Code::kBadState) {  // here already (stored meanwhile, or another fetch has it)
+      f->got[i] = cache_->contains(k) ? 1 : 0;
+      continue;
+    }
+    if (!st.ok()) {
+      if (st == Code::kNoMemory) ++counters_.no_room;
+      continue;
+    }
+    auto* pull = new Pull{this, a, i, p.size};
+    st = ucx_->read(l->peer, p.offset, dst, p.stored, &ClusterNode::on_read, pull);
+    if (!st.ok()) {
+      delete pull;
+      (void)cache_->end_ingest(k, false);
+      ++counters_.read_errors;
+      ++l->stats.errors;
+      continue;
+    }
+    ++a->reads;
+  }
+  if (a->reads == 0) ask_done(a);
+}
+
+void ClusterNode::on_read(void* arg, Status st) {
+  std::unique_ptr<Pull> p(static_cast<Pull*>(arg));
+  ClusterNode* self = p->owner;
+  Ask* a = p->ask;
+  const ChunkKey& k = a->fetch->keys[p->index];
+  const Status kept = self->cache_->end_ingest(k, st.ok());
+  if (kept.ok()) {
+    a->fetch->got[p->index] = 1;
+    ++self->counters_.remote_hits;
+    self->counters_.remote_bytes += p->bytes;
+    ++a->link->stats.fetched;
+    a->link->stats.fetched_bytes += p->bytes;
+  } else {
+    ++(kept == Code::kCorrupted ? self->counters_.checksum_failures : self->counters_.read_errors);
+    ++a->link->stats.errors;
+  }
+  if (--a->reads == 0) self->ask_done(a);
+}
+
+void ClusterNode::ask_done(Ask* a) {
+  if (!a->unpin.empty() && a->link->state == Link::State::kReady && !stopping_) {
+    const auto n = static_cast<uint32_t>(a->unpin.size());
+    std::vector<uint8_t> msg(peer::message_bytes(peer::Type::kUnpin, n));
+    peer::write_header(peer::Type::kUnpin, a->id, n, msg.data());
+    std::memcpy(msg.data() + sizeof(peer::Header), a->unpin.data(), n * sizeof(ChunkKey));
+    send(a->link, std::move(msg), {});
+  }
+  Fetch* f = a->fetch;
+  a->link->reads -= std::min<uint32_t>(a->link->reads, static_cast<uint32_t>(a->index.size()));
+  asks_.erase(a->id);
+  if (--f->asks == 0) fetch_done(f);
+}
+
+// An ask that will not be answered (timeout, failed holder, stopping): its keys
+// are misses.
+void ClusterNode::ask_failed(Ask* a, uint64_t* counter) {
+  if (counter != nullptr) ++*counter;
+  ++a->link->stats.errors;
+  a->answered = true;
+  a->unpin.clear();
+  ask_done(a);
+}
+
+void ClusterNode::fetch_done(Fetch* f) {
+  uint32_t fetched = 0;
+  while (fetched < f->got.size() && f->got[fetched]) ++fetched;
+  if (f->in_use) {
+    f->in_use = false;
+    --fetching_;
+  }
+  free_fetches_.push_back(f);
+  f->cb(f->arg, fetched);
+}
+
+// ---- holder side -------------------------------------------------------------------
+
+void ClusterNode::on_pin(uint64_t sender, const peer::Message& m) {
+  ++counters_.served_requests;
+  auto s = std::make_unique<Serve>();
+  s->owner = this;
+  s->sender = sender;
+  s->request = m.request;
+  s->keys.resize(m.count);
+  s->placed.resize(m.count);
+  s->status.assign(m.count, static_cast<uint8_t>(Code::kNotFound));
+  Serve* raw = s.get();
+  serves_.push_back(std::move(s));
+  raw->prefetching = 1;  // a guard: a prefetch may complete at once
+  for (uint32_t i = 0; i < m.count; ++i) {
+    raw->keys[i] = m.key(i);
+    const Status st = cache_->locate(raw->keys[i], &raw->placed[i]);
+    raw->status[i] = static_cast<uint8_t>(st.code());
+    if (st != Code::kAgain) continue;
+    ++raw->prefetching;
+    if (!cache_->prefetch(raw->keys[i], &ClusterNode::on_prefetched, raw).ok()) --raw->prefetching;
+  }
+  on_prefetched(raw, Code::kSuccess);  // drops the guard
+}
+
+void ClusterNode::on_prefetched(void* arg, Status) {
+  auto* s = static_cast<Serve*>(arg);
+  if (--s->prefetching != 0) return;
+  ClusterNode* self = s->owner;
+  for (size_t i = 0; i < s->keys.size(); ++i)
+    if (s->status[i] == static_cast<uint8_t>(Code::kAgain))
+      s->status[i] = static_cast<uint8_t>(self->cache_->locate(s->keys[i], &s->placed[i]).code());
+  self->answer(s);
+  for (size_t i = 0; i < self->serves_.size(); ++i)
+    if (self->serves_[i].get() == s) {
+      self->serves_[i] = std::move(self->serves_.back());
+      self->serves_.pop_back();
+      break;
+    }
+}
+
+void ClusterNode::answer(Serve* s) {
+  const auto n = static_cast<uint32_t>(s->keys.size());
+  std::vector<uint8_t> msg(peer::message_bytes(peer::Type::kPlaced, n));
+  peer::write_header(peer::Type::kPlaced, s->request, n, msg.data());
+  std::vector<ChunkKey> pinned;
+  Link* l = link(s->sender);
+  for (uint32_t i = 0; i < n; ++i) {
+    peer::Placed p{};
+    p.status = s->status[i] == static_cast<uint8_t>(Code::kAgain)
+                   ? static_cast<uint8_t>(Code::kNotFound)
+                   : s->status[i];
+    if (p.status == 0) {
+      p.encoded = s->placed[i].encoded ? 1 : 0;
+      p.offset = s->placed[i].offset;
+      p.stored = s->placed[i].stored;
+      p.size = s->placed[i].size;
+      p.checksum = s->placed[i].checksum;
+      pinned.push_back(s->keys[i]);
+      ++counters_.served_chunks;
+      counters_.served_bytes += p.stored;
+      ++l->stats.served;
+      l->stats.served_bytes += p.stored;
+    }
+    std::memcpy(msg.data() + sizeof(peer::Header) + i * sizeof(p), &p, sizeof(p));
+  }
+  send(l, std::move(msg), std::move(pinned));
+}
+
+// ---- links ---------------------------------------------------------------------
+
+ClusterNode::Link* ClusterNode::link(uint64_t node) {
+  auto& l = links_[node];
+  if (!l) {
+    l = std::make_unique<Link>();
+    l->node = node;
+    l->stats.node = node;
+  }
+  return l.get();
+}
+
+void ClusterNode::send(Link* l, std::vector<uint8_t> msg, std::vector<ChunkKey> pinned) {
+  if (l->state == Link::State::kReady) {
+    if (ucx_->send_control(l->peer, msg.data(), msg.size()).ok()) return;
+    link_failed(l, "cannot send");
+  }
+  if (stopping_ || (l->state == Link::State::kFailed && monotonic_ms() < l->retry_at_ms)) {
+    if (!pinned.empty()) cache_->unpin(pinned.data(), static_cast<uint32_t>(pinned.size()));
+    return;  // an ask sent nowhere times out; see poll()
+  }
+  l->queued.push_back({std::move(msg), std::move(pinned)});
+  if (l->state == Link::State::kResolving) return;
+  l->state = Link::State::kResolving;
+  auto* r = new Resolve{this, l->node};
+  ++resolving_;
+  if (!dir_->find_node(l->node, &ClusterNode::on_node, r).ok()) {
+    --resolving_;
+    delete r;
+    link_failed(l, "directory unreachable");
+  }
+}
+
+void ClusterNode::on_node(void* arg, Status st, const std::string& description) {
+  std::unique_ptr<Resolve> r(static_cast<Resolve*>(arg));
+  ClusterNode* self = r->owner;
+  --self->resolving_;
+  auto it = self->links_.find(r->node);
+  if (it == self->links_.end()) return;
+  Link* l = it->second.get();
+  if (self->stopping_) {
+    self->link_failed(l, "stopping");
+    return;
+  }
+  if (!st.ok()) {
+    self->link_failed(l, st == Code::kNotFound ? "not live in the directory" : "directory error");
+    return;
+  }
+  // The description must be the node's own: a directory entry cannot redirect us.
+  PeerDescription d;
+  const auto* blob = reinterpret_cast<const uint8_t*>(description.data());
+  uint32_t peer = UcxNode::kUnknownPeer;
+  if (!parse_peer_description(blob, description.size(), &d).ok() || d.node_id != r->node ||
+      !self->ucx_->connect(blob, description.size(), &peer).ok()) {
+    self->link_failed(l, "bad description");
+    return;
+  }
+  l->peer = peer;
+  l->state = Link::State::kReady;
+  l->stats.connected = true;
+  std::vector<Link::Queued> q = std::move(l->queued);
+  l->queued.clear();
+  for (auto& m : q) self->send(l, std::move(m.msg), std::move(m.pinned));
+}
+
+void ClusterNode::link_failed(Link* l, const char* why) {
+  if (l->state == Link::State::kReady) {
+    ucx_->disconnect(l->peer);
+    ++counters_.peers_failed;
+  }
+  if (!stopping_)
+    LOG_WARN("cluster: peer %016llx: %s; its chunks are misses for %u ms",
+             static_cast<unsigned long long>(l->node), why, opts_.retry_ms);
+  l->state = Link::State::kFailed;
+  l->peer = UcxNode::kUnknownPeer;
+  l->stats.connected = false;
+  l->retry_at_ms = monotonic_ms() + opts_.retry_ms;
+  for (auto& m : l->queued)
+    if (!m.pinned.empty()) cache_->unpin(m.pinned.data(), static_cast<uint32_t>(m.pinned.size()));
+  l->queued.clear();
+  // Its unanswered asks end now; answered ones end with their (breaking) reads.
+  std::vector<Ask*> lost;
+  for (auto& [id, a] : asks_)
+    if (a->link == l && !a->answered) lost.push_back(a.get());
+  for (Ask* a : lost) ask_failed(a, &counters_.read_errors);
+}
+
+void ClusterNode::on_control(void* arg, uint64_t sender, uint32_t, const uint8_t* msg,
+                             size_t len) {
+  auto* self = static_cast<ClusterNode*>(arg);
+  if (self->stopping_) return;
+  peer::Message m;
+  if (!parse_peer_message(msg, len, &m).ok() || sender == self->node_id()) {
+    ++self->counters_.bad_messages;
+    auto it = self->links_.find(sender);
+    if (it != self->links_.end()) self->link_failed(it->second.get(), "malformed message");
+    LOG_WARN("cluster: malformed control message (%zu bytes) from %016llx; dropped", len,
+             static_cast<unsigned long long>(sender));
+    return;
+  }
+  switch (m.type) {
+    case peer::Type::kPin:
+      self->on_pin(sender, m);
+      return;
+    case peer::Type::kPlaced: {
+      auto it = self->links_.find(sender);
+      if (it != self->links_.end()) {
+        self->on_placed(it->second.get(), m);
+      } else {
+        ++self->counters_.bad_messages;  // we asked it nothing
+      }
+      return;
+    }
+    case peer::Type::kUnpin:
+      for (uint32_t i = 0; i < m.count; ++i) {
+        const ChunkKey k = m.key(i);
+        self->cache_->unpin(&k, 1);
+      }
+      return;
+  }
+}
+
+size_t ClusterNode::poll() {
+  if (state() != CtxState::kRunning) return 0;
+  size_t n = 0;
+  const uint64_t now = monotonic_ms();
+  for (auto& [node, l] : links_)
+    if (l->state == Link::State::kReady && !ucx_->peer_ok(l->peer)) {
+      link_failed(l.get(), "connection lost");
+      ++n;
+    }
+  std::vector<Ask*> late;
+  for (auto& [id, a] : asks_)
+    if (!a->answered && a->deadline_ms != 0 && now >= a->deadline_ms) late.push_back(a.get());
+  for (Ask* a : late) {
+    LOG_WARN("cluster: peer %016llx did not answer in %u ms; %zu keys are misses",
+             static_cast<unsigned long long>(a->link->node), opts_.request_timeout_ms,
+             a->index.size());
+    ask_failed(a, &counters_.timeouts);
+    ++n;
+  }
+  return n;
+}
+
+std::vector<ClusterNode::PeerStats> ClusterNode::peer_stats() const {
+  std::vector<PeerStats> out;
+  for (const auto& [node, l] : links_) out.push_back(l->stats);
+  std::sort(out.begin(), out.end(),
+            [](const PeerStats& a, const PeerStats& b) { return a.node < b.node; });
+  return out;
+}
+
+}  // namespace dpukv

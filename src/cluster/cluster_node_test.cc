@@ -1,0 +1,314 @@
+// Agents sharing chunks: two caches, each with its ClusterNode, and a real
+// redis-server the test starts. A chunk stored on one is found through the
+// directory by the other, read one-sided into its arena, checked and served;
+// a stale directory entry, a corrupted holder copy, a holder killed with -9 (a
+// child process), Redis killed, and a peer sending garbage are all misses or
+// counted refusals, never wrong bytes, and the node goes on serving.
+#include "cluster/cluster_node.h"
+
+#include <gtest/gtest.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cache/cache_test_harness.h"
+#include "cluster/redis_test_server.h"
+
+namespace dpukv {
+namespace {
+
+using cache_test::CacheHarness;
+using cache_test::key;
+using cache_test::small_memory;
+
+constexpr size_t kChunk = 256 << 10;
+
+// Taken once, before any fork: a holder in a child process shares the prefix.
+const std::string& test_prefix() {
+  static const std::string p = "dpukv-cluster-test-" + std::to_string(getpid());
+  return p;
+}
+
+struct Agent {
+  CacheHarness h{small_memory(16, 1 << 20)};
+  std::unique_ptr<ClusterNode> node;
+  explicit Agent(uint16_t redis_port, uint32_t timeout_ms = 2000) {
+    ClusterOptions o;
+    o.redis_port = redis_port;
+    o.prefix = test_prefix();
+    o.live_refresh_ms = 20;
+    o.retry_ms = 50;
+    o.request_timeout_ms = timeout_ms;
+    EXPECT_TRUE(ClusterNode::create(h.pe_.get(), h.cache_.get(), o, &node).ok());
+    EXPECT_TRUE(node->start().ok());
+  }
+  ~Agent() {
+    (void)node->stop();
+    while (node->state() != CtxState::kIdle) h.pe_->progress();
+  }
+};
+
+// Progresses every engine until done() or 10 s.
+bool until(const std::vector<ProgressEngine*>& pes, const std::function<bool()>& done) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    bool any = false;
+    for (ProgressEngine* pe : pes) any |= pe->progress() != 0;
+    if (!any) usleep(100);
+  }
+  return done();
+}
+
+struct FetchResult {
+  bool done = false;
+  uint32_t fetched = 0;
+  static void cb(void* arg, uint32_t n) {
+    auto* r = static_cast<FetchResult*>(arg);
+    r->done = true;
+    r->fetched = n;
+  }
+};
+
+// Fetches keys first..first+n-1 into b, progressing a too; the leading count.
+uint32_t fetch(Agent& b, const std::vector<ProgressEngine*>& pes, uint64_t first, uint32_t n) {
+  std::vector<ChunkKey> ks;
+  for (uint32_t i = 0; i < n; ++i) ks.push_back(key(first + i));
+  FetchResult r;
+  const Status st = b.node->fetch(ks.data(), n, &FetchResult::cb, &r);
+  if (!st.ok()) {
+    ADD_FAILURE() << "fetch: " << st.name();
+    return 0;
+  }
+  EXPECT_TRUE(until(pes, [&] { return r.done; }));
+  return r.fetched;
+}
+
+// The holder's directory entries are published within a progress round or two and
+// the reader sees the holder live after live_refresh_ms: wait for a first hit.
+bool wait_published(Agent& b, const std::vector<ProgressEngine*>& pes, uint64_t k) {
+  const ChunkKey ck = key(k);
+  return until(pes, [&] {
+    FetchResult r;
+    if (!b.node->fetch(&ck, 1, &FetchResult::cb, &r).ok()) return false;
+    (void)until(pes, [&] { return r.done; });
+    return r.fetched == 1;
+  });
+}
+
+TEST(ClusterNode, RemoteChunksAreReadIntoTheLocalCacheCheckedAndServed) {
+  Redis redis(free_port());
+  Agent a(redis.port()), b(redis.port());
+  const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
+  for (uint64_t k = 1; k <= 6; ++k) ASSERT_TRUE(a.h.store(key(k), kChunk).ok());
+  ASSERT_TRUE(wait_published(b, pes, 1));
+  // Keys 2..6 are on a, 7 nowhere: five leading keys come over.
+  EXPECT_EQ(fetch(b, pes, 2, 6), 5u);
+  for (uint64_t k = 1; k <= 6; ++k) EXPECT_TRUE(b.h.retrieve(key(k), kChunk).ok()) << k;
+  const ClusterNode::Counters& cb = b.node->counters();
+  EXPECT_EQ(cb.remote_hits, 6u);
+  EXPECT_EQ(cb.remote_bytes, 6 * kChunk);
+  EXPECT_EQ(a.node->counters().served_chunks, 6u);
+  EXPECT_EQ(b.h.cache_->stats().ingests, 6u);
+  // Per peer: b fetched from a, a served b.
+  const auto pb = b.node->peer_stats();
+  ASSERT_EQ(pb.size(), 1u);
+  EXPECT_EQ(pb[0].node, a.node->node_id());
+  EXPECT_EQ(pb[0].fetched, 6u);
+  // a's pins were released by b's UNPIN: its chunks can be removed.
+  EXPECT_TRUE(until(pes, [&] { return a.h.cache_->remove(key(6)).ok(); }));
+  // Present on b already: counted as fetched, nothing asked or read again.
+  EXPECT_EQ(fetch(b, pes, 1, 5), 5u);
+  EXPECT_EQ(b.node->counters().remote_hits, 6u);
+  EXPECT_EQ(a.node->counters().served_requests, 2u);
+}
+
+TEST(ClusterNode, StaleEntriesAndCorruptCopiesAreMissesNeverWrongBytes) {
+  Redis redis(free_port());
+  Agent a(redis.port()), b(redis.port());
+  const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
+  ASSERT_TRUE(a.h.store(key(1), kChunk).ok());
+  ASSERT_TRUE(a.h.store(key(2), kChunk).ok());
+  ASSERT_TRUE(wait_published(b, pes, 1));
+  // A stale entry: the directory says a holds key 50, a does not.
+  std::unique_ptr<ProgressEngine> pe;
+  std::unique_ptr<Directory> liar;
+  {
+    ASSERT_TRUE(ProgressEngine::create(&pe).ok());
+    DirectoryOptions o;
+    o.port = redis.port();
+    o.prefix = test_prefix();
+    o.node_id = a.node->node_id();
+    o.description = "unused";
+    ASSERT_TRUE(Directory::create(pe.get(), o, &liar).ok());
+    ASSERT_TRUE(liar->start().ok());
+    ASSERT_TRUE(until({pe.get()}, [&] { return liar->connected(); }));
+    liar->add(key(50));
+    for (int i = 0; i < 50; ++i) pe->progress(), usleep(1000);
+    // liar is not stopped until the end: stopping takes a's node out of the live set.
+  }
+  EXPECT_EQ(fetch(b, pes, 50, 1), 0u);
+  EXPECT_EQ(b.node->counters().stale, 1u);
+  EXPECT_FALSE(b.h.cache_->contains(key(50)));
+  // a's copy of key 2 goes bad in its arena (after its own checksum was taken).
+  ChunkPlacement p;
+  ASSERT_TRUE(a.h.cache_->locate(key(2), &p).ok());
+  const ChunkKey k2 = key(2);
+  a.h.cache_->unpin(&k2, 1);
+  void* base;
+  uint64_t len;
+  a.h.cache_->arena(&base, &len);
+  static_cast<uint8_t*>(base)[p.offset + 1000] ^= 0x40;
+  EXPECT_EQ(fetch(b, pes, 2, 1), 0u);
+  EXPECT_EQ(b.node->counters().checksum_failures, 1u);
+  EXPECT_FALSE(b.h.cache_->contains(key(2)));
+  EXPECT_EQ(b.h.cache_->stats().chunks, 1u);  // key 1 only: the bad copy left nothing
+  (void)liar->stop();
+  while (liar->state() != CtxState::kIdle) pe->progress();
+}
+
+TEST(ClusterNode, RedisAwayFetchFailsAtOnceAndComesBackWithIt) {
+  Redis redis(free_port());
+  Agent a(redis.port()), b(redis.port());
+  const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
+  ASSERT_TRUE(a.h.store(key(1), kChunk).ok());
+  ASSERT_TRUE(wait_published(b, pes, 1));
+  redis.stop();
+  const ChunkKey k = key(2);
+  FetchResult r;
+  ASSERT_TRUE(until(pes, [&] { return !b.node->directory_connected(); }));
+  EXPECT_EQ(b.node->fetch(&k, 1, &FetchResult::cb, &r), Code::kConnectionReset);
+  EXPECT_GE(b.node->counters().directory_unreachable, 1u);
+  ASSERT_TRUE(a.h.store(key(2), kChunk).ok());  // a goes on; published when Redis is back
+  ASSERT_TRUE(redis.start());
+  const bool published = wait_published(b, pes, 2);
+  const Directory::Counters& da = a.node->directory_counters();
+  const Directory::Counters& db = b.node->directory_counters();
+  ASSERT_TRUE(published) << "a: connects " << da.connects << " published " << da.published
+                         << " errors " << da.errors << "; b: connects " << db.connects
+                         << " lookups " << db.lookups << " hits " << db.lookup_hits << " errors "
+                         << db.errors << " stale " << b.node->counters().stale << " read errors "
+                         << b.node->counters().read_errors << " timeouts "
+                         << b.node->counters().timeouts;
+  EXPECT_TRUE(b.h.retrieve(key(2), kChunk).ok());
+}
+
+TEST(ClusterNode, AHolderKilledMidWayIsAMissAndOthersAreStillServed) {
+  Redis redis(free_port());
+  (void)test_prefix();
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the holder: stores 8 chunks and serves until killed
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlives a failed test
+    close(ready[0]);
+    Agent c(redis.port());
+    for (uint64_t k = 100; k < 108; ++k)
+      if (!c.h.store(key(k), kChunk).ok()) _exit(1);
+    for (int i = 0; i < 100; ++i) c.h.pe_->progress(), usleep(1000);
+    (void)!write(ready[1], "r", 1);
+    for (;;)
+      if (!c.h.pe_->progress()) usleep(100);
+  }
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } reaper{child};
+  close(ready[1]);
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  close(ready[0]);
+  Agent a(redis.port()), b(redis.port(), 500);
+  const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
+  ASSERT_TRUE(a.h.store(key(1), kChunk).ok());
+  ASSERT_TRUE(wait_published(b, pes, 100))  // read from the child
+      << "lookups " << b.node->directory_counters().lookups << " hits "
+      << b.node->directory_counters().lookup_hits << " stale " << b.node->counters().stale
+      << " timeouts " << b.node->counters().timeouts << " read errors "
+      << b.node->counters().read_errors << " peers failed " << b.node->counters().peers_failed;
+  EXPECT_TRUE(b.h.retrieve(key(100), kChunk).ok());
+  kill(child, SIGKILL);
+  // Its chunks are still listed (its lease has not run out): misses, quickly.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(fetch(b, pes, 101, 3), 0u);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  const ClusterNode::Counters& cb = b.node->counters();
+  EXPECT_GE(cb.read_errors + cb.timeouts, 1u);
+  EXPECT_FALSE(b.h.cache_->contains(key(101)));
+  // a is served as before.
+  EXPECT_EQ(fetch(b, pes, 1, 1), 1u);
+  EXPECT_TRUE(b.h.retrieve(key(1), kChunk).ok());
+}
+
+TEST(ClusterNode, APeerSendingGarbageIsCountedAndOthersAreServed) {
+  Redis redis(free_port());
+  Agent a(redis.port()), b(redis.port());
+  const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
+  ASSERT_TRUE(a.h.store(key(1), kChunk).ok());
+  ASSERT_TRUE(a.h.store(key(2), kChunk).ok());
+  ASSERT_TRUE(wait_published(b, pes, 1));
+  // A rogue UCX node that learns a's address from the directory.
+  std::unique_ptr<ProgressEngine> pe;
+  ASSERT_TRUE(ProgressEngine::create(&pe).ok());
+  std::vector<uint8_t> region(4096);
+  std::unique_ptr<UcxNode> rogue;
+  ASSERT_TRUE(UcxNode::create(pe.get(), UcxNodeOptions{}, &rogue).ok());
+  ASSERT_TRUE(rogue->expose(region.data(), region.size()).ok());
+  ASSERT_TRUE(rogue->start().ok());
+  DirectoryOptions o;
+  o.port = redis.port();
+  o.prefix = test_prefix();
+  o.node_id = rogue->node_id();
+  ASSERT_TRUE(rogue->description(&o.description).ok());
+  std::unique_ptr<Directory> dir;
+  ASSERT_TRUE(Directory::create(pe.get(), o, &dir).ok());
+  ASSERT_TRUE(dir->start().ok());
+  std::vector<ProgressEngine*> all = {a.h.pe_.get(), b.h.pe_.get(), pe.get()};
+  ASSERT_TRUE(until(all, [&] { return dir->connected(); }));
+  std::pair<bool, std::string> found;
+  ASSERT_TRUE(dir->find_node(
+                     a.node->node_id(),
+                     [](void* arg, Status st, const std::string& d) {
+                       auto* p = static_cast<std::pair<bool, std::string>*>(arg);
+                       p->first = st.ok();
+                       p->second = d;
+                     },
+                     &found)
+                  .ok());
+  ASSERT_TRUE(until(all, [&] { return found.first; }));
+  const std::string& desc = found.second;
+  uint32_t peer;
+  ASSERT_TRUE(
+      rogue->connect(reinterpret_cast<const uint8_t*>(desc.data()), desc.size(), &peer).ok());
+  // Garbage, a truncated PIN, a PIN claiming 1000 keys, a PLACED nobody asked for.
+  std::vector<uint8_t> pin(peer::message_bytes(peer::Type::kPin, 1));
+  peer::write_header(peer::Type::kPin, 7, 1, pin.data());
+  std::vector<uint8_t> huge = pin;
+  peer::write_header(peer::Type::kPin, 7, 1000, huge.data());
+  std::vector<uint8_t> placed(peer::message_bytes(peer::Type::kPlaced, 1));
+  peer::write_header(peer::Type::kPlaced, 7, 1, placed.data());
+  ASSERT_TRUE(rogue->send_control(peer, "garbage!", 8).ok());
+  ASSERT_TRUE(rogue->send_control(peer, pin.data(), pin.size() - 1).ok());
+  ASSERT_TRUE(rogue->send_control(peer, huge.data(), huge.size()).ok());
+  ASSERT_TRUE(rogue->send_control(peer, placed.data(), placed.size()).ok());
+  ASSERT_TRUE(until(all, [&] { return a.node->counters().bad_messages >= 4; }));
+  EXPECT_EQ(a.node->counters().bad_messages, 4u);
+  // a serves b as before.
+  EXPECT_EQ(fetch(b, pes, 2, 1), 1u);
+  EXPECT_TRUE(b.h.retrieve(key(2), kChunk).ok());
+  (void)dir->stop();
+  (void)rogue->stop();
+  while (dir->state() != CtxState::kIdle || rogue->state() != CtxState::kIdle) pe->progress();
+}
+
+}  // namespace
+}  // namespace dpukv

@@ -1,0 +1,76 @@
+// A real redis-server (Debian's) for the cluster tests: started on a free
+// loopback port, killed (SIGKILL, as a crash would) and restarted at will.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime/child_process.h"
+
+extern char** environ;
+
+namespace dpukv {
+
+inline uint16_t free_port() {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(bind(s, reinterpret_cast<sockaddr*>(&a), len), 0);
+  EXPECT_EQ(getsockname(s, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+class Redis {
+ public:
+  explicit Redis(uint16_t port) : port_(port) { start(); }
+  ~Redis() { stop(); }
+  bool start() {
+    std::vector<std::string> args = {
+        "redis-server", "--port", std::to_string(port_), "--bind",   "127.0.0.1", "--save", "",
+        "--appendonly", "no",     "--logfile",           "/dev/null"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawnp(&pid_, "redis-server", nullptr, nullptr, argv.data(), environ) != 0) {
+      pid_ = -1;
+      return false;
+    }
+    for (int i = 0; i < 200; ++i) {  // until it accepts connections
+      int s = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(port_);
+      const bool up = ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+      close(s);
+      if (up) return true;
+      usleep(10000);
+    }
+    return false;
+  }
+  void stop() {
+    if (pid_ > 0) {
+      (void)signal_child(pid_, SIGKILL);
+      (void)reap_child(pid_, nullptr);
+    }
+    pid_ = -1;
+  }
+  bool running() const { return pid_ > 0; }
+  uint16_t port() const { return port_; }
+
+ private:
+  uint16_t port_;
+  pid_t pid_ = -1;
+};
+
+}  // namespace dpukv
