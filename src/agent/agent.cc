@@ -43,6 +43,17 @@ struct Agent::Batch {
   std::vector<Slot> slots;
 };
 
+// A lookup whose local hits ended before its keys did, waiting for the cluster.
+struct Agent::RemoteLookup {
+  Agent* agent = nullptr;
+  Session* session = nullptr;
+  AgentHeader hdr{};
+  std::vector<ChunkKey> keys;  // the keys after the local hits
+  uint32_t local = 0;          // leading keys found locally
+  bool pin = false;
+  uint64_t start_ns = 0;
+};
+
 // Latency histograms.
 struct Agent::Metrics {
   static constexpr double kBuckets[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
@@ -103,6 +114,14 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
     for (uint32_t k = 0; k < max_entries; ++k) b->slots[k] = {b, k};
     a->free_batches_.push_back(b);
   }
+  if (a->opts_.cluster) {
+    st = ClusterNode::create(a->pe_.get(), a->cache_.get(), a->opts_.cluster_options,
+                             &a->cluster_);
+    if (!st.ok()) {
+      LOG_ERR("agent: cluster: %s", std::string(st.description()).c_str());
+      return st;
+    }
+  }
   a->metrics_ = std::make_unique<Metrics>();
   if (a->opts_.metrics_port > 0) {
     Agent* self = a.get();
@@ -129,6 +148,21 @@ Status Agent::run(const std::atomic<bool>* stop) {
     while (cache_->state() != CtxState::kIdle) pe_->progress();
     return st;
   }
+  if (cluster_) {
+    st = cluster_->start();
+    if (!st.ok()) {
+      LOG_ERR("agent: cannot join the cluster: %s", std::string(st.description()).c_str());
+      (void)server_->stop();
+      (void)cache_->stop();
+      while (server_->state() != CtxState::kIdle || cache_->state() != CtxState::kIdle)
+        pe_->progress();
+      return st;
+    }
+    APP_LOG_INFO("agent: cluster node %016llx, directory redis://%s:%u (prefix %s)",
+                 static_cast<unsigned long long>(cluster_->node_id()),
+                 opts_.cluster_options.redis_host.c_str(), opts_.cluster_options.redis_port,
+                 opts_.cluster_options.prefix.c_str());
+  }
   const CacheStats cs = cache_->stats();
   APP_LOG_INFO(
       "agent: serving on %s; memory tier %llu MiB%s; %llu chunks recovered from disk",
@@ -149,6 +183,10 @@ Status Agent::run(const std::atomic<bool>* stop) {
   metrics_server_.reset();
   (void)server_->stop();
   while (server_->state() != CtxState::kIdle) pe_->progress();
+  if (cluster_) {
+    (void)cluster_->stop();
+    while (cluster_->state() != CtxState::kIdle) pe_->progress();
+  }
   (void)cache_->stop();
   while (cache_->state() != CtxState::kIdle) pe_->progress();
   return cache_->sync();
@@ -331,11 +369,35 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
       uint32_t allowed = 0;
       while (allowed < h.count && key_allowed(ks[allowed])) ++allowed;
       if (allowed < h.count) ++counters_.not_permitted;  // a key of another model ends the run
-      const uint32_t hits = cache_->lookup(ks.data(), allowed, (h.flags & agent::kPin) != 0);
-      if (h.flags & agent::kPin) s->pinned.insert(s->pinned.end(), ks.begin(), ks.begin() + hits);
+      const bool pin = (h.flags & agent::kPin) != 0;
+      const uint32_t hits = cache_->lookup(ks.data(), allowed, pin);
+      if (pin) s->pinned.insert(s->pinned.end(), ks.begin(), ks.begin() + hits);
       ++counters_.lookups;
-      metrics_->lookup_lat.add(static_cast<double>(monotonic_ns() - lookup_t0) / 1e9);
       counters_.lookup_keys += h.count;
+      if (cluster_ && hits < allowed) {
+        // The rest may be on other agents: ask the cluster, answer when it has.
+        if (free_remote_lookups_.empty()) {
+          remote_lookups_.push_back(std::make_unique<RemoteLookup>());
+          remote_lookups_.back()->agent = this;
+          free_remote_lookups_.push_back(remote_lookups_.back().get());
+        }
+        RemoteLookup* r = free_remote_lookups_.back();
+        r->session = s;
+        r->hdr = h;
+        r->keys.assign(ks.begin() + hits, ks.begin() + allowed);
+        r->local = hits;
+        r->pin = pin;
+        r->start_ns = lookup_t0;
+        if (cluster_->fetch(r->keys.data(), static_cast<uint32_t>(r->keys.size()),
+                            &Agent::remote_lookup_done, r)
+                .ok()) {
+          free_remote_lookups_.pop_back();
+          ++s->pending;
+          return;
+        }
+        // The directory is away: answer from this agent alone.
+      }
+      metrics_->lookup_lat.add(static_cast<double>(monotonic_ns() - lookup_t0) / 1e9);
       counters_.lookup_hits += hits;
       reply(s, h, Code::kSuccess, &hits, sizeof(hits));
       return;
@@ -394,6 +456,27 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
   LOG_WARN("agent: malformed request (op %u, %u entries, %u bytes) from pid %d", h.op, h.count,
            body_len, static_cast<int>(s->conn->peer().pid));
   reply(s, h, Code::kInvalidValue, nullptr, 0);
+}
+
+void Agent::remote_lookup_done(void* arg, uint32_t fetched) {
+  auto* r = static_cast<RemoteLookup*>(arg);
+  Agent* a = r->agent;
+  Session* s = r->session;
+  uint32_t hits = r->local;
+  if (!s->gone) {
+    // Fetched chunks are in the local cache now; look again (and pin) as for any hit.
+    const uint32_t more = a->cache_->lookup(r->keys.data(), fetched, r->pin);
+    if (r->pin) s->pinned.insert(s->pinned.end(), r->keys.begin(), r->keys.begin() + more);
+    hits += more;
+    a->counters_.lookup_remote_hits += more;
+    a->counters_.lookup_hits += hits;
+    a->metrics_->lookup_lat.add(static_cast<double>(monotonic_ns() - r->start_ns) / 1e9);
+    a->reply(s, r->hdr, Code::kSuccess, &hits, sizeof(hits));
+  }
+  r->session = nullptr;
+  a->free_remote_lookups_.push_back(r);
+  --s->pending;
+  a->release_session(s);
 }
 
 // One table feeds both the JSON of `dpukv stat` and the Prometheus text, so a
@@ -468,6 +551,47 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
   for (size_t i = 0; i < kRequestStates; ++i)
     rows.push_back({kRequestStateNames[i], kRequestStateMetrics[i], "gauge",
                     "Cache requests in this state of the pipeline now.", c.requests_in_state[i]});
+  if (!cluster_) return rows;
+  const ClusterNode::Counters& k = cluster_->counters();
+  const Directory::Counters& d = cluster_->directory_counters();
+  const std::vector<MetricRow> cluster_rows = {
+      {"cluster_directory_connected", "dpukv_cluster_directory_connected", "gauge",
+       "1 while the Redis directory is reachable.", cluster_->directory_connected() ? 1u : 0u},
+      {"cluster_peers", "dpukv_cluster_peers", "gauge", "Other agents this one has talked to.",
+       cluster_->peer_stats().size()},
+      {"lookup_remote_hits", "dpukv_lookup_remote_hit_keys_total", "counter",
+       "Leading keys lookups found on other agents.", counters_.lookup_remote_hits},
+      {"remote_fetches", "dpukv_cluster_fetches_total", "counter",
+       "Lookups that asked the cluster for missing keys.", k.fetches},
+      {"remote_hits", "dpukv_cluster_remote_hits_total", "counter",
+       "Chunks read from other agents and kept.", k.remote_hits},
+      {"remote_bytes", "dpukv_cluster_remote_bytes_total", "counter",
+       "Bytes read from other agents.", k.remote_bytes},
+      {"remote_stale", "dpukv_cluster_stale_entries_total", "counter",
+       "Directory entries whose holder no longer had the chunk.", k.stale},
+      {"remote_read_errors", "dpukv_cluster_read_errors_total", "counter",
+       "Reads from other agents that broke (holder died, partition).", k.read_errors},
+      {"remote_checksum_failures", "dpukv_cluster_checksum_failures_total", "counter",
+       "Copies from other agents that failed their checksum.", k.checksum_failures},
+      {"remote_timeouts", "dpukv_cluster_timeouts_total", "counter",
+       "Holders that did not answer in time.", k.timeouts},
+      {"remote_no_room", "dpukv_cluster_no_room_total", "counter",
+       "Remote chunks not taken for lack of local room.", k.no_room},
+      {"directory_unreachable", "dpukv_cluster_directory_unreachable_total", "counter",
+       "Lookups answered locally because Redis was away.",
+       k.directory_unreachable + d.unreachable},
+      {"served_chunks", "dpukv_cluster_served_chunks_total", "counter",
+       "Chunks shown to other agents for reading.", k.served_chunks},
+      {"served_bytes", "dpukv_cluster_served_bytes_total", "counter",
+       "Bytes of chunks shown to other agents.", k.served_bytes},
+      {"bad_peer_messages", "dpukv_cluster_bad_messages_total", "counter",
+       "Malformed control messages from other agents.", k.bad_messages},
+      {"peers_failed", "dpukv_cluster_peers_failed_total", "counter",
+       "Connections to other agents that failed.", k.peers_failed},
+      {"directory_published", "dpukv_cluster_published_total", "counter",
+       "Chunk entries written to the directory.", d.published},
+  };
+  rows.insert(rows.end(), cluster_rows.begin(), cluster_rows.end());
   return rows;
 }
 
@@ -475,6 +599,25 @@ std::string Agent::stats_json(bool asker_connected) const {
   std::string out = std::string("{\"version\":\"") + kDpukvVersion + "\"";
   for (const MetricRow& m : metric_rows(asker_connected))
     out += ",\"" + std::string(m.json) + "\":" + std::to_string(m.value);
+  if (cluster_) {
+    char node[32];
+    std::snprintf(node, sizeof(node), "%016llx",
+                  static_cast<unsigned long long>(cluster_->node_id()));
+    out += ",\"cluster_node\":\"" + std::string(node) + "\",\"peers\":[";
+    bool first = true;
+    for (const ClusterNode::PeerStats& p : cluster_->peer_stats()) {
+      std::snprintf(node, sizeof(node), "%016llx", static_cast<unsigned long long>(p.node));
+      out += std::string(first ? "" : ",") + "{\"node\":\"" + node +
+             "\",\"connected\":" + (p.connected ? "true" : "false") +
+             ",\"fetched\":" + std::to_string(p.fetched) +
+             ",\"fetched_bytes\":" + std::to_string(p.fetched_bytes) +
+             ",\"served\":" + std::to_string(p.served) +
+             ",\"served_bytes\":" + std::to_string(p.served_bytes) +
+             ",\"errors\":" + std::to_string(p.errors) + "}";
+      first = false;
+    }
+    out += "]";
+  }
   const Metrics::Histogram& l = metrics_->lookup_lat;
   char buf[64];
   std::snprintf(buf, sizeof(buf), ",\"lookup_mean_us\":%.2f}", l.n ? l.sum / l.n * 1e6 : 0.0);
@@ -507,6 +650,23 @@ std::string Agent::metrics_text() const {
     out += std::string(name) + "_sum " + std::to_string(h.sum) + "\n" + name + "_count " +
            std::to_string(h.n) + "\n";
   };
+  if (cluster_) {
+    const std::vector<ClusterNode::PeerStats> peers = cluster_->peer_stats();
+    auto per_peer = [&](const char* name, const char* help, uint64_t ClusterNode::PeerStats::*f) {
+      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n";
+      char node[32];
+      for (const ClusterNode::PeerStats& p : peers) {
+        std::snprintf(node, sizeof(node), "%016llx", static_cast<unsigned long long>(p.node));
+        out += std::string(name) + "{peer=\"" + node + "\"} " + std::to_string(p.*f) + "\n";
+      }
+    };
+    per_peer("dpukv_peer_fetched_bytes_total", "Bytes read from this peer.",
+             &ClusterNode::PeerStats::fetched_bytes);
+    per_peer("dpukv_peer_served_bytes_total", "Bytes this peer was shown to read.",
+             &ClusterNode::PeerStats::served_bytes);
+    per_peer("dpukv_peer_errors_total", "Failed asks and reads with this peer.",
+             &ClusterNode::PeerStats::errors);
+  }
   histogram("dpukv_store_batch_seconds", metrics_->store_lat);
   histogram("dpukv_retrieve_batch_seconds", metrics_->retrieve_lat);
   histogram("dpukv_lookup_seconds", metrics_->lookup_lat);

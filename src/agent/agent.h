@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cache/cache_engine.h"
+#include "cluster/cluster_node.h"
 #include "comch/server.h"
 #include "protocol/agent_wire.h"
 #include "protocol/socket_path.h"
@@ -34,11 +35,16 @@ struct AgentOptions {
   std::string metrics_address = "127.0.0.1";
   uint32_t max_batches = 256;      // batch requests in flight over all clients
   uint64_t max_staging_bytes = 0;  // staging one client may export in all (0: no limit)
+  // Join a cluster: lookups that miss locally ask the directory and read the
+  // missing chunks from the agents that hold them (cluster/cluster_node.h).
+  bool cluster = false;
+  ClusterOptions cluster_options;
 };
 
 struct AgentCounters {
   uint64_t requests = 0, bad_requests = 0, not_permitted = 0;
   uint64_t lookups = 0, lookup_keys = 0, lookup_hits = 0;
+  uint64_t lookup_remote_hits = 0;  // leading keys a lookup found on other agents
   uint64_t sessions_opened = 0, sessions_closed = 0;
 };
 
@@ -65,6 +71,7 @@ class Agent {
  private:
   struct Session;
   struct Batch;
+  struct RemoteLookup;
   struct Metrics;
   struct MetricRow {
     const char* json;  // name in stats_json
@@ -84,11 +91,15 @@ class Agent {
   void reply(Session* s, const agent::AgentHeader& req, Status st, const void* body, uint32_t len);
   void finish_batch(Batch* b);
   void release_session(Session* s);
+  static void remote_lookup_done(void* arg, uint32_t fetched);
 
   AgentOptions opts_;
   std::unique_ptr<ProgressEngine> pe_;
   std::unique_ptr<ComchServer> server_;
   std::unique_ptr<CacheEngine> cache_;
+  std::unique_ptr<ClusterNode> cluster_;
+  std::vector<std::unique_ptr<RemoteLookup>> remote_lookups_;
+  std::vector<RemoteLookup*> free_remote_lookups_;
   std::unique_ptr<BufInventory> inv_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<class MetricsServer> metrics_server_;

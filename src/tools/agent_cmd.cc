@@ -1,6 +1,9 @@
 #include "tools/agent_cmd.h"
 
 #include <signal.h>
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -23,6 +26,7 @@
 #include "agent/agent.h"
 #include "client/client.h"
 #include "protocol/version.h"
+#include "runtime/host_port.h"
 #include "runtime/log.h"
 #include "tools/arg_parse.h"
 #include "tools/bench_common.h"
@@ -85,6 +89,9 @@ struct Settings {
       {"disk_admit_hits", nullptr, Kind::kCount, 1u << 30, nullptr, "0", ""},
       {"pin_timeout_ms", nullptr, Kind::kCount, 24u * 3600 * 1000, nullptr, "30000", ""},
       {"max_staging_size", "DPUKV_MAX_STAGING_SIZE", Kind::kGib, 0, nullptr, "", ""},
+      {"cluster", "DPUKV_CLUSTER", Kind::kText, 0, nullptr, "", ""},
+      {"cluster_prefix", "DPUKV_CLUSTER_PREFIX", Kind::kText, 0, nullptr, "dpukv", ""},
+      {"advertise", "DPUKV_ADVERTISE", Kind::kText, 0, nullptr, "", ""},
   };
   Setting* find(const std::string& name) {
     for (Setting& s : all)
@@ -244,6 +251,73 @@ void notify_systemd(const char* state) {
   ::close(fd);
 }
 
+// The interface that has addr (an IPv4 or IPv6 address), or "".
+std::string interface_of(const std::string& addr) {
+  in6_addr want6{};
+  in_addr want4{};
+  const bool v4 = inet_pton(AF_INET, addr.c_str(), &want4) == 1;
+  const bool v6 = !v4 && inet_pton(AF_INET6, addr.c_str(), &want6) == 1;
+  if (!v4 && !v6) return "";
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string name;
+  for (ifaddrs* i = list; i != nullptr && name.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    if (v4 && i->ifa_addr->sa_family == AF_INET &&
+        reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == want4.s_addr)
+      name = i->ifa_name;
+    if (v6 && i->ifa_addr->sa_family == AF_INET6 &&
+        std::memcmp(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, &want6,
+                    sizeof(want6)) == 0)
+      name = i->ifa_name;
+  }
+  freeifaddrs(list);
+  return name;
+}
+
+// cluster (redis://HOST:PORT), cluster_prefix, advertise.
+bool cluster_settings(Settings* st, AgentOptions* o) {
+  std::string url = st->at("cluster").value;
+  if (url.empty()) {
+    if (st->given("advertise")) {
+      std::cerr << "dpukv agent: " << where(st->at("advertise"))
+                << " is set but cluster is not: give --cluster redis://HOST:PORT too\n";
+      return false;
+    }
+    return true;
+  }
+  if (url.rfind("redis://", 0) == 0) url = url.substr(8);
+  if (!url.empty() && url.back() == '/') url.pop_back();
+  o->cluster = true;
+  ClusterOptions& c = o->cluster_options;
+  if (url.empty() || url.find('/') != std::string::npos || url.find('@') != std::string::npos ||
+      !parse_host_port(url, &c.redis_host, &c.redis_port, 6379) || c.redis_host.empty()) {
+    std::cerr << "dpukv agent: " << where(st->at("cluster")) << ": '" << st->at("cluster").value
+              << "' is not redis://HOST:PORT\n";
+    return false;
+  }
+  c.prefix = st->at("cluster_prefix").value;
+  if (c.prefix.empty() || c.prefix.find_first_of(" \t\r\n") != std::string::npos) {
+    std::cerr << "dpukv agent: " << where(st->at("cluster_prefix"))
+              << ": must be a non-empty word\n";
+    return false;
+  }
+  const std::string adv = st->at("advertise").value;
+  if (!adv.empty()) {
+    const std::string ifname = interface_of(adv);
+    if (ifname.empty()) {
+      std::cerr << "dpukv agent: " << where(st->at("advertise")) << ": no interface of this host "
+                << "has the address '" << adv << "'\n";
+      return false;
+    }
+    // UCX picks its network devices when the agent's UCX context is made.
+    (void)setenv("UCX_NET_DEVICES", ifname.c_str(), 1);
+    APP_LOG_INFO("agent: peers reach this agent at %s (interface %s)", adv.c_str(),
+                 ifname.c_str());
+  }
+  return true;
+}
+
 int run_agent(Settings st, const std::string& config) {
   // Precedence: flags > environment > config file > embedded defaults.
   Settings flags = st;
@@ -316,6 +390,8 @@ int run_agent(Settings st, const std::string& config) {
   o.max_staging_bytes = st.at("max_staging_size").value.empty()
                             ? std::max<uint64_t>(available_ram() / 2, 1ull << 30)
                             : as_u64(&st, "max_staging_size");
+
+  if (!cluster_settings(&st, &o)) return 2;
 
   APP_LOG_INFO("dpukv agent %s starting (pid %d)", kDpukvVersion, static_cast<int>(::getpid()));
   for (const Setting& s : st.all)
@@ -414,6 +490,32 @@ int run_stat(const std::string& socket, bool json) {
   std::printf("disk errors    %llu checksum, %llu I/O, %llu index log\n",
               (unsigned long long)u("checksum_failures"), (unsigned long long)u("io_errors"),
               (unsigned long long)u("disk_log_errors"));
+  if (!j.contains("cluster_node")) {
+    std::printf("cluster        none\n");
+    return 0;
+  }
+  std::printf("cluster        node %s, directory %s\n",
+              j.value("cluster_node", std::string("?")).c_str(),
+              u("cluster_directory_connected") ? "connected" : "UNREACHABLE (serving locally)");
+  std::printf("remote         %llu keys found on peers, %llu chunks read (%s); %llu stale, "
+              "%llu broken reads, %llu bad copies, %llu timeouts\n",
+              (unsigned long long)u("lookup_remote_hits"), (unsigned long long)u("remote_hits"),
+              mib(u("remote_bytes")).c_str(), (unsigned long long)u("remote_stale"),
+              (unsigned long long)u("remote_read_errors"),
+              (unsigned long long)u("remote_checksum_failures"),
+              (unsigned long long)u("remote_timeouts"));
+  std::printf("served         %llu chunks (%s) to peers; %llu bad messages from peers\n",
+              (unsigned long long)u("served_chunks"), mib(u("served_bytes")).c_str(),
+              (unsigned long long)u("bad_peer_messages"));
+  for (const auto& p : j.value("peers", nlohmann::json::array()))
+    std::printf("  peer %s  %-12s read %llu chunks (%s), served %llu (%s), %llu errors\n",
+                p.value("node", std::string("?")).c_str(),
+                p.value("connected", false) ? "connected" : "disconnected",
+                (unsigned long long)p.value("fetched", uint64_t{0}),
+                mib(p.value("fetched_bytes", uint64_t{0})).c_str(),
+                (unsigned long long)p.value("served", uint64_t{0}),
+                mib(p.value("served_bytes", uint64_t{0})).c_str(),
+                (unsigned long long)p.value("errors", uint64_t{0}));
   return 0;
 }
 
@@ -458,6 +560,12 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
       {"--max-staging-size", "max_staging_size",
        "Staging memory one client may export, GiB or bytes with a unit (default: half the "
        "available RAM)"},
+      {"--cluster", "cluster",
+       "Join the cluster whose directory is this Redis: redis://HOST:PORT (default: no cluster)"},
+      {"--cluster-prefix", "cluster_prefix", "Redis key prefix of the cluster (default dpukv)"},
+      {"--advertise", "advertise",
+       "Address other agents reach this one at: peers' reads go over the interface that has it "
+       "(default: every interface UCX finds)"},
   };
   std::vector<std::pair<CLI::Option*, std::string>> opts;
   for (const Flag& f : kFlags) {

@@ -235,21 +235,8 @@ int measure_directory(const Config& c, std::vector<Json>* rows) {
       return 2;
     }
   } else {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    (void)bind(s, reinterpret_cast<sockaddr*>(&a), len);
-    (void)getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-    close(s);
-    port = ntohs(a.sin_port);
-    std::string ps = std::to_string(port);
-    const char* argv[] = {"redis-server", "--port",    ps.c_str(),  "--bind",
-                          "127.0.0.1",    "--save",    "",          "--appendonly",
-                          "no",           "--logfile", "/dev/null", nullptr};
-    if (posix_spawnp(&redis, "redis-server", nullptr, nullptr, const_cast<char**>(argv), environ) !=
-        0) {
+    redis = bench::start_redis_server(&port);
+    if (redis < 0) {
       std::cerr
           << "dpukv bench cluster: no redis-server to start (give --redis or --no-directory)\n";
       return 1;

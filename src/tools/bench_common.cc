@@ -1,8 +1,11 @@
 #include "tools/bench_common.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -184,6 +187,38 @@ pid_t spawn_self(const std::vector<std::string>& args, int child_fd) {
   int rc = posix_spawn(&pid, self, &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   return rc == 0 ? pid : -1;
+}
+
+pid_t start_redis_server(uint16_t* port) {
+  int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (s < 0 || ::bind(s, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
+      ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (s >= 0) ::close(s);
+    return -1;
+  }
+  ::close(s);
+  *port = ntohs(a.sin_port);
+  const std::string ps = std::to_string(*port);
+  const char* argv[] = {"redis-server", "--port",    ps.c_str(),  "--bind",
+                        "127.0.0.1",    "--save",    "",          "--appendonly",
+                        "no",           "--logfile", "/dev/null", nullptr};
+  pid_t pid = -1;
+  if (posix_spawnp(&pid, "redis-server", nullptr, nullptr, const_cast<char**>(argv), environ) != 0)
+    return -1;
+  for (int i = 0; i < 500; ++i) {
+    const int c = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool up = c >= 0 && ::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    if (c >= 0) ::close(c);
+    if (up) return pid;
+    usleep(10000);
+  }
+  (void)signal_child(pid, SIGKILL);
+  (void)reap_child(pid, nullptr);
+  return -1;
 }
 
 bool run_gnuplot(const std::string& script, const std::string& out_path, std::string* err) {

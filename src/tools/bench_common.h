@@ -84,6 +84,10 @@ bool progress_enabled();
 // Starts this executable again with args; child_fd (if >= 0) becomes fd 3 in the
 // child. Returns the pid or -1.
 pid_t spawn_self(const std::vector<std::string>& args, int child_fd);
+// Starts Debian's redis-server on a free port of 127.0.0.1 (nothing saved to disk)
+// and waits until it accepts connections; -1 if there is none to start or it did
+// not come up. Kill it with signal_child + reap_child.
+pid_t start_redis_server(uint16_t* port);
 
 // Renders a gnuplot script into out_path without a shell: gnuplot is run from argv
 // with the script on its stdin and the file as its stdout, so the file name never

@@ -69,6 +69,7 @@ struct Config {
   bool no_verify = false;
   std::string plot;
   std::string eviction = "lru";
+  uint32_t nodes = 1;  // agents in a cluster (a Redis directory the replay starts)
 };
 
 // Limits that keep a hostile or broken trace from taking the machine: a request
@@ -240,66 +241,96 @@ int run(const Config& c) {
     return 2;
   }
 
-  // The agent: ours, unless one was named. It dies with this process (a replay
-  // that is killed or crashes leaves no agent behind).
-  pid_t agent_pid = -1;
-  std::string socket = c.agent_socket;
-  std::string disk_dir;
-  bool own_disk_dir = false;
-  if (socket.empty()) {
-    socket = "/tmp/dpukv-replay-" + std::to_string(getpid()) + ".sock";
-    std::vector<std::string> args = {"--log-level",
-                                     "warning",
-                                     "agent",
-                                     "--socket",
-                                     socket,
-                                     "--memory-bytes",
-                                     std::to_string(c.capacity_blocks * block),
-                                     "--max-chunk-size",
-                                     std::to_string(block),
-                                     "--max-chunks",
-                                     std::to_string((c.capacity_blocks + c.disk_blocks) * 2 + 1024),
-                                     "--metrics-port",
-                                     "0",
-                                     "--eviction",
-                                     c.eviction,
-                                     "--parent-pid",
-                                     std::to_string(getpid())};
-    if (c.disk_blocks > 0) {
-      disk_dir = c.disk_dir;
-      if (disk_dir.empty()) {
-        char tmpl[] = "/var/tmp/dpukv-replay-disk-XXXXXX";
-        if (mkdtemp(tmpl) == nullptr) {
-          std::cerr << "dpukv replay: cannot make a disk tier directory under /var/tmp: "
-                    << std::strerror(errno) << "\n";
-          return 1;
-        }
-        disk_dir = tmpl;
-        own_disk_dir = true;
-      }
-      args.insert(args.end(), {"--local-disk", disk_dir, "--max-local-disk-size",
-                               std::to_string(c.disk_blocks * block) + "B"});
+  // The agents: ours, unless one was named. They die with this process (a replay
+  // that is killed or crashes leaves no agent behind). With --nodes N, N agents
+  // share chunks through a Redis directory the replay starts too.
+  const uint32_t nodes = std::max<uint32_t>(1, c.nodes);
+  if (nodes > 1 && !c.agent_socket.empty()) {
+    std::cerr << "dpukv replay: --nodes starts its own agents; it cannot use --agent\n";
+    return 2;
+  }
+  std::vector<pid_t> agent_pids;
+  std::vector<std::string> sockets;
+  std::vector<std::string> disk_dirs;
+  pid_t redis_pid = -1;
+  uint16_t redis_port = 0;
+  auto stop_agents = [&] {
+    for (pid_t& p : agent_pids) {
+      if (p <= 0) continue;
+      signal_child(p, SIGTERM);
+      int status;
+      reap_child(p, &status);
+      p = -1;
     }
-    agent_pid = bench::spawn_self(args, -1);
-    if (agent_pid < 0) {
-      std::cerr << "dpukv replay: cannot start the agent\n";
+    if (redis_pid > 0) {
+      (void)signal_child(redis_pid, SIGKILL);
+      (void)reap_child(redis_pid, nullptr);
+      redis_pid = -1;
+    }
+    for (const std::string& d : disk_dirs) std::filesystem::remove_all(d);
+    disk_dirs.clear();
+  };
+  if (nodes > 1) {
+    redis_pid = bench::start_redis_server(&redis_port);
+    if (redis_pid < 0) {
+      std::cerr << "dpukv replay: --nodes needs redis-server (Debian's redis-server package) for "
+                   "the cluster directory; none could be started\n";
       return 1;
     }
   }
-  auto stop_agent = [&] {
-    if (agent_pid > 0) {
-      signal_child(agent_pid, SIGTERM);
-      int status;
-      reap_child(agent_pid, &status);
-      agent_pid = -1;
+  if (c.agent_socket.empty()) {
+    for (uint32_t n = 0; n < nodes; ++n) {
+      const std::string socket = "/tmp/dpukv-replay-" + std::to_string(getpid()) +
+                                 (nodes > 1 ? "-" + std::to_string(n) : "") + ".sock";
+      std::vector<std::string> args = {
+          "--log-level",      "warning",
+          "agent",            "--socket",
+          socket,             "--memory-bytes",
+          std::to_string(c.capacity_blocks * block), "--max-chunk-size",
+          std::to_string(block), "--max-chunks",
+          std::to_string((c.capacity_blocks + c.disk_blocks) * 2 + 1024), "--metrics-port",
+          "0",                "--eviction",
+          c.eviction,         "--parent-pid",
+          std::to_string(getpid())};
+      if (nodes > 1)
+        args.insert(args.end(), {"--cluster", "redis://127.0.0.1:" + std::to_string(redis_port),
+                                 "--cluster-prefix", "replay-" + std::to_string(getpid())});
+      if (c.disk_blocks > 0) {
+        std::string dir = c.disk_dir.empty() ? "" : c.disk_dir + (nodes > 1 ? "/node" + std::to_string(n) : "");
+        if (dir.empty()) {
+          char tmpl[] = "/var/tmp/dpukv-replay-disk-XXXXXX";
+          if (mkdtemp(tmpl) == nullptr) {
+            std::cerr << "dpukv replay: cannot make a disk tier directory under /var/tmp: "
+                      << std::strerror(errno) << "\n";
+            stop_agents();
+            return 1;
+          }
+          dir = tmpl;
+          disk_dirs.push_back(dir);
+        }
+        args.insert(args.end(), {"--local-disk", dir, "--max-local-disk-size",
+                                 std::to_string(c.disk_blocks * block) + "B"});
+      }
+      const pid_t pid = bench::spawn_self(args, -1);
+      if (pid < 0) {
+        std::cerr << "dpukv replay: cannot start the agent\n";
+        stop_agents();
+        return 1;
+      }
+      agent_pids.push_back(pid);
+      sockets.push_back(socket);
     }
-    if (own_disk_dir) std::filesystem::remove_all(disk_dir);
-  };
+  } else {
+    sockets.push_back(c.agent_socket);
+  }
 
-  const uint32_t nclients = std::max<uint32_t>(1, c.clients);
+  // Clients are spread over the agents; with several agents a request goes to
+  // agent (request index mod N), as a load balancer without prefix affinity would.
+  const uint32_t nclients = std::max<uint32_t>(nodes, std::max<uint32_t>(1, c.clients));
   std::vector<std::unique_ptr<Client>> clients(nclients);
   std::vector<Staging> staging(nclients);
   for (uint32_t i = 0; i < nclients; ++i) {
+    const std::string& socket = sockets[i % nodes];
     ClientOptions o;
     o.socket_path = socket;
     o.connect_timeout_ms = 10000;
@@ -307,20 +338,22 @@ int run(const Config& c) {
     if (!Client::connect(o, &clients[i]).ok() ||
         !clients[i]->alloc_staging(max_blocks * block, &staging[i]).ok()) {
       std::cerr << "dpukv replay: cannot reach the agent at " << socket
-                << (agent_pid > 0 ? " (it did not start; see its message above)" : "") << "\n";
-      stop_agent();
+                << (!agent_pids.empty() ? " (it did not start; see its message above)" : "")
+                << "\n";
+      stop_agents();
       return 1;
     }
   }
   const KeyContext ctx{7, 1, 0, kv_layout_fingerprint(c.model, 1, 1, 1)};
-  LruSim sim(c.capacity_blocks);
+  LruSim sim(c.capacity_blocks * nodes);  // one cache of the agents' combined capacity
   LruSim hier_sim(c.capacity_blocks + c.disk_blocks);  // memory + disk, one LRU
   Totals t;
   std::mutex mu;  // guards t and sim across client threads
   const double span_ms = reqs.back().ts_ms - reqs.front().ts_ms;
   t.timeline.resize(static_cast<size_t>(span_ms / 60000) + 1);
   const bool tty = bench::progress_enabled() && !c.json;
-  std::atomic<uint64_t> next{0};
+  std::vector<std::atomic<uint64_t>> next(nodes);  // per agent: its requests taken so far
+  for (auto& x : next) x.store(0);
   const uint64_t wall0 = bench::now_ns();
 
   auto worker = [&](uint32_t w) {
@@ -332,7 +365,8 @@ int run(const Config& c) {
     std::vector<uint32_t> again_k;
     uint64_t retries = 0;
     for (;;) {
-      const uint64_t i = next.fetch_add(1);
+      const uint32_t node = w % nodes;
+      const uint64_t i = next[node].fetch_add(1) * nodes + node;
       if (i >= reqs.size()) return;
       const Request& r = reqs[i];
       if (c.speedup > 0) {  // honour arrival times, compressed
@@ -442,9 +476,23 @@ int run(const Config& c) {
 
   std::string agent_json;
   (void)clients[0]->stats_json(&agent_json);
-  const uint64_t rss = agent_pid > 0 ? peak_rss(agent_pid) : 0;
+  uint64_t remote_hits = 0, remote_bytes = 0, remote_failures = 0;
+  Json node_stats = Json::array();
+  for (uint32_t n = 0; n < nodes && nodes > 1; ++n) {
+    std::string js;
+    (void)clients[n]->stats_json(&js);
+    Json j = Json::parse(js, nullptr, false);
+    if (j.is_discarded()) continue;
+    remote_hits += j.value("lookup_remote_hits", uint64_t{0});
+    remote_bytes += j.value("remote_bytes", uint64_t{0});
+    remote_failures += j.value("remote_read_errors", uint64_t{0}) +
+                       j.value("remote_checksum_failures", uint64_t{0}) +
+                       j.value("remote_timeouts", uint64_t{0});
+    node_stats.push_back(j);
+  }
+  const uint64_t rss = agent_pids.empty() ? 0 : peak_rss(agent_pids[0]);
   clients.clear();
-  stop_agent();
+  stop_agents();
 
   t.lookup_lat.finish();
   t.retrieve_lat.finish();
@@ -456,6 +504,7 @@ int run(const Config& c) {
   out["scale"] = c.scale;
   out["block_bytes"] = block;
   out["capacity_blocks"] = c.capacity_blocks;
+  out["nodes"] = nodes;
   out["eviction"] = c.eviction;
   out["clients"] = nclients;
   out["requests"] = t.requests;
@@ -463,6 +512,18 @@ int run(const Config& c) {
   out["block_hit_ratio"] = t.blocks ? static_cast<double>(t.hit_blocks) / t.blocks : 0.0;
   out["token_hit_ratio"] = t.tokens ? static_cast<double>(t.hit_tokens) / t.tokens : 0.0;
   out["lru_sim_block_hit_ratio"] = t.blocks ? static_cast<double>(t.sim_hits) / t.blocks : 0.0;
+  if (nodes > 1) {
+    // Remote hits are counted by the agents at lookup; a few may be lost before
+    // the retrieve (hits_lost_after_lookup), so local = hits - remote, at least 0.
+    const uint64_t remote = std::min(remote_hits, t.hit_blocks);
+    out["local_hit_blocks"] = t.hit_blocks - remote;
+    out["remote_hit_blocks"] = remote;
+    out["miss_blocks"] = t.blocks - t.hit_blocks;
+    out["remote_hit_ratio"] = t.blocks ? static_cast<double>(remote) / t.blocks : 0.0;
+    out["remote_bytes"] = remote_bytes;
+    out["remote_failures"] = remote_failures;
+    out["node_agents"] = node_stats;
+  }
   out["disk_blocks"] = c.disk_blocks;
   if (c.disk_blocks)
     out["hierarchy_lru_sim_block_hit_ratio"] =
@@ -531,8 +592,18 @@ int run(const Config& c) {
     std::printf("  block hit ratio     %.2f%% (%s)   same-run LRU simulation%s: %.2f%%\n",
                 100 * out["block_hit_ratio"].get<double>(),
                 c.agent_socket.empty() ? c.eviction.c_str() : "external agent",
-                c.disk_blocks ? " of memory alone" : "",
+                nodes > 1         ? " of one cache of the combined capacity"
+                : c.disk_blocks ? " of memory alone"
+                                : "",
                 100 * out["lru_sim_block_hit_ratio"].get<double>());
+    if (nodes > 1)
+      std::printf(
+          "  across %u agents    %.2f%% local hits, %.2f%% remote hits (%.2f GiB read from "
+          "peers), %.2f%% misses; %llu remote reads failed\n",
+          nodes, 100.0 * out["local_hit_blocks"].get<uint64_t>() / t.blocks,
+          100 * out["remote_hit_ratio"].get<double>(), remote_bytes / 1073741824.0,
+          100.0 * out["miss_blocks"].get<uint64_t>() / t.blocks,
+          static_cast<unsigned long long>(remote_failures));
     if (c.disk_blocks)
       std::printf("  with disk tier      %llu blocks; LRU simulation of memory + disk: %.2f%%\n",
                   static_cast<unsigned long long>(c.disk_blocks),
@@ -607,6 +678,12 @@ void add_replay_command(CLI::App* app, int* exit_code) {
          "Eviction policy of the agent it starts: lru or s3fifo (the simulation stays LRU)")
       ->capture_default_str()
       ->check(CLI::IsMember({"lru", "s3fifo"}));
+  cmd->add_option("--nodes", c->nodes,
+                  "Start this many agents that share chunks through a Redis directory (started "
+                  "too); requests are spread over them, compared with one cache of the combined "
+                  "capacity")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 16u));
   cmd->add_flag("--no-verify", c->no_verify, "Do not check retrieved bytes");
   cmd->add_flag("--json", c->json, "Print one JSON object");
   cmd->add_option("--plot", c->plot, "Write a PNG of hit ratio and GB/s over trace time (gnuplot)");
