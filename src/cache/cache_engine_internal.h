@@ -33,6 +33,9 @@ struct CacheEngine::Entry {
   bool evict_when_clean = false;  // drop the memory copy once the spill lands
   bool announced = false;         // the residency listener was told it is present
   bool ingesting = false;         // begin_ingest gave its room to another writer
+  // An ingested copy not yet read here: the read it was fetched for does not make
+  // it recent (another agent holds the chunk; this copy goes first).
+  bool replica_unread = false;
 };
 
 // One store, retrieve, prefetch or spill in flight: an explicit state machine.

@@ -426,7 +426,10 @@ void CacheEngine::finish_read(Request* r, Status st, bool corrupted) {
   ++st_.hits;
   ++st_.retrieves;
   st_.retrieve_bytes += en.size;
-  touch(e);
+  if (en.replica_unread)
+    en.replica_unread = false;
+  else
+    touch(e);
   finish(r, Code::kSuccess);
 }
 

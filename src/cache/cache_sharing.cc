@@ -98,7 +98,8 @@ Status CacheEngine::end_ingest(const ChunkKey& key, bool bytes_ok) {
     return bytes_ok ? Status(Code::kCorrupted) : Status(Code::kIoFailed);
   }
   en.mem_ready = true;
-  policy_->insert(e, en.key.hash(), en.stored);
+  en.replica_unread = true;
+  policy_->insert_cold(e, en.key.hash(), en.stored);
   ++st_.ingests;
   st_.ingest_bytes += en.size;
   announce(e);

@@ -183,3 +183,31 @@ TEST(CacheSharing, ResidencyListenerHearsArrivalsAndDepartures) {
 
 }  // namespace
 }  // namespace dpukv
+
+namespace dpukv {
+namespace {
+
+// A copy of a chunk another agent holds is first to go: the read it was fetched
+// for does not make it recent; a second read does.
+TEST(CacheSharing, IngestedCopiesLeaveBeforeChunksOfThisCache) {
+  CacheHarness a(small_memory(8, 1 << 20)), b(small_memory(3, 1 << 20));
+  ASSERT_TRUE(a.store(key(1), 1 << 20).ok());
+  ASSERT_TRUE(a.store(key(2), 1 << 20).ok());
+  ASSERT_TRUE(b.store(key(10), 1 << 20).ok());
+  ASSERT_TRUE(b.store(key(11), 1 << 20).ok());
+  ASSERT_TRUE(copy_between(a, b, key(1), false).ok());
+  EXPECT_TRUE(b.retrieve(key(1), 1 << 20).ok());  // the read it came for
+  ASSERT_TRUE(b.store(key(12), 1 << 20).ok());   // full: the copy leaves, not key 10
+  EXPECT_FALSE(b.cache_->contains(key(1)));
+  EXPECT_TRUE(b.cache_->contains(key(10)));
+  // Read twice, a copy is as recent as any chunk.
+  ASSERT_TRUE(copy_between(a, b, key(2), false).ok());  // evicts key 10 (least recent)
+  EXPECT_TRUE(b.retrieve(key(2), 1 << 20).ok());
+  EXPECT_TRUE(b.retrieve(key(2), 1 << 20).ok());
+  ASSERT_TRUE(b.store(key(13), 1 << 20).ok());
+  EXPECT_TRUE(b.cache_->contains(key(2)));
+  EXPECT_FALSE(b.cache_->contains(key(11)));
+}
+
+}  // namespace
+}  // namespace dpukv

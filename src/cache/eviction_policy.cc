@@ -33,6 +33,15 @@ class Links {
     if (q.tail < 0) q.tail = e;
     q.bytes += n.bytes;
   }
+  void push_back(Queue& q, int32_t e) {
+    Node& n = (*this)[e];
+    n.next = -1;
+    n.prev = q.tail;
+    if (q.tail >= 0) (*this)[q.tail].next = e;
+    q.tail = e;
+    if (q.head < 0) q.head = e;
+    q.bytes += n.bytes;
+  }
   void unlink(Queue& q, int32_t e) {
     Node& n = (*this)[e];
     if (n.prev >= 0)
@@ -66,6 +75,10 @@ class LruPolicy final : public EvictionPolicy {
   void insert(int32_t e, uint64_t, uint64_t bytes) override {
     links_[e].bytes = bytes;
     links_.push_front(q_, e);
+  }
+  void insert_cold(int32_t e, uint64_t, uint64_t bytes) override {
+    links_[e].bytes = bytes;
+    links_.push_back(q_, e);
   }
   void access(int32_t e) override {
     if (q_.head == e) return;

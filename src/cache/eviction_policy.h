@@ -24,6 +24,12 @@ class EvictionPolicy {
   // The chunk (bytes in memory) entered memory; key_hash identifies it across
   // entry reuse (S3-FIFO's ghost list).
   virtual void insert(int32_t e, uint64_t key_hash, uint64_t bytes) = 0;
+  // As insert, for a chunk that is first in line to leave (a copy of a chunk
+  // another agent holds): LRU puts it at the cold end; S3-FIFO's new chunks
+  // already start in its small queue.
+  virtual void insert_cold(int32_t e, uint64_t key_hash, uint64_t bytes) {
+    insert(e, key_hash, bytes);
+  }
   virtual void access(int32_t e) = 0;
   // The chunk left memory; nothing if it was not inserted.
   virtual void remove(int32_t e) = 0;

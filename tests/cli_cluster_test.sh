@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Agents in a cluster, through the command line only: a Redis server and two
+# `dpukv agent --cluster` processes the test starts on loopback. A replay through
+# agent A stores the trace's blocks; the same replay through agent B finds them on
+# A (remote hits), reads them into B and serves them, every byte checked; `dpukv
+# stat` on B names its peer. `replay --nodes 2` does the same in one command. Bad
+# cluster settings are refused with a message and exit code 2.
+set -euo pipefail
+bin=$1
+src=$2
+trace=$src/traces/mooncake_conversation_trace.jsonl
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() {
+  echo "cli cluster: $*" >&2
+  exit 1
+}
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+
+# Refused settings.
+set +e
+msg=$("$bin" agent --socket "$tmp/x.sock" --cluster bogus://x 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "is not redis://HOST:PORT" <<<"$msg" || fail "bad --cluster: rc $rc: $msg"
+msg=$("$bin" agent --socket "$tmp/x.sock" --advertise 127.0.0.1 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "cluster is not" <<<"$msg" || fail "--advertise alone: rc $rc: $msg"
+msg=$("$bin" agent --socket "$tmp/x.sock" --cluster redis://127.0.0.1:1 --advertise 192.0.2.77 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "no interface of this host" <<<"$msg" || fail "foreign --advertise: rc $rc: $msg"
+set -e
+
+port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --logfile /dev/null &
+pids+=($!)
+for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.05; done
+
+agent() {  # name
+  "$bin" --log-level warning agent --socket "$tmp/$1.sock" --memory-bytes 64M \
+    --max-chunk-size 64K --metrics-port 0 --cluster "redis://127.0.0.1:$port" \
+    --cluster-prefix "t$$" --advertise 127.0.0.1 2>"$tmp/$1.log" &
+  pids+=($!)
+  for _ in $(seq 200); do [ -S "$tmp/$1.sock" ] && return; sleep 0.05; done
+  fail "agent $1 did not start: $(cat "$tmp/$1.log")"
+}
+agent a
+agent b
+"$bin" replay "$trace" --agent "$tmp/a.sock" --max-requests 200 --json >"$tmp/a.json"
+sleep 1.2  # B re-reads the live agents every second
+"$bin" replay "$trace" --agent "$tmp/b.sock" --max-requests 200 --json >"$tmp/b.json"
+"$py" - "$tmp/a.json" "$tmp/b.json" <<'PYEOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["errors"] == 0 and b["errors"] == 0, (a["failures"], b["failures"])
+assert a["verify_failures"] == 0 and b["verify_failures"] == 0
+ag = b["agent"]
+# B stored nothing of what A had: its first lookups found A's blocks remotely.
+assert ag["lookup_remote_hits"] > 0, ag
+assert ag["remote_hits"] >= ag["lookup_remote_hits"], ag
+assert ag["remote_checksum_failures"] == 0 and ag["remote_read_errors"] == 0, ag
+assert b["block_hit_ratio"] > a["block_hit_ratio"], (a["block_hit_ratio"], b["block_hit_ratio"])
+assert b["verified_bytes"] >= ag["remote_bytes"] > 0, (b["verified_bytes"], ag["remote_bytes"])
+assert len(ag["peers"]) == 1 and ag["peers"][0]["fetched"] == ag["remote_hits"], ag["peers"]
+PYEOF
+"$bin" stat --socket "$tmp/a.sock" --json >"$tmp/a-stat.json"
+"$py" - "$tmp/a-stat.json" "$tmp/b.json" <<'PYEOF'
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))["agent"]
+assert a["served_chunks"] == b["remote_hits"], (a["served_chunks"], b["remote_hits"])
+assert a["peers"][0]["node"] == b["peers"][0]["node"] or a["peers"][0]["served"] > 0, a["peers"]
+PYEOF
+"$bin" stat --socket "$tmp/b.sock" >"$tmp/stat.txt"
+grep -q "directory connected" "$tmp/stat.txt" || fail "stat: $(cat "$tmp/stat.txt")"
+grep -q "keys found on peers" "$tmp/stat.txt" || fail "stat: $(cat "$tmp/stat.txt")"
+grep -qE "^  peer [0-9a-f]{16}  connected" "$tmp/stat.txt" || fail "stat: $(cat "$tmp/stat.txt")"
+
+# One command: two agents, requests spread over them.
+"$bin" replay "$trace" --nodes 2 --max-requests 600 --capacity-blocks 4000 --json >"$tmp/n.json" \
+  2>"$tmp/n.err" || fail "replay --nodes 2: $(tail -5 "$tmp/n.err")"
+"$py" - "$tmp/n.json" <<'PYEOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["nodes"] == 2 and d["errors"] == 0 and d["verify_failures"] == 0, d["failures"]
+assert d["remote_hit_blocks"] > 0, d
+assert d["local_hit_blocks"] + d["remote_hit_blocks"] + d["miss_blocks"] == d["block_references"]
+assert len(d["node_agents"]) == 2
+PYEOF
+echo "cli cluster: ok"
