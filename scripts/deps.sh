@@ -7,7 +7,7 @@ pkgs=(cmake ninja-build g++ pkg-config python3 clang-14 libclang-rt-14-dev clang
 # --test: also what the real-initiator test boots (a Debian kernel under QEMU) and
 # the connector test's torch (CPU).
 if [ "${1:-}" = "--test" ]; then
-  pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static cpio python3-torch redis-server)
+  pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static cpio python3-torch redis-server iproute2)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

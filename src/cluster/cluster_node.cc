@@ -547,14 +547,21 @@ size_t ClusterNode::poll() {
       link_failed(l.get(), "connection lost");
       ++n;
     }
-  std::vector<Ask*> late;
+  std::vector<uint64_t> late;
   for (auto& [id, a] : asks_)
-    if (!a->answered && a->deadline_ms != 0 && now >= a->deadline_ms) late.push_back(a.get());
-  for (Ask* a : late) {
+    if (!a->answered && a->deadline_ms != 0 && now >= a->deadline_ms) late.push_back(id);
+  for (uint64_t id : late) {
+    auto it = asks_.find(id);
+    if (it == asks_.end() || it->second->answered) continue;  // ended with its holder
+    Ask* a = it->second.get();
     LOG_WARN("cluster: peer %016llx did not answer in %u ms; %zu keys are misses",
              static_cast<unsigned long long>(a->link->node), opts_.request_timeout_ms,
              a->index.size());
+    Link* l = a->link;
     ask_failed(a, &counters_.timeouts);
+    // A holder that does not answer (partitioned, hung) is not asked again for
+    // retry_ms: later lookups miss at once instead of waiting for it each time.
+    if (l->state == Link::State::kReady) link_failed(l, "not answering");
     ++n;
   }
   return n;
