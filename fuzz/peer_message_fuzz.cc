@@ -18,6 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const dpukv::peer::Placed p = m.placed(i);
       if (p.status == 0 && (p.stored == 0 || p.offset + p.stored < p.offset)) abort();
       sum += p.offset;
+    } else if (m.type == dpukv::peer::Type::kTaken) {
+      if (static_cast<uint8_t>(m.status(i)) >= static_cast<uint8_t>(dpukv::Code::kCount_)) abort();
     } else {
       sum += m.key(i).prefix_hash;
     }

@@ -54,6 +54,15 @@ struct Agent::RemoteLookup {
   uint64_t start_ns = 0;
 };
 
+// A push to another agent, waiting for its answer.
+struct Agent::Push {
+  Agent* agent = nullptr;
+  Session* session = nullptr;
+  AgentHeader hdr{};
+  std::vector<uint8_t> status;  // per key; keys not sent keep theirs
+  std::vector<uint32_t> sent;   // positions of the keys offered
+};
+
 // Latency histograms.
 struct Agent::Metrics {
   static constexpr double kBuckets[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
@@ -437,6 +446,45 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
       reply(s, h, Code::kSuccess, st, h.count);
       return;
     }
+    case Op::kPush: {
+      agent::PushHeader ph;
+      if (h.count == 0 || h.count > agent::kMaxPushKeys ||
+          body_len != sizeof(ph) + static_cast<uint64_t>(h.count) * sizeof(ChunkKey))
+        break;
+      std::memcpy(&ph, body, sizeof(ph));
+      if (!cluster_) {
+        reply(s, h, Code::kNotSupported, nullptr, 0);  // not in a cluster
+        return;
+      }
+      auto p = std::make_unique<Push>();
+      p->agent = this;
+      p->session = s;
+      p->hdr = h;
+      p->status.assign(h.count, static_cast<uint8_t>(Code::kNotFound));
+      std::vector<ChunkKey> keys;
+      for (uint32_t i = 0; i < h.count; ++i) {
+        ChunkKey k;
+        std::memcpy(&k, body + sizeof(ph) + i * sizeof(k), sizeof(k));
+        if (!key_allowed(k)) {
+          p->status[i] = static_cast<uint8_t>(Code::kNotPermitted);
+          ++counters_.not_permitted;
+        } else if (cache_->contains(k)) {
+          keys.push_back(k);
+          p->sent.push_back(i);
+        }
+      }
+      Status st = keys.empty() ? Status(Code::kNotFound)
+                               : cluster_->push(ph.node, keys.data(),
+                                                static_cast<uint32_t>(keys.size()),
+                                                &Agent::push_done, p.get());
+      if (!st.ok()) {
+        reply(s, h, st, p->status.data(), h.count);
+        return;
+      }
+      ++s->pending;
+      (void)p.release();  // push_done owns it
+      return;
+    }
     case Op::kClear: {
       if (h.count != 0 || body_len != 0) break;
       const uint64_t removed = cache_->clear(s->model);
@@ -477,6 +525,19 @@ void Agent::remote_lookup_done(void* arg, uint32_t fetched) {
   a->free_remote_lookups_.push_back(r);
   --s->pending;
   a->release_session(s);
+}
+
+void Agent::push_done(void* arg, Status st, const uint8_t* taken, uint32_t n) {
+  std::unique_ptr<Push> p(static_cast<Push*>(arg));
+  Session* s = p->session;
+  for (uint32_t j = 0; j < n && j < p->sent.size(); ++j) p->status[p->sent[j]] = taken[j];
+  Status worst = st;
+  for (uint8_t b : p->status)
+    if (b != 0 && worst.ok()) worst = static_cast<Code>(b);
+  if (!s->gone)
+    p->agent->reply(s, p->hdr, worst, p->status.data(), static_cast<uint32_t>(p->status.size()));
+  --s->pending;
+  p->agent->release_session(s);
 }
 
 // One table feeds both the JSON of `dpukv stat` and the Prometheus text, so a
@@ -590,6 +651,11 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
        "Connections to other agents that failed.", k.peers_failed},
       {"directory_published", "dpukv_cluster_published_total", "counter",
        "Chunk entries written to the directory.", d.published},
+      {"pushed_chunks", "dpukv_cluster_pushed_chunks_total", "counter",
+       "Chunks other agents took when this one pushed them (prefill to decode).",
+       k.pushed_chunks},
+      {"offered_chunks", "dpukv_cluster_offered_chunks_total", "counter",
+       "Chunks this agent took when others pushed them.", k.offered_chunks},
   };
   rows.insert(rows.end(), cluster_rows.begin(), cluster_rows.end());
   return rows;

@@ -72,6 +72,7 @@ class Agent {
   struct Session;
   struct Batch;
   struct RemoteLookup;
+  struct Push;
   struct Metrics;
   struct MetricRow {
     const char* json;  // name in stats_json
@@ -92,6 +93,7 @@ class Agent {
   void finish_batch(Batch* b);
   void release_session(Session* s);
   static void remote_lookup_done(void* arg, uint32_t fetched);
+  static void push_done(void* arg, Status st, const uint8_t* taken, uint32_t n);
 
   AgentOptions opts_;
   std::unique_ptr<ProgressEngine> pe_;

@@ -197,14 +197,15 @@ Status Client::call(Op op, uint16_t flags, const void* entries, uint32_t entry_s
   return static_cast<Code>(r.status);
 }
 
+// count: the header's entry count, when the body is not n entries of one size.
 Status Client::send_request(Op op, uint16_t flags, const void* entries, uint32_t entry_size,
-                            uint32_t n, uint64_t* id) {
+                            uint32_t n, uint64_t* id, uint32_t count) {
   std::vector<uint8_t> msg(sizeof(AgentHeader) + static_cast<size_t>(entry_size) * n);
   AgentHeader h{};
   h.op = static_cast<uint16_t>(op);
   h.version = agent::kProtocolVersion;
   h.flags = flags;
-  h.count = n;
+  h.count = count == UINT32_MAX ? n : count;
   h.request_id = next_id_++;
   std::memcpy(msg.data(), &h, sizeof(h));
   if (n) std::memcpy(msg.data() + sizeof(h), entries, static_cast<size_t>(entry_size) * n);
@@ -424,6 +425,28 @@ Status Client::remove(const ChunkKey* keys, uint32_t n, Status* p) {
 }
 Status Client::prefetch(const ChunkKey* keys, uint32_t n, Status* p) {
   return keys_op(Op::kPrefetch, keys, n, p);
+}
+
+Status Client::push(uint64_t node, const ChunkKey* keys, uint32_t n, Status* per_entry) {
+  if (keys == nullptr || n == 0 || n > agent::kMaxPushKeys) return Code::kInvalidValue;
+  std::lock_guard<std::mutex> g(mu_);
+  DPUKV_RETURN_IF_ERROR(ensure_connected());
+  // The body is a PushHeader and the keys, sent as one 16-byte "entry" per piece.
+  std::vector<uint8_t> body(sizeof(agent::PushHeader) + n * sizeof(ChunkKey));
+  const agent::PushHeader ph{node, 0};
+  std::memcpy(body.data(), &ph, sizeof(ph));
+  std::memcpy(body.data() + sizeof(ph), keys, n * sizeof(ChunkKey));
+  uint64_t id;
+  DPUKV_RETURN_IF_ERROR(send_request(Op::kPush, 0, body.data(), 1,
+                                     static_cast<uint32_t>(body.size()), &id, n));
+  std::vector<uint8_t> resp;
+  DPUKV_RETURN_IF_ERROR(wait_response(id, &resp));
+  if (resp.size() < sizeof(AgentHeader)) return Code::kCorrupted;
+  AgentHeader r;
+  std::memcpy(&r, resp.data(), sizeof(r));
+  if (resp.size() >= sizeof(AgentHeader) + n && per_entry != nullptr)
+    for (uint32_t i = 0; i < n; ++i) per_entry[i] = static_cast<Code>(resp[sizeof(r) + i]);
+  return static_cast<Code>(r.status);
 }
 
 Status Client::clear(uint64_t* removed) {

@@ -69,6 +69,11 @@ class Client {
   Status remove(const ChunkKey* keys, uint32_t n, Status* per_entry);
   Status prefetch(const ChunkKey* keys, uint32_t n, Status* per_entry);
   Status stats_json(std::string* out);
+  // Prefill to decode: the agent offers these chunks (it must hold them) to the
+  // agent whose cluster node id is node, which reads them into its own cache.
+  // per_entry[i] is SUCCESS once the destination holds keys[i]. At most
+  // agent::kMaxPushKeys keys; NOT_SUPPORTED if the agent is not in a cluster.
+  Status push(uint64_t node, const ChunkKey* keys, uint32_t n, Status* per_entry);
   // Drops every chunk of this client's model (every model if it named none) that
   // is not in use or pinned.
   Status clear(uint64_t* removed);
@@ -99,7 +104,8 @@ class Client {
   Status keys_op(agent::Op op, const ChunkKey* keys, uint32_t n, Status* per_entry);
   Status wait_response(uint64_t id, std::vector<uint8_t>* out);
   Status send_request(agent::Op op, uint16_t flags, const void* entries, uint32_t entry_size,
-                      uint32_t n, uint64_t* id);
+                      uint32_t n, uint64_t* id,
+                      uint32_t count = UINT32_MAX);
   Status submit_io(agent::Op op, const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
                    const uint64_t* lengths, uint32_t n, Status* per_entry, Ticket* out);
   bool collect(Ticket t);  // true once finished

@@ -34,6 +34,17 @@ struct ClusterNode::Fetch {
   std::vector<uint8_t> got;  // 1: now in the local cache
   uint32_t asks = 0;
   bool in_use = false;
+  uint64_t offer_from = 0, offer_request = 0;  // an OFFER being taken: answer TAKEN
+};
+
+// A push this node made: waits for the destination's TAKEN.
+struct ClusterNode::Offer {
+  uint64_t id = 0;
+  Link* link = nullptr;
+  PushCb cb = nullptr;
+  void* arg = nullptr;
+  uint32_t n = 0;
+  uint64_t deadline_ms = 0;
 };
 
 // One PIN sent to one holder for up to peer::kMaxKeys keys of a fetch.
@@ -126,6 +137,9 @@ void ClusterNode::do_stop() {
   for (auto& [id, a] : asks_)
     if (!a->answered) open.push_back(a.get());
   for (Ask* a : open) ask_failed(a, nullptr);
+  std::vector<Offer*> offers;
+  for (auto& [id, o] : offers_) offers.push_back(o.get());
+  for (Offer* o : offers) offer_done(o, Code::kShutdown, nullptr);
   (void)ucx_->stop();
   (void)dir_->stop();
 }
@@ -199,24 +213,28 @@ void ClusterNode::on_holders(void* arg, Status st,
     self->fetch_done(f);
     return;
   }
-  // The leading keys with a reachable holder, grouped into one ask per holder and
-  // peer::kMaxKeys keys.
+  self->plan(f, &holders, nullptr);
+}
+
+void ClusterNode::plan(Fetch* f, const std::vector<std::vector<uint64_t>>* holders, Link* only) {
+  // Keys with a reachable holder (the leading ones for a lookup; all for an
+  // offer), grouped into one ask per holder and peer::kMaxKeys keys.
   std::unordered_map<Link*, Ask*> open;
   for (uint32_t i = 0; i < f->keys.size(); ++i) {
-    if (self->cache_->contains(f->keys[i])) {  // here already: nothing to ask
+    if (cache_->contains(f->keys[i])) {  // here already: nothing to ask
       f->got[i] = 1;
       continue;
     }
-    Link* l = self->pick_holder(holders[i]);
+    Link* l = only != nullptr ? only : pick_holder((*holders)[i]);
     if (l == nullptr) break;
     Ask*& a = open[l];
     if (a == nullptr || a->index.size() == peer::kMaxKeys) {
       auto owned = std::make_unique<Ask>();
       a = owned.get();
-      a->id = self->next_request_++;
+      a->id = next_request_++;
       a->fetch = f;
       a->link = l;
-      self->asks_.emplace(a->id, std::move(owned));
+      asks_.emplace(a->id, std::move(owned));
       ++f->asks;
     }
     a->index.push_back(i);
@@ -225,14 +243,14 @@ void ClusterNode::on_holders(void* arg, Status st,
   // Sent after grouping. A send may fail at once and end asks of its holder: the
   // guard keeps the fetch until every ask is out, and asks are found again by id.
   std::vector<uint64_t> to_send;
-  for (auto& [id, a] : self->asks_)
+  for (auto& [id, a] : asks_)
     if (a->fetch == f && a->deadline_ms == 0) to_send.push_back(id);
   ++f->asks;
   for (uint64_t id : to_send) {
-    auto it = self->asks_.find(id);
-    if (it != self->asks_.end() && !it->second->answered) self->send_ask(it->second.get());
+    auto it = asks_.find(id);
+    if (it != asks_.end() && !it->second->answered) send_ask(it->second.get());
   }
-  if (--f->asks == 0) self->fetch_done(f);
+  if (--f->asks == 0) fetch_done(f);
 }
 
 void ClusterNode::send_ask(Ask* a) {
@@ -344,7 +362,89 @@ void ClusterNode::fetch_done(Fetch* f) {
     --fetching_;
   }
   free_fetches_.push_back(f);
-  f->cb(f->arg, fetched);
+  if (f->offer_from == 0) {
+    f->cb(f->arg, fetched);
+    return;
+  }
+  // An offer taken: tell the offering node which chunks are here now.
+  const auto n = static_cast<uint32_t>(f->got.size());
+  std::vector<uint8_t> msg(peer::message_bytes(peer::Type::kTaken, n));
+  peer::write_header(peer::Type::kTaken, f->offer_request, n, msg.data());
+  for (uint32_t i = 0; i < n; ++i) {
+    const bool here = f->got[i] != 0 || cache_->contains(f->keys[i]);
+    msg[sizeof(peer::Header) + i] = static_cast<uint8_t>(here ? Code::kSuccess : Code::kNotFound);
+    counters_.offered_chunks += here;
+  }
+  const uint64_t to = f->offer_from;
+  f->offer_from = 0;
+  if (!stopping_) send(link(to), std::move(msg), {});
+}
+
+// ---- prefill-to-decode transfers ---------------------------------------------------
+
+Status ClusterNode::push(uint64_t node, const ChunkKey* keys, uint32_t n, PushCb cb, void* arg) {
+  if (state() != CtxState::kRunning) return Code::kBadState;
+  if (keys == nullptr || n == 0 || n > peer::kMaxKeys || cb == nullptr || node == node_id())
+    return Code::kInvalidValue;
+  auto o = std::make_unique<Offer>();
+  o->id = next_request_++;
+  o->link = link(node);
+  o->cb = cb;
+  o->arg = arg;
+  o->n = n;
+  o->deadline_ms = monotonic_ms() + 8ull * opts_.request_timeout_ms;  // the reads take time
+  std::vector<uint8_t> msg(peer::message_bytes(peer::Type::kOffer, n));
+  peer::write_header(peer::Type::kOffer, o->id, n, msg.data());
+  std::memcpy(msg.data() + sizeof(peer::Header), keys, n * sizeof(ChunkKey));
+  Link* l = o->link;
+  offers_.emplace(o->id, std::move(o));
+  ++counters_.pushes;
+  send(l, std::move(msg), {});  // a link that fails ends the offer (link_failed)
+  return Code::kSuccess;
+}
+
+void ClusterNode::offer_done(Offer* o, Status st, const uint8_t* taken) {
+  std::unique_ptr<Offer> owned = std::move(offers_[o->id]);
+  offers_.erase(o->id);
+  std::vector<uint8_t> none;
+  if (taken == nullptr) {
+    none.assign(o->n, static_cast<uint8_t>(st.code()));
+    taken = none.data();
+  } else {
+    for (uint32_t i = 0; i < o->n; ++i) counters_.pushed_chunks += taken[i] == 0;
+  }
+  o->cb(o->arg, st, taken, o->n);
+}
+
+void ClusterNode::on_offer(uint64_t sender, const peer::Message& m) {
+  ++counters_.offers;
+  if (free_fetches_.empty()) {
+    fetches_.push_back(std::make_unique<Fetch>());
+    fetches_.back()->owner = this;
+    free_fetches_.push_back(fetches_.back().get());
+  }
+  Fetch* f = free_fetches_.back();
+  free_fetches_.pop_back();
+  f->in_use = true;
+  ++fetching_;
+  f->cb = nullptr;
+  f->arg = nullptr;
+  f->keys.resize(m.count);
+  for (uint32_t i = 0; i < m.count; ++i) f->keys[i] = m.key(i);
+  f->got.assign(m.count, 0);
+  f->asks = 0;
+  f->offer_from = sender;
+  f->offer_request = m.request;
+  plan(f, nullptr, link(sender));  // the offering node holds them all
+}
+
+void ClusterNode::on_taken(Link* l, const peer::Message& m) {
+  auto it = offers_.find(m.request);
+  if (it == offers_.end() || it->second->link != l || it->second->n != m.count) {
+    ++counters_.bad_messages;  // late (timed out), or not an answer to us
+    return;
+  }
+  offer_done(it->second.get(), Code::kSuccess, m.items);
 }
 
 // ---- holder side -------------------------------------------------------------------
@@ -501,6 +601,10 @@ void ClusterNode::link_failed(Link* l, const char* why) {
   for (auto& [id, a] : asks_)
     if (a->link == l && !a->answered) lost.push_back(a.get());
   for (Ask* a : lost) ask_failed(a, &counters_.read_errors);
+  std::vector<Offer*> gone;
+  for (auto& [id, o] : offers_)
+    if (o->link == l) gone.push_back(o.get());
+  for (Offer* o : gone) offer_done(o, Code::kConnectionReset, nullptr);
 }
 
 void ClusterNode::on_control(void* arg, uint64_t sender, uint32_t, const uint8_t* msg,
@@ -535,6 +639,17 @@ void ClusterNode::on_control(void* arg, uint64_t sender, uint32_t, const uint8_t
         self->cache_->unpin(&k, 1);
       }
       return;
+    case peer::Type::kOffer:
+      self->on_offer(sender, m);
+      return;
+    case peer::Type::kTaken: {
+      auto it = self->links_.find(sender);
+      if (it != self->links_.end())
+        self->on_taken(it->second.get(), m);
+      else
+        ++self->counters_.bad_messages;
+      return;
+    }
   }
 }
 
@@ -562,6 +677,14 @@ size_t ClusterNode::poll() {
     // A holder that does not answer (partitioned, hung) is not asked again for
     // retry_ms: later lookups miss at once instead of waiting for it each time.
     if (l->state == Link::State::kReady) link_failed(l, "not answering");
+    ++n;
+  }
+  std::vector<Offer*> late_offers;
+  for (auto& [id, o] : offers_)
+    if (now >= o->deadline_ms) late_offers.push_back(o.get());
+  for (Offer* o : late_offers) {
+    ++counters_.timeouts;
+    offer_done(o, Code::kTimeout, nullptr);
     ++n;
   }
   return n;

@@ -53,6 +53,8 @@ class ClusterNode final : public Context {
   // fetched: how many leading keys were brought into the local cache (a lookup
   // of the local cache then sees them; they may still be evicted before it does).
   using FetchCb = void (*)(void* arg, uint32_t fetched);
+  // taken[i]: SUCCESS if the destination now holds keys[i]; valid during the call.
+  using PushCb = void (*)(void* arg, Status st, const uint8_t* taken, uint32_t n);
 
   struct Counters {
     uint64_t fetches = 0, fetch_keys = 0;
@@ -66,6 +68,8 @@ class ClusterNode final : public Context {
     uint64_t served_requests = 0, served_chunks = 0, served_bytes = 0;
     uint64_t bad_messages = 0;  // malformed control messages (sender disconnected)
     uint64_t peers_failed = 0;
+    uint64_t pushes = 0, pushed_chunks = 0;  // prefill side: offers made, chunks taken
+    uint64_t offers = 0, offered_chunks = 0;  // decode side: offers received, chunks taken
   };
   struct PeerStats {
     uint64_t node = 0;
@@ -82,6 +86,12 @@ class ClusterNode final : public Context {
   // exactly once, later; CONNECTION_RESET at once if the directory is away,
   // BAD_STATE if not running.
   Status fetch(const ChunkKey* keys, uint32_t n, FetchCb cb, void* arg);
+  // A prefill-to-decode transfer: offers chunks this node holds to node, which
+  // reads them into its cache (one-sided, as any remote hit) and says which it
+  // took. cb exactly once, later: CONNECTION_RESET if node cannot be reached,
+  // TIMEOUT if it did not answer; INVALID_VALUE at once for more than
+  // peer::kMaxKeys keys or this node itself.
+  Status push(uint64_t node, const ChunkKey* keys, uint32_t n, PushCb cb, void* arg);
 
   const Counters& counters() const { return counters_; }
   std::vector<PeerStats> peer_stats() const;
@@ -95,6 +105,7 @@ class ClusterNode final : public Context {
   struct Pull;
   struct Serve;
   struct Resolve;
+  struct Offer;
 
   ClusterNode(ProgressEngine* pe, CacheEngine* cache, const ClusterOptions& o);
   Status do_start() override;
@@ -105,6 +116,11 @@ class ClusterNode final : public Context {
 
   // Reader side.
   static void on_holders(void* arg, Status st, const std::vector<std::vector<uint64_t>>& holders);
+  // Sends the asks of f: each key to its pick among holders, or all to only.
+  void plan(Fetch* f, const std::vector<std::vector<uint64_t>>* holders, Link* only);
+  void on_offer(uint64_t sender, const peer::Message& m);
+  void on_taken(Link* l, const peer::Message& m);
+  void offer_done(Offer* o, Status st, const uint8_t* taken);
   Link* pick_holder(const std::vector<uint64_t>& holders);
   void send_ask(Ask* a);
   void on_placed(Link* l, const peer::Message& m);
@@ -134,6 +150,7 @@ class ClusterNode final : public Context {
   std::vector<std::unique_ptr<Fetch>> fetches_;
   std::vector<Fetch*> free_fetches_;
   std::vector<std::unique_ptr<Serve>> serves_;  // waiting for prefetches
+  std::unordered_map<uint64_t, std::unique_ptr<Offer>> offers_;  // by request id
   uint32_t resolving_ = 0, fetching_ = 0;
   Counters counters_;
   // Last: destroyed first, while everything their callbacks touch still exists.

@@ -128,6 +128,52 @@ TEST(ClusterNode, RemoteChunksAreReadIntoTheLocalCacheCheckedAndServed) {
   EXPECT_EQ(a.node->counters().served_requests, 2u);
 }
 
+struct PushResult {
+  bool done = false;
+  Status st;
+  std::vector<uint8_t> taken;
+  static void cb(void* arg, Status st, const uint8_t* taken, uint32_t n) {
+    auto* r = static_cast<PushResult*>(arg);
+    r->done = true;
+    r->st = st;
+    r->taken.assign(taken, taken + n);
+  }
+};
+
+TEST(ClusterNode, PushedChunksAreInTheDestinationBeforeItAsks) {
+  Redis redis(free_port());
+  Agent a(redis.port()), b(redis.port(), 500);
+  const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
+  for (uint64_t k = 1; k <= 4; ++k) ASSERT_TRUE(a.h.store(key(k), kChunk).ok());
+  ASSERT_TRUE(wait_published(b, pes, 1));  // both in the directory (b read key 1 from a)
+  const ChunkKey k1 = key(1);
+  ASSERT_TRUE(b.h.cache_->remove(k1).ok());
+  // Keys 1..4 are on a, 9 is not: four taken, one not found.
+  std::vector<ChunkKey> ks = {key(1), key(2), key(3), key(4), key(9)};
+  const uint64_t fetches = b.node->counters().fetches;
+  PushResult r;
+  ASSERT_TRUE(a.node->push(b.node->node_id(), ks.data(), 5, &PushResult::cb, &r).ok());
+  ASSERT_TRUE(until(pes, [&] { return r.done; }));
+  EXPECT_TRUE(r.st.ok()) << r.st.name();
+  EXPECT_EQ(r.taken, (std::vector<uint8_t>{0, 0, 0, 0, static_cast<uint8_t>(Code::kNotFound)}));
+  // b holds them without having looked anything up.
+  EXPECT_EQ(b.node->counters().fetches, fetches);
+  for (uint64_t k = 1; k <= 4; ++k) EXPECT_TRUE(b.h.retrieve(key(k), kChunk).ok()) << k;
+  EXPECT_EQ(a.node->counters().pushed_chunks, 4u);
+  EXPECT_EQ(b.node->counters().offered_chunks, 4u);
+  // To itself, to too many keys: refused at once. To a node nobody knows: a
+  // CONNECTION_RESET answer, not a hang.
+  EXPECT_EQ(a.node->push(a.node->node_id(), ks.data(), 1, &PushResult::cb, &r), Code::kInvalidValue);
+  std::vector<ChunkKey> many(peer::kMaxKeys + 1, key(1));
+  EXPECT_EQ(a.node->push(b.node->node_id(), many.data(), static_cast<uint32_t>(many.size()),
+                         &PushResult::cb, &r),
+            Code::kInvalidValue);
+  PushResult nowhere;
+  ASSERT_TRUE(a.node->push(0x1234, ks.data(), 1, &PushResult::cb, &nowhere).ok());
+  ASSERT_TRUE(until(pes, [&] { return nowhere.done; }));
+  EXPECT_EQ(nowhere.st, Code::kConnectionReset);
+}
+
 TEST(ClusterNode, StaleEntriesAndCorruptCopiesAreMissesNeverWrongBytes) {
   Redis redis(free_port());
   Agent a(redis.port()), b(redis.port());

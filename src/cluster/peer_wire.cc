@@ -5,8 +5,10 @@
 namespace dpukv::peer {
 
 size_t message_bytes(Type type, uint32_t count) {
-  return sizeof(Header) + static_cast<size_t>(count) *
-                              (type == Type::kPlaced ? sizeof(Placed) : sizeof(ChunkKey));
+  const size_t item = type == Type::kPlaced  ? sizeof(Placed)
+                      : type == Type::kTaken ? 1
+                                             : sizeof(ChunkKey);
+  return sizeof(Header) + static_cast<size_t>(count) * item;
 }
 
 void write_header(Type type, uint64_t request, uint32_t count, uint8_t* out) {
@@ -20,7 +22,7 @@ Status parse_peer_message(const uint8_t* msg, size_t len, Message* out) {
   std::memcpy(&h, msg, sizeof(h));
   if (h.magic != kMagic || h.version != kVersion || h.reserved != 0) return Code::kInvalidValue;
   const auto type = static_cast<Type>(h.type);
-  if (type != Type::kPin && type != Type::kPlaced && type != Type::kUnpin)
+  if (h.type < static_cast<uint16_t>(Type::kPin) || h.type > static_cast<uint16_t>(Type::kTaken))
     return Code::kInvalidValue;
   if (h.count == 0 || h.count > kMaxKeys || len != message_bytes(type, h.count))
     return Code::kInvalidValue;
@@ -34,6 +36,9 @@ Status parse_peer_message(const uint8_t* msg, size_t len, Message* out) {
         return Code::kInvalidValue;
     }
   }
+  if (type == Type::kTaken)
+    for (uint32_t i = 0; i < h.count; ++i)
+      if (msg[sizeof(h) + i] >= static_cast<uint8_t>(Code::kCount_)) return Code::kInvalidValue;
   out->type = type;
   out->request = h.request;
   out->count = h.count;

@@ -7,6 +7,11 @@
 //   reader ── ucp_get_nbx of each placed chunk ─▶ holder's arena
 //   reader ── UNPIN(keys) ─────────────────────▶ holder
 //
+// A prefill-to-decode transfer is the same read, started by the holder:
+//
+//   prefill agent ── OFFER(request, keys) ─▶ decode agent   reads them as above
+//   prefill agent ◀── TAKEN(request, one status byte/key) ── decode agent
+//
 // Everything arrives from another host: parse_peer_message() checks magic,
 // version, type, counts and lengths before anything is read from a message.
 // Little-endian, fixed layout.
@@ -24,7 +29,7 @@ constexpr uint32_t kMagic = 0x53564b44;  // "DKVS"
 constexpr uint16_t kVersion = 1;
 constexpr uint32_t kMaxKeys = 64;  // keys per message: a PLACED reply stays under 4 KiB
 
-enum class Type : uint16_t { kPin = 1, kPlaced = 2, kUnpin = 3 };
+enum class Type : uint16_t { kPin = 1, kPlaced = 2, kUnpin = 3, kOffer = 4, kTaken = 5 };
 
 struct Header {
   uint32_t magic;
@@ -52,9 +57,11 @@ struct Message {
   Type type = Type::kPin;
   uint64_t request = 0;
   uint32_t count = 0;
-  const uint8_t* items = nullptr;  // count ChunkKeys (PIN, UNPIN) or Placed (PLACED)
+  // count ChunkKeys (PIN, UNPIN, OFFER), Placed (PLACED) or status bytes (TAKEN)
+  const uint8_t* items = nullptr;
   ChunkKey key(uint32_t i) const;
   Placed placed(uint32_t i) const;
+  Code status(uint32_t i) const { return static_cast<Code>(items[i]); }
 };
 
 // INVALID_VALUE unless msg is exactly one well-formed message.

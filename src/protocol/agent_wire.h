@@ -28,7 +28,19 @@ enum class Op : uint16_t {
   kStats = 9,     // no entries; response: JSON
   kClear = 10,    // no entries: drops every chunk of the session's model (all: model 0)
                   // that is not in use or pinned; response: u64 chunks removed
+  kPush = 11,     // body: PushHeader, then count ChunkKeys (at most kMaxPushKeys): the
+                  // agent offers those chunks to another agent of its cluster (a
+                  // prefill-to-decode transfer); response: a status byte per key,
+                  // SUCCESS once the destination holds it
 };
+
+inline constexpr uint32_t kMaxPushKeys = 64;
+
+struct PushHeader {
+  uint64_t node;  // the destination agent's cluster node id (`dpukv stat`)
+  uint64_t reserved;
+};
+static_assert(sizeof(PushHeader) == 16);
 
 inline constexpr uint16_t kPin = 1;
 

@@ -18,6 +18,7 @@
 #include <hiredis/hiredis.h>
 #include <spawn.h>
 
+#include "client/client.h"
 #include "cluster/directory.h"
 #include "cluster/ucx_node.h"
 #include "runtime/child_process.h"
@@ -38,6 +39,8 @@ struct Config {
   std::string size = "32M";
   uint32_t reps = 9;
   std::string transports = "tcp,shm";
+  bool no_pd = false;
+  uint32_t pd_chunks = 64;  // chunks of 256 KiB per prefill-to-decode transfer
   bench::OutputOptions out;
 };
 
@@ -331,6 +334,149 @@ out:
   return rc;
 }
 
+// Prefill to decode through two agent processes of one cluster: a prefill client
+// stores chunks on agent A and has A push them to agent B; a decode client on B
+// finds them all locally and retrieves them. Timed from the start of the store to
+// the end of the retrieve, against the same store and retrieve on one agent (no
+// transfer) in the same run; every byte checked.
+int measure_pd(const Config& c, std::vector<Json>* rows) {
+  constexpr uint64_t kChunk = 256 << 10;
+  const uint32_t n = c.pd_chunks;
+  uint16_t port = 0;
+  const pid_t redis = bench::start_redis_server(&port);
+  if (redis < 0) {
+    std::cerr << "dpukv bench cluster: no redis-server to start (give --no-pd)\n";
+    return 1;
+  }
+  const std::string base = "/tmp/dpukv-bench-pd-" + std::to_string(getpid());
+  std::vector<pid_t> agents;
+  for (const char* name : {"a", "b"}) {
+    agents.push_back(bench::spawn_self(
+        {"--log-level", "error", "agent", "--socket", base + name + ".sock", "--memory-bytes",
+         std::to_string(8ull * n * kChunk), "--max-chunk-size", std::to_string(kChunk),
+         "--metrics-port", "0", "--cluster", "redis://127.0.0.1:" + std::to_string(port),
+         "--cluster-prefix", "pd-bench-" + std::to_string(getpid()), "--parent-pid",
+         std::to_string(getpid())},
+        -1));
+  }
+  int rc = 1;
+  std::unique_ptr<Client> prefill, decode;
+  Staging sp, sd;
+  uint64_t b_node = 0;
+  std::vector<double> pd, one, push_only;
+  std::vector<uint64_t> offs(n), lens(n, kChunk);
+  std::vector<Status> sts(n);
+  for (uint32_t i = 0; i < n; ++i) offs[i] = i * kChunk;
+  const KeyContext ctx{7, 1, 0, 0x5044};
+  {
+    ClientOptions o;
+    o.connect_timeout_ms = 10000;
+    o.model = 7;
+    o.socket_path = base + "b.sock";
+    if (!Client::connect(o, &decode).ok()) {
+      std::cerr << "dpukv bench cluster: the agents did not start\n";
+      goto out;
+    }
+    o.socket_path = base + "a.sock";
+    if (!Client::connect(o, &prefill).ok() || !prefill->alloc_staging(n * kChunk, &sp).ok() ||
+        !decode->alloc_staging(n * kChunk, &sd).ok()) {
+      std::cerr << "dpukv bench cluster: the agents did not start\n";
+      goto out;
+    }
+    // Both agents in the directory, and B's node id.
+    for (int i = 0; i < 500 && b_node == 0; ++i) {
+      std::string ja, jb;
+      (void)prefill->stats_json(&ja);
+      (void)decode->stats_json(&jb);
+      const Json a = Json::parse(ja, nullptr, false), b = Json::parse(jb, nullptr, false);
+      if (!a.is_discarded() && !b.is_discarded() && a.value("cluster_directory_connected", 0) &&
+          b.value("cluster_directory_connected", 0))
+        b_node = std::stoull(b.value("cluster_node", std::string("0")), nullptr, 16);
+      if (b_node == 0) usleep(10000);
+    }
+    if (b_node == 0) {
+      std::cerr << "dpukv bench cluster: the agents did not join the cluster\n";
+      goto out;
+    }
+  }
+  for (uint32_t r = 0; r <= c.reps; ++r) {  // round 0 warms up
+    std::vector<ChunkKey> k(n), k1(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      k[i] = key_from_block_id(ctx, 2ull * r * n + i);
+      k1[i] = key_from_block_id(ctx, (2ull * r + 1) * n + i);
+      std::memset(sp.data + offs[i], static_cast<int>(pattern(r * n + i)), kChunk);
+    }
+    std::memset(sd.data, 0, n * kChunk);
+    uint64_t t0 = bench::now_ns();
+    if (Status st = prefill->store(sp, k.data(), offs.data(), lens.data(), n, sts.data());
+        !st.ok()) {
+      std::cerr << "dpukv bench cluster: prefill store: " << st.name() << "\n";
+      goto out;
+    }
+    const uint64_t tp = bench::now_ns();
+    Status pst = prefill->push(b_node, k.data(), n, sts.data());
+    const uint64_t tp1 = bench::now_ns();
+    if (!pst.ok() || decode->lookup(k.data(), n, false) != n ||
+        !decode->retrieve(sd, k.data(), offs.data(), lens.data(), n, sts.data()).ok()) {
+      std::cerr << "dpukv bench cluster: transfer failed (" << pst.name() << ")\n";
+      goto out;
+    }
+    const uint64_t t1 = bench::now_ns();
+    for (uint32_t i = 0; i < n; ++i)
+      if (sd.data[offs[i]] != pattern(r * n + i) || sd.data[offs[i] + kChunk - 1] != pattern(r * n + i) ||
+          std::memcmp(sd.data + offs[i], sp.data + offs[i], kChunk) != 0) {
+        std::cerr << "dpukv bench cluster: decode read wrong bytes\n";
+        goto out;
+      }
+    // Baseline: the same bytes stored and retrieved on one agent.
+    const uint64_t b0 = bench::now_ns();
+    if (!prefill->store(sp, k1.data(), offs.data(), lens.data(), n, sts.data()).ok() ||
+        prefill->lookup(k1.data(), n, false) != n ||
+        !prefill->retrieve(sp, k1.data(), offs.data(), lens.data(), n, sts.data()).ok()) {
+      std::cerr << "dpukv bench cluster: baseline store and retrieve failed\n";
+      goto out;
+    }
+    const uint64_t b1 = bench::now_ns();
+    (void)t0;
+    if (r == 0) continue;
+    pd.push_back((t1 - t0) / 1e9);
+    push_only.push_back((tp1 - tp) / 1e9);
+    one.push_back((b1 - b0) / 1e9);
+  }
+  {
+    const double t = median(pd), b = median(one), p = median(push_only);
+    const double bytes = static_cast<double>(n) * kChunk;
+    rows->push_back({{"bench", "cluster"},
+                     {"op", "pd_transfer"},
+                     {"chunks", n},
+                     {"size_bytes", n * kChunk},
+                     {"seconds", t},
+                     {"push_seconds", p},
+                     {"push_gbps", bytes / p / 1e9},
+                     {"baseline", "store and retrieve on one agent"},
+                     {"baseline_seconds", b},
+                     {"ratio", t / b}});
+    if (!c.out.json)
+      std::printf(
+          "pd_transfer %u x 256K  store->decode retrieve %8.2f ms (push alone %.2f ms, %.2f GB/s)"
+          "   one agent %8.2f ms   ratio %5.2f\n",
+          n, t * 1e3, p * 1e3, bytes / p / 1e9, b * 1e3, t / b);
+    rc = 0;
+  }
+out:
+  prefill.reset();
+  decode.reset();
+  for (pid_t p : agents)
+    if (p > 0) {
+      (void)signal_child(p, SIGTERM);
+      (void)reap_child(p, nullptr);
+    }
+  (void)signal_child(redis, SIGKILL);
+  (void)reap_child(redis, nullptr);
+  if (rc != 0) std::cerr << "dpukv bench cluster: prefill-to-decode measurement failed\n";
+  return rc;
+}
+
 int run(const Config& c) {
   uint64_t bytes = 0;
   if (!bench::parse_size(c.size, &bytes).ok() || bytes == 0) {
@@ -356,6 +502,8 @@ int run(const Config& c) {
   }
   if (!c.no_directory)
     if (int rc = measure_directory(c, &rows); rc != 0) return rc;
+  if (!c.no_pd)
+    if (int rc = measure_pd(c, &rows); rc != 0) return rc;
   if (c.out.json) bench::print_json("cluster", rows);
   return bench::write_csv(c.out, rows) ? 0 : 1;
 }
@@ -374,6 +522,10 @@ void add_bench_cluster_command(CLI::App* bench, int* exit_code) {
   cmd->add_option("--redis", c->redis,
                   "Redis for the directory measurement, HOST:PORT (default: start redis-server)");
   cmd->add_flag("--no-directory", c->no_directory, "Skip the directory measurement");
+  cmd->add_flag("--no-pd", c->no_pd, "Skip the prefill-to-decode transfer measurement");
+  cmd->add_option("--pd-chunks", c->pd_chunks, "256 KiB chunks per prefill-to-decode transfer")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 64u));
   bench::add_output_options(cmd, &c->out);
   cmd->callback([c, exit_code] { *exit_code = run(*c); });
 }
