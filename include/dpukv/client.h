@@ -37,6 +37,12 @@ int dpukv_retrieve(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,
 /* Number of leading keys present (0 if the agent is unreachable). */
 uint32_t dpukv_lookup(dpukv_client* c, const dpukv_key* keys, uint32_t n, int pin);
 
+/* Prefill to decode: the agent offers these chunks (it must hold them) to the agent
+ * of its cluster whose node id is node (`dpukv stat`: "cluster node"), which reads
+ * them into its own cache. per_entry[i] (may be NULL) is 0 once the destination
+ * holds keys[i]. At most 64 keys; NOT_SUPPORTED if the agent is in no cluster. */
+int dpukv_push(dpukv_client* c, uint64_t node, const dpukv_key* keys, uint32_t n, int* per_entry);
+
 /* Keys of a token sequence, chunked as the cache does (see chunk_key.h). Returns
  * how many keys were written (at most max_keys). */
 uint32_t dpukv_chunk_keys(uint64_t model, uint32_t world_size, uint32_t rank, uint64_t layout,

@@ -93,6 +93,16 @@ uint32_t dpukv_lookup(dpukv_client* c, const dpukv_key* keys, uint32_t n, int pi
   return c->c->lookup(keys_of(keys), n, pin != 0);
 }
 
+int dpukv_push(dpukv_client* c, uint64_t node, const dpukv_key* keys, uint32_t n, int* per_entry) {
+  if (c == nullptr || keys == nullptr || n == 0 || n > dpukv::agent::kMaxPushKeys)
+    return code(dpukv::Code::kInvalidValue);
+  std::vector<dpukv::Status> st(n);
+  const dpukv::Status r = c->c->push(node, keys_of(keys), n, st.data());
+  if (per_entry != nullptr)
+    for (uint32_t i = 0; i < n; ++i) per_entry[i] = code(st[i]);
+  return code(r);
+}
+
 uint32_t dpukv_chunk_keys(uint64_t model, uint32_t world_size, uint32_t rank, uint64_t layout,
                           const int32_t* tokens, size_t n_tokens, uint32_t chunk_tokens,
                           int include_partial, dpukv_key* out, uint32_t max_keys) {

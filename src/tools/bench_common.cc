@@ -207,7 +207,14 @@ pid_t start_redis_server(uint16_t* port) {
                         "127.0.0.1",    "--save",    "",          "--appendonly",
                         "no",           "--logfile", "/dev/null", nullptr};
   pid_t pid = -1;
-  if (posix_spawnp(&pid, "redis-server", nullptr, nullptr, const_cast<char**>(argv), environ) != 0)
+  // Its output goes to /dev/null, not to ours (a pipe someone may wait on).
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  const int rc = posix_spawnp(&pid, "redis-server", &fa, nullptr, const_cast<char**>(argv), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0)
     return -1;
   for (int i = 0; i < 500; ++i) {
     const int c = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
