@@ -124,8 +124,7 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
     a->free_batches_.push_back(b);
   }
   if (a->opts_.cluster) {
-    st = ClusterNode::create(a->pe_.get(), a->cache_.get(), a->opts_.cluster_options,
-                             &a->cluster_);
+    st = ClusterNode::create(a->pe_.get(), a->cache_.get(), a->opts_.cluster_options, &a->cluster_);
     if (!st.ok()) {
       LOG_ERR("agent: cluster: %s", std::string(st.description()).c_str());
       return st;
@@ -397,8 +396,9 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
         r->local = hits;
         r->pin = pin;
         r->start_ns = lookup_t0;
-        if (cluster_->fetch(r->keys.data(), static_cast<uint32_t>(r->keys.size()),
-                            &Agent::remote_lookup_done, r)
+        if (cluster_
+                ->fetch(r->keys.data(), static_cast<uint32_t>(r->keys.size()),
+                        &Agent::remote_lookup_done, r)
                 .ok()) {
           free_remote_lookups_.pop_back();
           ++s->pending;
@@ -473,10 +473,10 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
           p->sent.push_back(i);
         }
       }
-      Status st = keys.empty() ? Status(Code::kNotFound)
-                               : cluster_->push(ph.node, keys.data(),
-                                                static_cast<uint32_t>(keys.size()),
-                                                &Agent::push_done, p.get());
+      Status st = keys.empty()
+                      ? Status(Code::kNotFound)
+                      : cluster_->push(ph.node, keys.data(), static_cast<uint32_t>(keys.size()),
+                                       &Agent::push_done, p.get());
       if (!st.ok()) {
         reply(s, h, st, p->status.data(), h.count);
         return;
@@ -639,8 +639,7 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
       {"remote_no_room", "dpukv_cluster_no_room_total", "counter",
        "Remote chunks not taken for lack of local room.", k.no_room},
       {"directory_unreachable", "dpukv_cluster_directory_unreachable_total", "counter",
-       "Lookups answered locally because Redis was away.",
-       k.directory_unreachable + d.unreachable},
+       "Lookups answered locally because Redis was away.", k.directory_unreachable + d.unreachable},
       {"served_chunks", "dpukv_cluster_served_chunks_total", "counter",
        "Chunks shown to other agents for reading.", k.served_chunks},
       {"served_bytes", "dpukv_cluster_served_bytes_total", "counter",
@@ -652,8 +651,7 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
       {"directory_published", "dpukv_cluster_published_total", "counter",
        "Chunk entries written to the directory.", d.published},
       {"pushed_chunks", "dpukv_cluster_pushed_chunks_total", "counter",
-       "Chunks other agents took when this one pushed them (prefill to decode).",
-       k.pushed_chunks},
+       "Chunks other agents took when this one pushed them (prefill to decode).", k.pushed_chunks},
       {"offered_chunks", "dpukv_cluster_offered_chunks_total", "counter",
        "Chunks this agent took when others pushed them.", k.offered_chunks},
   };

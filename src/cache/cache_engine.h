@@ -82,9 +82,9 @@ struct CacheStats {
   uint64_t disk_ios_in_flight = 0;  // disk tier reads and writes under way now
   uint64_t requests_in_state[kRequestStates] = {};       // requests in each working state now
   uint64_t encoded_bytes_in = 0, encoded_bytes_out = 0;  // compression on store
-  uint64_t ingests = 0, ingest_bytes = 0;  // chunks filled by another agent (ingest)
-  uint64_t ingest_rejects = 0;             // ingests refused (no room) or failed
-  uint64_t located = 0;                    // chunks shown in place to another agent
+  uint64_t ingests = 0, ingest_bytes = 0;                // chunks filled by another agent (ingest)
+  uint64_t ingest_rejects = 0;                           // ingests refused (no room) or failed
+  uint64_t located = 0;                                  // chunks shown in place to another agent
 };
 
 // Where a memory-resident chunk lies in the arena, and what a copy of it must be

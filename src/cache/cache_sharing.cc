@@ -78,17 +78,17 @@ Status CacheEngine::end_ingest(const ChunkKey& key, bool bytes_ok) {
   Entry& en = entries_[static_cast<size_t>(e)];
   en.ingesting = false;
   en.loading = false;
-  const bool same =
-      bytes_ok && XXH3_64bits(static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.stored) ==
-                      en.checksum;
+  const bool same = bytes_ok && XXH3_64bits(static_cast<uint8_t*>(arena_->data()) + en.mem_off,
+                                            en.stored) == en.checksum;
   if (!same) {
     if (bytes_ok) {
       ++st_.checksum_failures;
-      LOG_WARN("cache: ingested chunk %016llx:%016llx (%llu bytes) does not match its checksum; "
-               "dropped",
-               static_cast<unsigned long long>(en.key.model),
-               static_cast<unsigned long long>(en.key.prefix_hash),
-               static_cast<unsigned long long>(en.stored));
+      LOG_WARN(
+          "cache: ingested chunk %016llx:%016llx (%llu bytes) does not match its checksum; "
+          "dropped",
+          static_cast<unsigned long long>(en.key.model),
+          static_cast<unsigned long long>(en.key.prefix_hash),
+          static_cast<unsigned long long>(en.stored));
     }
     ++st_.ingest_rejects;
     mem_alloc_.free(en.mem_off);

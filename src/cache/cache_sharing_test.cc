@@ -197,7 +197,7 @@ TEST(CacheSharing, IngestedCopiesLeaveBeforeChunksOfThisCache) {
   ASSERT_TRUE(b.store(key(11), 1 << 20).ok());
   ASSERT_TRUE(copy_between(a, b, key(1), false).ok());
   EXPECT_TRUE(b.retrieve(key(1), 1 << 20).ok());  // the read it came for
-  ASSERT_TRUE(b.store(key(12), 1 << 20).ok());   // full: the copy leaves, not key 10
+  ASSERT_TRUE(b.store(key(12), 1 << 20).ok());    // full: the copy leaves, not key 10
   EXPECT_FALSE(b.cache_->contains(key(1)));
   EXPECT_TRUE(b.cache_->contains(key(10)));
   // Read twice, a copy is as recent as any chunk.

@@ -437,8 +437,8 @@ Status Client::push(uint64_t node, const ChunkKey* keys, uint32_t n, Status* per
   std::memcpy(body.data(), &ph, sizeof(ph));
   std::memcpy(body.data() + sizeof(ph), keys, n * sizeof(ChunkKey));
   uint64_t id;
-  DPUKV_RETURN_IF_ERROR(send_request(Op::kPush, 0, body.data(), 1,
-                                     static_cast<uint32_t>(body.size()), &id, n));
+  DPUKV_RETURN_IF_ERROR(
+      send_request(Op::kPush, 0, body.data(), 1, static_cast<uint32_t>(body.size()), &id, n));
   std::vector<uint8_t> resp;
   DPUKV_RETURN_IF_ERROR(wait_response(id, &resp));
   if (resp.size() < sizeof(AgentHeader)) return Code::kCorrupted;

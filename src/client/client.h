@@ -104,8 +104,7 @@ class Client {
   Status keys_op(agent::Op op, const ChunkKey* keys, uint32_t n, Status* per_entry);
   Status wait_response(uint64_t id, std::vector<uint8_t>* out);
   Status send_request(agent::Op op, uint16_t flags, const void* entries, uint32_t entry_size,
-                      uint32_t n, uint64_t* id,
-                      uint32_t count = UINT32_MAX);
+                      uint32_t n, uint64_t* id, uint32_t count = UINT32_MAX);
   Status submit_io(agent::Op op, const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
                    const uint64_t* lengths, uint32_t n, Status* per_entry, Ticket* out);
   bool collect(Ticket t);  // true once finished

@@ -607,8 +607,7 @@ void ClusterNode::link_failed(Link* l, const char* why) {
   for (Offer* o : gone) offer_done(o, Code::kConnectionReset, nullptr);
 }
 
-void ClusterNode::on_control(void* arg, uint64_t sender, uint32_t, const uint8_t* msg,
-                             size_t len) {
+void ClusterNode::on_control(void* arg, uint64_t sender, uint32_t, const uint8_t* msg, size_t len) {
   auto* self = static_cast<ClusterNode*>(arg);
   if (self->stopping_) return;
   peer::Message m;

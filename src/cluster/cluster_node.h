@@ -59,16 +59,16 @@ class ClusterNode final : public Context {
   struct Counters {
     uint64_t fetches = 0, fetch_keys = 0;
     uint64_t remote_hits = 0, remote_bytes = 0;  // chunks read from peers and kept
-    uint64_t stale = 0;              // a listed holder did not have the chunk
-    uint64_t read_errors = 0;        // a read broke (holder died, partition)
-    uint64_t checksum_failures = 0;  // a copy did not match its checksum
-    uint64_t timeouts = 0;           // a holder did not answer in time
-    uint64_t no_room = 0;            // the local cache had no room for a copy
+    uint64_t stale = 0;                          // a listed holder did not have the chunk
+    uint64_t read_errors = 0;                    // a read broke (holder died, partition)
+    uint64_t checksum_failures = 0;              // a copy did not match its checksum
+    uint64_t timeouts = 0;                       // a holder did not answer in time
+    uint64_t no_room = 0;                        // the local cache had no room for a copy
     uint64_t directory_unreachable = 0;
     uint64_t served_requests = 0, served_chunks = 0, served_bytes = 0;
     uint64_t bad_messages = 0;  // malformed control messages (sender disconnected)
     uint64_t peers_failed = 0;
-    uint64_t pushes = 0, pushed_chunks = 0;  // prefill side: offers made, chunks taken
+    uint64_t pushes = 0, pushed_chunks = 0;   // prefill side: offers made, chunks taken
     uint64_t offers = 0, offered_chunks = 0;  // decode side: offers received, chunks taken
   };
   struct PeerStats {
@@ -137,8 +137,7 @@ class ClusterNode final : public Context {
   void send(Link* l, std::vector<uint8_t> msg, std::vector<ChunkKey> pinned);
   static void on_node(void* arg, Status st, const std::string& description);
   void link_failed(Link* l, const char* why);
-  static void on_control(void* arg, uint64_t sender, uint32_t peer, const uint8_t* msg,
-                         size_t len);
+  static void on_control(void* arg, uint64_t sender, uint32_t peer, const uint8_t* msg, size_t len);
   static void on_residency(void* arg, const ChunkKey& k, bool present);
 
   ClusterOptions opts_;
@@ -149,7 +148,7 @@ class ClusterNode final : public Context {
   std::unordered_map<uint64_t, std::unique_ptr<Ask>> asks_;  // by request id
   std::vector<std::unique_ptr<Fetch>> fetches_;
   std::vector<Fetch*> free_fetches_;
-  std::vector<std::unique_ptr<Serve>> serves_;  // waiting for prefetches
+  std::vector<std::unique_ptr<Serve>> serves_;                   // waiting for prefetches
   std::unordered_map<uint64_t, std::unique_ptr<Offer>> offers_;  // by request id
   uint32_t resolving_ = 0, fetching_ = 0;
   Counters counters_;

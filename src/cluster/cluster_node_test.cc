@@ -163,7 +163,8 @@ TEST(ClusterNode, PushedChunksAreInTheDestinationBeforeItAsks) {
   EXPECT_EQ(b.node->counters().offered_chunks, 4u);
   // To itself, to too many keys: refused at once. To a node nobody knows: a
   // CONNECTION_RESET answer, not a hang.
-  EXPECT_EQ(a.node->push(a.node->node_id(), ks.data(), 1, &PushResult::cb, &r), Code::kInvalidValue);
+  EXPECT_EQ(a.node->push(a.node->node_id(), ks.data(), 1, &PushResult::cb, &r),
+            Code::kInvalidValue);
   std::vector<ChunkKey> many(peer::kMaxKeys + 1, key(1));
   EXPECT_EQ(a.node->push(b.node->node_id(), many.data(), static_cast<uint32_t>(many.size()),
                          &PushResult::cb, &r),
@@ -251,7 +252,7 @@ TEST(ClusterNode, AHolderKilledMidWayIsAMissAndOthersAreStillServed) {
   ASSERT_EQ(pipe(ready), 0);
   const pid_t child = fork();
   ASSERT_GE(child, 0);
-  if (child == 0) {  // the holder: stores 8 chunks and serves until killed
+  if (child == 0) {                    // the holder: stores 8 chunks and serves until killed
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlives a failed test
     close(ready[0]);
     Agent c(redis.port());

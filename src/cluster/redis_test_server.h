@@ -2,8 +2,8 @@
 // loopback port, killed (SIGKILL, as a crash would) and restarted at will.
 #pragma once
 
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>

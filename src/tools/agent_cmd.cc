@@ -1,9 +1,9 @@
 #include "tools/agent_cmd.h"
 
-#include <signal.h>
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -312,8 +312,7 @@ bool cluster_settings(Settings* st, AgentOptions* o) {
     }
     // UCX picks its network devices when the agent's UCX context is made.
     (void)setenv("UCX_NET_DEVICES", ifname.c_str(), 1);
-    APP_LOG_INFO("agent: peers reach this agent at %s (interface %s)", adv.c_str(),
-                 ifname.c_str());
+    APP_LOG_INFO("agent: peers reach this agent at %s (interface %s)", adv.c_str(), ifname.c_str());
   }
   return true;
 }
@@ -497,13 +496,13 @@ int run_stat(const std::string& socket, bool json) {
   std::printf("cluster        node %s, directory %s\n",
               j.value("cluster_node", std::string("?")).c_str(),
               u("cluster_directory_connected") ? "connected" : "UNREACHABLE (serving locally)");
-  std::printf("remote         %llu keys found on peers, %llu chunks read (%s); %llu stale, "
-              "%llu broken reads, %llu bad copies, %llu timeouts\n",
-              (unsigned long long)u("lookup_remote_hits"), (unsigned long long)u("remote_hits"),
-              mib(u("remote_bytes")).c_str(), (unsigned long long)u("remote_stale"),
-              (unsigned long long)u("remote_read_errors"),
-              (unsigned long long)u("remote_checksum_failures"),
-              (unsigned long long)u("remote_timeouts"));
+  std::printf(
+      "remote         %llu keys found on peers, %llu chunks read (%s); %llu stale, "
+      "%llu broken reads, %llu bad copies, %llu timeouts\n",
+      (unsigned long long)u("lookup_remote_hits"), (unsigned long long)u("remote_hits"),
+      mib(u("remote_bytes")).c_str(), (unsigned long long)u("remote_stale"),
+      (unsigned long long)u("remote_read_errors"),
+      (unsigned long long)u("remote_checksum_failures"), (unsigned long long)u("remote_timeouts"));
   std::printf("served         %llu chunks (%s) to peers; %llu bad messages from peers\n",
               (unsigned long long)u("served_chunks"), mib(u("served_bytes")).c_str(),
               (unsigned long long)u("bad_peer_messages"));

@@ -423,7 +423,8 @@ int measure_pd(const Config& c, std::vector<Json>* rows) {
     }
     const uint64_t t1 = bench::now_ns();
     for (uint32_t i = 0; i < n; ++i)
-      if (sd.data[offs[i]] != pattern(r * n + i) || sd.data[offs[i] + kChunk - 1] != pattern(r * n + i) ||
+      if (sd.data[offs[i]] != pattern(r * n + i) ||
+          sd.data[offs[i] + kChunk - 1] != pattern(r * n + i) ||
           std::memcmp(sd.data + offs[i], sp.data + offs[i], kChunk) != 0) {
         std::cerr << "dpukv bench cluster: decode read wrong bytes\n";
         goto out;

@@ -212,10 +212,10 @@ pid_t start_redis_server(uint16_t* port) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  const int rc = posix_spawnp(&pid, "redis-server", &fa, nullptr, const_cast<char**>(argv), environ);
+  const int rc =
+      posix_spawnp(&pid, "redis-server", &fa, nullptr, const_cast<char**>(argv), environ);
   posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0)
-    return -1;
+  if (rc != 0) return -1;
   for (int i = 0; i < 500; ++i) {
     const int c = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     const bool up = c >= 0 && ::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;

@@ -283,20 +283,29 @@ int run(const Config& c) {
       const std::string socket = "/tmp/dpukv-replay-" + std::to_string(getpid()) +
                                  (nodes > 1 ? "-" + std::to_string(n) : "") + ".sock";
       std::vector<std::string> args = {
-          "--log-level",      "warning",
-          "agent",            "--socket",
-          socket,             "--memory-bytes",
-          std::to_string(c.capacity_blocks * block), "--max-chunk-size",
-          std::to_string(block), "--max-chunks",
-          std::to_string((c.capacity_blocks + c.disk_blocks) * 2 + 1024), "--metrics-port",
-          "0",                "--eviction",
-          c.eviction,         "--parent-pid",
+          "--log-level",
+          "warning",
+          "agent",
+          "--socket",
+          socket,
+          "--memory-bytes",
+          std::to_string(c.capacity_blocks * block),
+          "--max-chunk-size",
+          std::to_string(block),
+          "--max-chunks",
+          std::to_string((c.capacity_blocks + c.disk_blocks) * 2 + 1024),
+          "--metrics-port",
+          "0",
+          "--eviction",
+          c.eviction,
+          "--parent-pid",
           std::to_string(getpid())};
       if (nodes > 1)
         args.insert(args.end(), {"--cluster", "redis://127.0.0.1:" + std::to_string(redis_port),
                                  "--cluster-prefix", "replay-" + std::to_string(getpid())});
       if (c.disk_blocks > 0) {
-        std::string dir = c.disk_dir.empty() ? "" : c.disk_dir + (nodes > 1 ? "/node" + std::to_string(n) : "");
+        std::string dir =
+            c.disk_dir.empty() ? "" : c.disk_dir + (nodes > 1 ? "/node" + std::to_string(n) : "");
         if (dir.empty()) {
           char tmpl[] = "/var/tmp/dpukv-replay-disk-XXXXXX";
           if (mkdtemp(tmpl) == nullptr) {
@@ -345,7 +354,7 @@ int run(const Config& c) {
     }
   }
   const KeyContext ctx{7, 1, 0, kv_layout_fingerprint(c.model, 1, 1, 1)};
-  LruSim sim(c.capacity_blocks * nodes);  // one cache of the agents' combined capacity
+  LruSim sim(c.capacity_blocks * nodes);               // one cache of the agents' combined capacity
   LruSim hier_sim(c.capacity_blocks + c.disk_blocks);  // memory + disk, one LRU
   Totals t;
   std::mutex mu;  // guards t and sim across client threads
@@ -592,7 +601,7 @@ int run(const Config& c) {
     std::printf("  block hit ratio     %.2f%% (%s)   same-run LRU simulation%s: %.2f%%\n",
                 100 * out["block_hit_ratio"].get<double>(),
                 c.agent_socket.empty() ? c.eviction.c_str() : "external agent",
-                nodes > 1         ? " of one cache of the combined capacity"
+                nodes > 1       ? " of one cache of the combined capacity"
                 : c.disk_blocks ? " of memory alone"
                                 : "",
                 100 * out["lru_sim_block_hit_ratio"].get<double>());
