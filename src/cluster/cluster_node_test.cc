@@ -266,8 +266,8 @@ TEST(ClusterNode, AHolderKilledMidWayIsAMissAndOthersAreStillServed) {
   struct Reaper {
     pid_t pid;
     ~Reaper() {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
+      (void)signal_child(pid, SIGKILL);
+      (void)reap_child(pid, nullptr);
     }
   } reaper{child};
   close(ready[1]);
@@ -283,7 +283,7 @@ TEST(ClusterNode, AHolderKilledMidWayIsAMissAndOthersAreStillServed) {
       << " timeouts " << b.node->counters().timeouts << " read errors "
       << b.node->counters().read_errors << " peers failed " << b.node->counters().peers_failed;
   EXPECT_TRUE(b.h.retrieve(key(100), kChunk).ok());
-  kill(child, SIGKILL);
+  (void)signal_child(child, SIGKILL);
   // Its chunks are still listed (its lease has not run out): misses, quickly.
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(fetch(b, pes, 101, 3), 0u);
