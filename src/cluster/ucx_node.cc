@@ -3,6 +3,7 @@
 #include <sys/epoll.h>
 #include <sys/random.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "runtime/log.h"
@@ -91,6 +92,11 @@ Status UcxNode::create(ProgressEngine* pe, const UcxNodeOptions& o, std::unique_
 Status UcxNode::init() {
   if (getrandom(&node_id_, sizeof(node_id_), 0) != sizeof(node_id_)) return Code::kDriver;
   ucp_config_t* cfg = nullptr;
+  // UCX 1.13 connects TCP endpoints with a blocking connect(): to a partitioned
+  // peer that held the agent's only thread for seconds (ARP timing out). Unless the
+  // user chose otherwise, connect without blocking. (The transports read this from
+  // the environment when they open; ucp_config_modify does not reach them.)
+  (void)setenv("UCX_TCP_CONN_NB", "y", 0);
   if (ucp_config_read(nullptr, nullptr, &cfg) != UCS_OK) return Code::kDriver;
   ucp_params_t p{};
   p.field_mask = UCP_PARAM_FIELD_FEATURES;
@@ -120,6 +126,10 @@ Status UcxNode::init() {
 }
 
 UcxNode::~UcxNode() {
+  while (!closing_.empty()) {
+    ucp_worker_progress(worker_);
+    reap_closed();
+  }
   for (auto& p : peers_)
     if (p && p->rkey != nullptr) ucp_rkey_destroy(p->rkey);
   for (auto& p : peers_)
@@ -207,7 +217,8 @@ bool UcxNode::drained() {
     ucp_request_free(p->close_req);
     p->close_req = reinterpret_cast<void*>(1);
   }
-  if (inflight_ != 0) return false;
+  reap_closed();
+  if (inflight_ != 0 || !closing_.empty()) return false;
   for (auto& s : sends_)
     if (!s->done) return false;
   sends_.clear();
@@ -224,6 +235,7 @@ size_t UcxNode::poll() {
     if (k == 0) break;
     n += k;
   }
+  if (!closing_.empty()) reap_closed();
   // Control messages whose sends completed leave the list.
   for (size_t i = 0; i < sends_.size();) {
     if (sends_[i]->done) {
@@ -295,19 +307,35 @@ bool UcxNode::peer_ok(uint32_t peer) const {
 
 void UcxNode::disconnect(uint32_t peer) {
   if (peer >= peers_.size() || !peers_[peer]) return;
-  Peer* p = peers_[peer].get();
-  if (p->rkey != nullptr) ucp_rkey_destroy(p->rkey);
-  p->rkey = nullptr;
+  std::unique_ptr<Peer> p = std::move(peers_[peer]);
+  p->ok = false;
   if (p->ep != nullptr) {
     ucp_request_param_t prm{};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
     void* r = ucp_ep_close_nbx(p->ep, &prm);
-    while (r != nullptr && UCS_PTR_IS_PTR(r) && ucp_request_check_status(r) == UCS_INPROGRESS)
-      ucp_worker_progress(worker_);
-    if (r != nullptr && UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+    p->ep = nullptr;
+    if (r != nullptr && UCS_PTR_IS_PTR(r)) {
+      p->close_req = r;  // the rkey stays until the close (and its canceled reads) ends
+      closing_.push_back(std::move(p));
+      return;
+    }
   }
-  peers_[peer].reset();
+  if (p->rkey != nullptr) ucp_rkey_destroy(p->rkey);
+}
+
+void UcxNode::reap_closed() {
+  for (size_t i = 0; i < closing_.size();) {
+    Peer* p = closing_[i].get();
+    if (ucp_request_check_status(p->close_req) == UCS_INPROGRESS) {
+      ++i;
+      continue;
+    }
+    ucp_request_free(p->close_req);
+    if (p->rkey != nullptr) ucp_rkey_destroy(p->rkey);
+    closing_[i] = std::move(closing_.back());
+    closing_.pop_back();
+  }
 }
 
 void UcxNode::finish_read(ReadSlot* s, Status st) {

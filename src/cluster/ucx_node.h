@@ -121,6 +121,10 @@ class UcxNode final : public Context {
   std::string rkey_;
   std::string address_;
   std::vector<std::unique_ptr<Peer>> peers_;
+  // Disconnected peers whose endpoint close is still under way (never waited for on
+  // the engine's thread: closing an endpoint to a partitioned peer can take long).
+  std::vector<std::unique_ptr<Peer>> closing_;
+  void reap_closed();
   std::vector<ReadSlot> reads_;
   std::vector<ReadSlot*> free_reads_;
   std::vector<std::unique_ptr<SendSlot>> sends_;  // control messages in flight
