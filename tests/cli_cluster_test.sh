@@ -3,7 +3,8 @@
 # `dpukv agent --cluster` processes the test starts on loopback. A replay through
 # agent A stores the trace's blocks; the same replay through agent B finds them on
 # A (remote hits), reads them into B and serves them, every byte checked; `dpukv
-# stat` on B names its peer. `replay --nodes 2` does the same in one command. Bad
+# stat` on B names its peer. `replay --nodes 2` does the same in one command (as
+# root, each agent in a network namespace of its own, removed after). Bad
 # cluster settings are refused with a message and exit code 2.
 set -euo pipefail
 bin=$1
@@ -88,5 +89,10 @@ assert d["nodes"] == 2 and d["errors"] == 0 and d["verify_failures"] == 0, d["fa
 assert d["remote_hit_blocks"] > 0, d
 assert d["local_hit_blocks"] + d["remote_hit_blocks"] + d["miss_blocks"] == d["block_references"]
 assert len(d["node_agents"]) == 2
+import os
+# As root the agents run each in a network namespace of its own.
+assert d["network"] == ("namespaces" if os.geteuid() == 0 else "loopback"), d["network"]
 PYEOF
+sleep 1
+[ -z "$(ip netns list 2>/dev/null | grep '^dkr')" ] || fail "replay --nodes left network namespaces behind"
 echo "cli cluster: ok"

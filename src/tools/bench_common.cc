@@ -189,11 +189,30 @@ pid_t spawn_self(const std::vector<std::string>& args, int child_fd) {
   return rc == 0 ? pid : -1;
 }
 
-pid_t start_redis_server(uint16_t* port) {
+bool run_program(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = -1;
+  const int rc = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return false;
+  int status = 0;
+  return reap_child(pid, &status) && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+pid_t start_redis_server(uint16_t* port, const std::string& bind) {
   int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (inet_pton(AF_INET, bind.c_str(), &a.sin_addr) != 1) {
+    if (s >= 0) ::close(s);
+    return -1;
+  }
   socklen_t len = sizeof(a);
   if (s < 0 || ::bind(s, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
       ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
@@ -203,9 +222,20 @@ pid_t start_redis_server(uint16_t* port) {
   ::close(s);
   *port = ntohs(a.sin_port);
   const std::string ps = std::to_string(*port);
-  const char* argv[] = {"redis-server", "--port",    ps.c_str(),  "--bind",
-                        "127.0.0.1",    "--save",    "",          "--appendonly",
-                        "no",           "--logfile", "/dev/null", nullptr};
+  const char* argv[] = {"redis-server",
+                        "--port",
+                        ps.c_str(),
+                        "--bind",
+                        bind.c_str(),
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--logfile",
+                        "/dev/null",
+                        "--protected-mode",
+                        bind == "127.0.0.1" ? "yes" : "no",
+                        nullptr};
   pid_t pid = -1;
   // Its output goes to /dev/null, not to ours (a pipe someone may wait on).
   posix_spawn_file_actions_t fa;

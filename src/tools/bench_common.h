@@ -87,7 +87,11 @@ pid_t spawn_self(const std::vector<std::string>& args, int child_fd);
 // Starts Debian's redis-server on a free port of 127.0.0.1 (nothing saved to disk)
 // and waits until it accepts connections; -1 if there is none to start or it did
 // not come up. Kill it with signal_child + reap_child.
-pid_t start_redis_server(uint16_t* port);
+// bind: the address it listens on (another than loopback turns protected mode off:
+// the agents that reach it there are ours).
+pid_t start_redis_server(uint16_t* port, const std::string& bind = "127.0.0.1");
+// Runs a program found on PATH with its output discarded; true if it exited 0.
+bool run_program(const std::vector<std::string>& argv);
 
 // Renders a gnuplot script into out_path without a shell: gnuplot is run from argv
 // with the script on its stdin and the file as its stdout, so the file name never

@@ -1,6 +1,7 @@
 #include "tools/replay.h"
 
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +27,8 @@
 #include "runtime/child_process.h"
 #include "runtime/log.h"
 #include "tools/bench_common.h"
+
+extern char** environ;
 
 namespace dpukv {
 namespace {
@@ -70,7 +73,58 @@ struct Config {
   std::string plot;
   std::string eviction = "lru";
   uint32_t nodes = 1;  // agents in a cluster (a Redis directory the replay starts)
+  bool no_netns = false;
 };
+
+// With --nodes as root, each agent runs in a network namespace of its own, joined
+// to the others and to the Redis server by veth pairs on a bridge, as hosts on one
+// network segment would be; all of it is removed at the end.
+class NodeNetwork {
+ public:
+  ~NodeNetwork() { remove(); }
+  bool create(uint32_t nodes) {
+    tag_ = std::to_string(getpid() % 100000);
+    subnet_ = "10.197." + std::to_string(getpid() % 200 + 20) + ".";
+    const std::string br = "dkr" + tag_ + "b";
+    if (!bench::run_program({"ip", "link", "add", br, "type", "bridge"})) return false;
+    bridge_ = br;
+    if (!bench::run_program({"ip", "addr", "add", bridge_ip() + "/24", "dev", br}) ||
+        !bench::run_program({"ip", "link", "set", br, "up"}))
+      return false;
+    for (uint32_t i = 0; i < nodes; ++i) {
+      const std::string n = ns(i), v = "v" + n, p = "p" + n;
+      if (!bench::run_program({"ip", "netns", "add", n})) return false;
+      made_.push_back(n);
+      if (!bench::run_program({"ip", "link", "add", v, "type", "veth", "peer", "name", p}) ||
+          !bench::run_program({"ip", "link", "set", p, "master", br, "up"}) ||
+          !bench::run_program({"ip", "link", "set", v, "netns", n}) ||
+          !bench::run_program({"ip", "-n", n, "addr", "add", ip(i) + "/24", "dev", v}) ||
+          !bench::run_program({"ip", "-n", n, "link", "set", v, "up"}) ||
+          !bench::run_program({"ip", "-n", n, "link", "set", "lo", "up"}))
+        return false;
+    }
+    return true;
+  }
+  void remove() {
+    for (const std::string& n : made_) (void)bench::run_program({"ip", "netns", "del", n});
+    made_.clear();
+    if (!bridge_.empty()) (void)bench::run_program({"ip", "link", "del", bridge_});
+    bridge_.clear();
+  }
+  std::string bridge_ip() const { return subnet_ + "1"; }
+  std::string ns(uint32_t i) const { return "dkr" + tag_ + "n" + std::to_string(i); }
+  std::string ip(uint32_t i) const { return subnet_ + std::to_string(10 + i); }
+
+ private:
+  std::string tag_, subnet_, bridge_;
+  std::vector<std::string> made_;
+};
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
 
 // Limits that keep a hostile or broken trace from taking the machine: a request
 // of more blocks than this is refused with its line number.
@@ -270,8 +324,19 @@ int run(const Config& c) {
     for (const std::string& d : disk_dirs) std::filesystem::remove_all(d);
     disk_dirs.clear();
   };
+  NodeNetwork net;
+  bool netns = false;
+  if (nodes > 1 && !c.no_netns && geteuid() == 0) {
+    netns = net.create(nodes);
+    if (!netns) {
+      std::cerr << "dpukv replay: cannot make network namespaces for the agents (ip from "
+                   "iproute2, as root); give --no-netns to run them on loopback\n";
+      return 1;
+    }
+  }
+  const std::string redis_host = netns ? net.bridge_ip() : "127.0.0.1";
   if (nodes > 1) {
-    redis_pid = bench::start_redis_server(&redis_port);
+    redis_pid = bench::start_redis_server(&redis_port, redis_host);
     if (redis_pid < 0) {
       std::cerr << "dpukv replay: --nodes needs redis-server (Debian's redis-server package) for "
                    "the cluster directory; none could be started\n";
@@ -301,8 +366,10 @@ int run(const Config& c) {
           "--parent-pid",
           std::to_string(getpid())};
       if (nodes > 1)
-        args.insert(args.end(), {"--cluster", "redis://127.0.0.1:" + std::to_string(redis_port),
-                                 "--cluster-prefix", "replay-" + std::to_string(getpid())});
+        args.insert(args.end(),
+                    {"--cluster", "redis://" + redis_host + ":" + std::to_string(redis_port),
+                     "--cluster-prefix", "replay-" + std::to_string(getpid())});
+      if (netns) args.insert(args.end(), {"--advertise", net.ip(n)});
       if (c.disk_blocks > 0) {
         std::string dir =
             c.disk_dir.empty() ? "" : c.disk_dir + (nodes > 1 ? "/node" + std::to_string(n) : "");
@@ -320,7 +387,17 @@ int run(const Config& c) {
         args.insert(args.end(), {"--local-disk", dir, "--max-local-disk-size",
                                  std::to_string(c.disk_blocks * block) + "B"});
       }
-      const pid_t pid = bench::spawn_self(args, -1);
+      pid_t pid = -1;
+      if (netns) {  // `ip netns exec` enters the namespace and execs the agent in place
+        std::vector<std::string> full = {"ip", "netns", "exec", net.ns(n), self_exe()};
+        full.insert(full.end(), args.begin(), args.end());
+        std::vector<char*> argv;
+        for (auto& a : full) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        if (posix_spawnp(&pid, "ip", nullptr, nullptr, argv.data(), environ) != 0) pid = -1;
+      } else {
+        pid = bench::spawn_self(args, -1);
+      }
       if (pid < 0) {
         std::cerr << "dpukv replay: cannot start the agent\n";
         stop_agents();
@@ -514,6 +591,7 @@ int run(const Config& c) {
   out["block_bytes"] = block;
   out["capacity_blocks"] = c.capacity_blocks;
   out["nodes"] = nodes;
+  if (nodes > 1) out["network"] = netns ? "namespaces" : "loopback";
   out["eviction"] = c.eviction;
   out["clients"] = nclients;
   out["requests"] = t.requests;
@@ -607,9 +685,10 @@ int run(const Config& c) {
                 100 * out["lru_sim_block_hit_ratio"].get<double>());
     if (nodes > 1)
       std::printf(
-          "  across %u agents    %.2f%% local hits, %.2f%% remote hits (%.2f GiB read from "
+          "  across %u agents    (%s) %.2f%% local hits, %.2f%% remote hits (%.2f GiB read from "
           "peers), %.2f%% misses; %llu remote reads failed\n",
-          nodes, 100.0 * out["local_hit_blocks"].get<uint64_t>() / t.blocks,
+          nodes, netns ? "each in its own network namespace" : "on loopback",
+          100.0 * out["local_hit_blocks"].get<uint64_t>() / t.blocks,
           100 * out["remote_hit_ratio"].get<double>(), remote_bytes / 1073741824.0,
           100.0 * out["miss_blocks"].get<uint64_t>() / t.blocks,
           static_cast<unsigned long long>(remote_failures));
@@ -693,6 +772,9 @@ void add_replay_command(CLI::App* app, int* exit_code) {
                   "capacity")
       ->capture_default_str()
       ->check(CLI::Range(1u, 16u));
+  cmd->add_flag(
+      "--no-netns", c->no_netns,
+      "With --nodes as root: run the agents on loopback, not each in a network namespace");
   cmd->add_flag("--no-verify", c->no_verify, "Do not check retrieved bytes");
   cmd->add_flag("--json", c->json, "Print one JSON object");
   cmd->add_option("--plot", c->plot, "Write a PNG of hit ratio and GB/s over trace time (gnuplot)");
