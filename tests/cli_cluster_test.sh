@@ -31,6 +31,8 @@ msg=$("$bin" agent --socket "$tmp/x.sock" --cluster bogus://x 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "is not redis://HOST:PORT" <<<"$msg" || fail "bad --cluster: rc $rc: $msg"
 msg=$("$bin" agent --socket "$tmp/x.sock" --advertise 127.0.0.1 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "cluster is not" <<<"$msg" || fail "--advertise alone: rc $rc: $msg"
+msg=$("$bin" agent --socket "$tmp/x.sock" --remote-tier redis 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "lives in the cluster's Redis" <<<"$msg" || fail "--remote-tier alone: rc $rc: $msg"
 msg=$("$bin" agent --socket "$tmp/x.sock" --cluster redis://127.0.0.1:1 --advertise 192.0.2.77 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "no interface of this host" <<<"$msg" || fail "foreign --advertise: rc $rc: $msg"
 set -e

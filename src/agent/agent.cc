@@ -654,6 +654,14 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
        "Chunks other agents took when this one pushed them (prefill to decode).", k.pushed_chunks},
       {"offered_chunks", "dpukv_cluster_offered_chunks_total", "counter",
        "Chunks this agent took when others pushed them.", k.offered_chunks},
+      {"remote_tier_puts", "dpukv_remote_tier_puts_total", "counter",
+       "Chunks written to the remote tier (Redis values).", k.tier_puts},
+      {"remote_tier_hits", "dpukv_remote_tier_hits_total", "counter",
+       "Chunks read from the remote tier and kept.", k.tier_hits},
+      {"remote_tier_bytes", "dpukv_remote_tier_bytes_total", "counter",
+       "Bytes read from the remote tier.", k.tier_bytes},
+      {"remote_tier_rejects", "dpukv_remote_tier_rejects_total", "counter",
+       "Remote tier values refused (malformed, or not matching their checksum).", k.tier_rejects},
   };
   rows.insert(rows.end(), cluster_rows.begin(), cluster_rows.end());
   return rows;

@@ -8,6 +8,16 @@
 
 namespace dpukv {
 
+// A chunk as a remote-tier value: this header, then the stored bytes.
+struct TierValue {
+  uint32_t magic;  // "DKVT"
+  uint8_t encoded;
+  uint8_t reserved[3];
+  uint64_t size, stored, checksum;
+};
+static_assert(sizeof(TierValue) == 32, "a value stays in Redis across versions");
+constexpr uint32_t kTierMagic = 0x54564b44;
+
 // Another node, as this one knows it: resolved through the directory on first
 // use, then a UcxNode peer. Messages wait here while it is being resolved.
 struct ClusterNode::Link {
@@ -35,6 +45,7 @@ struct ClusterNode::Fetch {
   uint32_t asks = 0;
   bool in_use = false;
   uint64_t offer_from = 0, offer_request = 0;  // an OFFER being taken: answer TAKEN
+  std::vector<uint32_t> tier;                  // positions asked of the remote tier
 };
 
 // A push this node made: waits for the destination's TAKEN.
@@ -151,10 +162,33 @@ bool ClusterNode::drained() {
 
 void ClusterNode::on_residency(void* arg, const ChunkKey& k, bool present) {
   auto* self = static_cast<ClusterNode*>(arg);
-  if (present)
+  if (present) {
     self->dir_->add(k);
-  else
+    // Written to the remote tier from poll(): the cache is in the middle of a call.
+    if (self->opts_.remote_tier && self->copies_.erase(k) == 0) self->uploads_.push_back(k);
+  } else {
     self->dir_->remove(k);
+  }
+}
+
+// A few chunks per round, each read in place while pinned (hiredis copies it).
+void ClusterNode::upload_some() {
+  for (int i = 0; i < 16 && !uploads_.empty(); ++i) {
+    const ChunkKey k = uploads_.back();
+    uploads_.pop_back();
+    ChunkPlacement p;
+    if (!cache_->locate(k, &p).ok()) continue;  // gone, or only on disk already
+    void* base;
+    uint64_t len;
+    cache_->arena(&base, &len);
+    const TierValue h{kTierMagic, static_cast<uint8_t>(p.encoded), {}, p.size, p.stored,
+                      p.checksum};
+    std::string v(reinterpret_cast<const char*>(&h), sizeof(h));
+    v.append(static_cast<const char*>(base) + p.offset, p.stored);
+    cache_->unpin(&k, 1);
+    dir_->put_value(k, std::move(v));
+    ++counters_.tier_puts;
+  }
 }
 
 // ---- reader side -------------------------------------------------------------------
@@ -177,6 +211,7 @@ Status ClusterNode::fetch(const ChunkKey* keys, uint32_t n, FetchCb cb, void* ar
   f->keys.assign(keys, keys + n);
   f->got.assign(n, 0);
   f->asks = 0;
+  f->tier.clear();
   Status st = dir_->lookup(keys, n, &ClusterNode::on_holders, f);
   if (!st.ok()) {
     if (st == Code::kConnectionReset) ++counters_.directory_unreachable;
@@ -226,7 +261,12 @@ void ClusterNode::plan(Fetch* f, const std::vector<std::vector<uint64_t>>* holde
       continue;
     }
     Link* l = only != nullptr ? only : pick_holder((*holders)[i]);
-    if (l == nullptr) break;
+    if (l == nullptr) {
+      // No live agent has it: the remote tier may, and the keys after it.
+      if (opts_.remote_tier && only == nullptr)
+        for (uint32_t j = i; j < f->keys.size(); ++j) f->tier.push_back(j);
+      break;
+    }
     Ask*& a = open[l];
     if (a == nullptr || a->index.size() == peer::kMaxKeys) {
       auto owned = std::make_unique<Ask>();
@@ -250,7 +290,60 @@ void ClusterNode::plan(Fetch* f, const std::vector<std::vector<uint64_t>>* holde
     auto it = asks_.find(id);
     if (it != asks_.end() && !it->second->answered) send_ask(it->second.get());
   }
+  if (!f->tier.empty()) {
+    std::vector<ChunkKey> ks;
+    for (uint32_t i : f->tier) ks.push_back(f->keys[i]);
+    if (dir_->get_values(ks.data(), static_cast<uint32_t>(ks.size()), &ClusterNode::on_values, f)
+            .ok())
+      ++f->asks;
+    else
+      f->tier.clear();
+  }
   if (--f->asks == 0) fetch_done(f);
+}
+
+void ClusterNode::on_values(void* arg, Status st, const std::vector<std::string>& values) {
+  auto* f = static_cast<Fetch*>(arg);
+  ClusterNode* self = f->owner;
+  for (size_t j = 0; st.ok() && !self->stopping_ && j < values.size() && j < f->tier.size(); ++j) {
+    const std::string& v = values[j];
+    if (v.empty()) break;  // leading keys only
+    TierValue h;
+    if (v.size() < sizeof(h)) {
+      ++self->counters_.tier_rejects;
+      break;
+    }
+    std::memcpy(&h, v.data(), sizeof(h));
+    const ChunkKey& k = f->keys[f->tier[j]];
+    const ChunkPlacement p{0, h.stored, h.size, h.checksum, h.encoded != 0};
+    uint8_t* dst = nullptr;
+    if (h.magic != kTierMagic || h.encoded > 1 || v.size() - sizeof(h) != h.stored) {
+      ++self->counters_.tier_rejects;
+      break;
+    }
+    Status in = self->cache_->begin_ingest(k, p, &dst);
+    if (in == Code::kBadState) {  // here already
+      f->got[f->tier[j]] = self->cache_->contains(k) ? 1 : 0;
+      continue;
+    }
+    if (!in.ok()) {
+      if (in == Code::kNoMemory) ++self->counters_.no_room;
+      break;
+    }
+    std::memcpy(dst, v.data() + sizeof(h), h.stored);
+    self->copies_.insert(k);  // its arrival must not write it back to the tier
+    in = self->cache_->end_ingest(k, true);
+    if (!in.ok()) {
+      self->copies_.erase(k);
+      ++self->counters_.tier_rejects;
+      break;
+    }
+    f->got[f->tier[j]] = 1;
+    ++self->counters_.tier_hits;
+    self->counters_.tier_bytes += h.size;
+  }
+  f->tier.clear();
+  if (--f->asks == 0) self->fetch_done(f);
 }
 
 void ClusterNode::send_ask(Ask* a) {
@@ -316,7 +409,9 @@ void ClusterNode::on_read(void* arg, Status st) {
   ClusterNode* self = p->owner;
   Ask* a = p->ask;
   const ChunkKey& k = a->fetch->keys[p->index];
+  if (self->opts_.remote_tier) self->copies_.insert(k);  // another agent has it: not uploaded
   const Status kept = self->cache_->end_ingest(k, st.ok());
+  if (!kept.ok()) self->copies_.erase(k);
   if (kept.ok()) {
     a->fetch->got[p->index] = 1;
     ++self->counters_.remote_hits;
@@ -433,6 +528,7 @@ void ClusterNode::on_offer(uint64_t sender, const peer::Message& m) {
   for (uint32_t i = 0; i < m.count; ++i) f->keys[i] = m.key(i);
   f->got.assign(m.count, 0);
   f->asks = 0;
+  f->tier.clear();
   f->offer_from = sender;
   f->offer_request = m.request;
   plan(f, nullptr, link(sender));  // the offering node holds them all
@@ -654,7 +750,8 @@ void ClusterNode::on_control(void* arg, uint64_t sender, uint32_t, const uint8_t
 
 size_t ClusterNode::poll() {
   if (state() != CtxState::kRunning) return 0;
-  size_t n = 0;
+  size_t n = uploads_.size();
+  if (!uploads_.empty()) upload_some();
   const uint64_t now = monotonic_ms();
   for (auto& [node, l] : links_)
     if (l->state == Link::State::kReady && !ucx_->peer_ok(l->peer)) {

@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cache/cache_engine.h"
@@ -46,6 +47,11 @@ struct ClusterOptions {
   uint32_t request_timeout_ms = 2000;  // a holder's answer to a pin request
   uint32_t retry_ms = 1000;            // before a failed peer is tried again
   bool detect_peer_failure = true;     // see UcxNodeOptions
+  // The remote tier: every chunk this node stores is also written to Redis as a
+  // value, and keys no live agent holds are looked for there (LMCache's Redis
+  // backend), for clusters without a fabric between agents. Off by default: it
+  // sends every stored byte to Redis.
+  bool remote_tier = false;
 };
 
 class ClusterNode final : public Context {
@@ -70,6 +76,8 @@ class ClusterNode final : public Context {
     uint64_t peers_failed = 0;
     uint64_t pushes = 0, pushed_chunks = 0;   // prefill side: offers made, chunks taken
     uint64_t offers = 0, offered_chunks = 0;  // decode side: offers received, chunks taken
+    uint64_t tier_puts = 0, tier_hits = 0, tier_bytes = 0;  // the remote tier
+    uint64_t tier_rejects = 0;  // values that were malformed or failed their checksum
   };
   struct PeerStats {
     uint64_t node = 0;
@@ -121,6 +129,9 @@ class ClusterNode final : public Context {
   void on_offer(uint64_t sender, const peer::Message& m);
   void on_taken(Link* l, const peer::Message& m);
   void offer_done(Offer* o, Status st, const uint8_t* taken);
+  // The remote tier.
+  void upload_some();
+  static void on_values(void* arg, Status st, const std::vector<std::string>& values);
   Link* pick_holder(const std::vector<uint64_t>& holders);
   void send_ask(Ask* a);
   void on_placed(Link* l, const peer::Message& m);
@@ -151,6 +162,11 @@ class ClusterNode final : public Context {
   std::vector<std::unique_ptr<Serve>> serves_;                   // waiting for prefetches
   std::unordered_map<uint64_t, std::unique_ptr<Offer>> offers_;  // by request id
   uint32_t resolving_ = 0, fetching_ = 0;
+  std::vector<ChunkKey> uploads_;  // chunks to write to the remote tier
+  struct KeyHash {
+    size_t operator()(const ChunkKey& k) const { return k.hash(); }
+  };
+  std::unordered_set<ChunkKey, KeyHash> copies_;  // ingested here: not uploaded again
   Counters counters_;
   // Last: destroyed first, while everything their callbacks touch still exists.
   std::unique_ptr<UcxNode> ucx_;

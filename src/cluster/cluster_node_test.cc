@@ -37,8 +37,9 @@ const std::string& test_prefix() {
 struct Agent {
   CacheHarness h{small_memory(16, 1 << 20)};
   std::unique_ptr<ClusterNode> node;
-  explicit Agent(uint16_t redis_port, uint32_t timeout_ms = 2000) {
+  explicit Agent(uint16_t redis_port, uint32_t timeout_ms = 2000, bool remote_tier = false) {
     ClusterOptions o;
+    o.remote_tier = remote_tier;
     o.redis_port = redis_port;
     o.prefix = test_prefix();
     o.live_refresh_ms = 20;
@@ -173,6 +174,52 @@ TEST(ClusterNode, PushedChunksAreInTheDestinationBeforeItAsks) {
   ASSERT_TRUE(a.node->push(0x1234, ks.data(), 1, &PushResult::cb, &nowhere).ok());
   ASSERT_TRUE(until(pes, [&] { return nowhere.done; }));
   EXPECT_EQ(nowhere.st, Code::kConnectionReset);
+}
+
+TEST(ClusterNode, TheRemoteTierServesChunksNoLiveAgentHolds) {
+  Redis redis(free_port());
+  Agent b(redis.port(), 2000, true);
+  {
+    Agent a(redis.port(), 2000, true);
+    const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
+    ASSERT_TRUE(until(pes, [&] { return a.node->directory_connected(); }));
+    for (uint64_t k = 1; k <= 3; ++k) ASSERT_TRUE(a.h.store(key(k), kChunk).ok());
+    ASSERT_TRUE(until(pes, [&] { return a.node->directory_counters().values_put == 3; }));
+    for (int i = 0; i < 50; ++i) a.h.pe_->progress(), usleep(1000);  // the SETs land
+  }  // a leaves the cluster: no live agent holds keys 1..3
+  const std::vector<ProgressEngine*> pes = {b.h.pe_.get()};
+  for (int i = 0; i < 100; ++i) b.h.pe_->progress(), usleep(1000);  // b sees a gone
+  EXPECT_EQ(fetch(b, pes, 1, 4), 3u);                               // key 4 is nowhere
+  for (uint64_t k = 1; k <= 3; ++k) EXPECT_TRUE(b.h.retrieve(key(k), kChunk).ok()) << k;
+  EXPECT_EQ(b.node->counters().tier_hits, 3u);
+  EXPECT_EQ(b.node->counters().tier_bytes, 3 * kChunk);
+  for (int i = 0; i < 20; ++i) b.h.pe_->progress();
+  EXPECT_EQ(b.node->counters().tier_puts, 0u);  // copies are not written back
+  // A value that is not the chunk (a checksum of other bytes): refused, nothing kept.
+  std::unique_ptr<ProgressEngine> pe;
+  ASSERT_TRUE(ProgressEngine::create(&pe).ok());
+  DirectoryOptions o;
+  o.port = redis.port();
+  o.prefix = test_prefix();
+  o.node_id = 0x77;
+  o.description = "x";
+  std::unique_ptr<Directory> w;
+  ASSERT_TRUE(Directory::create(pe.get(), o, &w).ok());
+  ASSERT_TRUE(w->start().ok());
+  ASSERT_TRUE(until({pe.get()}, [&] { return w->connected(); }));
+  std::string v(32 + 4096, '\x5a');
+  const uint32_t magic = 0x54564b44;
+  const uint64_t sizes[3] = {4096, 4096, 12345};  // size, stored, checksum
+  std::memcpy(v.data(), &magic, 4);
+  std::memcpy(v.data() + 8, sizes, sizeof(sizes));
+  w->put_value(key(9), v);
+  ASSERT_TRUE(until({pe.get()}, [&] { return w->counters().values_put == 1; }));
+  for (int i = 0; i < 50; ++i) pe->progress(), usleep(1000);
+  EXPECT_EQ(fetch(b, pes, 9, 1), 0u);
+  EXPECT_EQ(b.node->counters().tier_rejects, 1u);
+  EXPECT_FALSE(b.h.cache_->contains(key(9)));
+  (void)w->stop();
+  while (w->state() != CtxState::kIdle) pe->progress();
 }
 
 TEST(ClusterNode, StaleEntriesAndCorruptCopiesAreMissesNeverWrongBytes) {

@@ -110,6 +110,11 @@ std::string Directory::chunk_key(const ChunkKey& k) const {
          hex16((uint64_t{k.world_size} << 32) | k.rank) + hex16(k.layout);
 }
 
+std::string Directory::value_key(const ChunkKey& k) const {
+  return opts_.prefix + ":v:" + hex16(k.model) + hex16(k.prefix_hash) +
+         hex16((uint64_t{k.world_size} << 32) | k.rank) + hex16(k.layout);
+}
+
 std::string Directory::node_key(uint64_t node) const {
   return opts_.prefix + ":n:" + hex16(node);
 }
@@ -365,6 +370,51 @@ Status Directory::lookup(const ChunkKey* keys, uint32_t n, LookupCb cb, void* ar
   ++counters_.lookups;
   counters_.lookup_keys += n;
   command(&Directory::on_reply, op.release(), std::move(argv));  // freed by the reply
+  return Code::kSuccess;
+}
+
+void Directory::put_value(const ChunkKey& k, std::string value) {
+  if (!connected()) return;
+  ++counters_.values_put;
+  counters_.value_bytes_put += value.size();
+  command(&Directory::on_reply, nullptr,
+          {"SET", value_key(k), std::move(value), "PX", std::to_string(kChunkExpiryMs)});
+}
+
+namespace {
+struct ValuesOp {
+  Directory::ValuesCb cb;
+  void* arg;
+  size_t n;
+};
+}  // namespace
+
+Status Directory::get_values(const ChunkKey* keys, uint32_t n, ValuesCb cb, void* arg) {
+  if (state() != CtxState::kRunning) return Code::kBadState;
+  if (n == 0 || keys == nullptr || cb == nullptr) return Code::kInvalidValue;
+  if (!connected()) {
+    ++counters_.unreachable;
+    return Code::kConnectionReset;
+  }
+  std::vector<std::string> argv = {"MGET"};
+  for (uint32_t i = 0; i < n; ++i) argv.push_back(value_key(keys[i]));
+  auto reply_cb = [](redisAsyncContext* c, void* r, void* priv) {
+    auto* d = static_cast<Directory*>(c->data);
+    --d->pending_replies_;
+    std::unique_ptr<ValuesOp> o(static_cast<ValuesOp*>(priv));
+    auto* reply = static_cast<redisReply*>(r);
+    std::vector<std::string> values(o->n);
+    if (reply == nullptr || reply->type != REDIS_REPLY_ARRAY || reply->elements != o->n) {
+      o->cb(o->arg, Code::kConnectionReset, values);
+      return;
+    }
+    for (size_t i = 0; i < o->n; ++i)
+      if (reply->element[i]->type == REDIS_REPLY_STRING)
+        values[i].assign(reply->element[i]->str, reply->element[i]->len);
+    o->cb(o->arg, Code::kSuccess, values);
+  };
+  ++counters_.value_gets;
+  command(reply_cb, new ValuesOp{cb, arg, n}, std::move(argv));
   return Code::kSuccess;
 }
 

@@ -57,6 +57,7 @@ class Directory final : public Context {
     uint64_t published = 0, unpublished = 0, lookups = 0, lookup_keys = 0, lookup_hits = 0;
     uint64_t unreachable = 0, connects = 0, errors = 0, stale_dropped = 0;
     uint64_t rejoined = 0;  // the lease had run out while connected: published again
+    uint64_t values_put = 0, value_bytes_put = 0, value_gets = 0;
   };
 
   static Status create(ProgressEngine* pe, const DirectoryOptions& o,
@@ -70,6 +71,14 @@ class Directory final : public Context {
   Status lookup(const ChunkKey* keys, uint32_t n, LookupCb cb, void* arg);
   // A live node's description; NOT_FOUND if it has none (dead, or never joined).
   Status find_node(uint64_t node_id, NodeCb cb, void* arg);
+
+  // The remote tier: chunk bytes as Redis values (PREFIX:v:CHUNK), for clusters
+  // whose agents cannot reach each other's memory. put_value is sent on the next
+  // round (copied now; dropped if Redis is away); get_values is one MGET, values[i]
+  // empty where there is none, valid during the callback only.
+  using ValuesCb = void (*)(void* arg, Status st, const std::vector<std::string>& values);
+  void put_value(const ChunkKey& k, std::string value);
+  Status get_values(const ChunkKey* keys, uint32_t n, ValuesCb cb, void* arg);
 
   bool connected() const { return ctx_ != nullptr && ready_; }
   const Counters& counters() const { return counters_; }
@@ -94,6 +103,7 @@ class Directory final : public Context {
   void renew_lease();
   void command(redisCallbackFn* cb, void* priv, std::vector<std::string> argv);
   std::string chunk_key(const ChunkKey& k) const;
+  std::string value_key(const ChunkKey& k) const;
   std::string node_key(uint64_t node) const;
   static std::string hex16(uint64_t v);
 

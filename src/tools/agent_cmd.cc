@@ -92,6 +92,7 @@ struct Settings {
       {"cluster", "DPUKV_CLUSTER", Kind::kText, 0, nullptr, "", ""},
       {"cluster_prefix", "DPUKV_CLUSTER_PREFIX", Kind::kText, 0, nullptr, "dpukv", ""},
       {"advertise", "DPUKV_ADVERTISE", Kind::kText, 0, nullptr, "", ""},
+      {"remote_tier", nullptr, Kind::kChoice, 0, "none|redis", "none", ""},
   };
   Setting* find(const std::string& name) {
     for (Setting& s : all)
@@ -279,6 +280,12 @@ std::string interface_of(const std::string& addr) {
 bool cluster_settings(Settings* st, AgentOptions* o) {
   std::string url = st->at("cluster").value;
   if (url.empty()) {
+    if (st->at("remote_tier").value != "none") {
+      std::cerr << "dpukv agent: " << where(st->at("remote_tier"))
+                << " is set but cluster is not: the remote tier lives in the cluster's Redis "
+                   "(give --cluster redis://HOST:PORT too)\n";
+      return false;
+    }
     if (st->given("advertise")) {
       std::cerr << "dpukv agent: " << where(st->at("advertise"))
                 << " is set but cluster is not: give --cluster redis://HOST:PORT too\n";
@@ -297,6 +304,7 @@ bool cluster_settings(Settings* st, AgentOptions* o) {
     return false;
   }
   c.prefix = st->at("cluster_prefix").value;
+  c.remote_tier = st->at("remote_tier").value == "redis";
   if (c.prefix.empty() || c.prefix.find_first_of(" \t\r\n") != std::string::npos) {
     std::cerr << "dpukv agent: " << where(st->at("cluster_prefix"))
               << ": must be a non-empty word\n";
@@ -503,6 +511,11 @@ int run_stat(const std::string& socket, bool json) {
       mib(u("remote_bytes")).c_str(), (unsigned long long)u("remote_stale"),
       (unsigned long long)u("remote_read_errors"),
       (unsigned long long)u("remote_checksum_failures"), (unsigned long long)u("remote_timeouts"));
+  if (u("remote_tier_puts") || u("remote_tier_hits") || u("remote_tier_rejects"))
+    std::printf("remote tier    %llu chunks written, %llu read (%s), %llu refused\n",
+                (unsigned long long)u("remote_tier_puts"),
+                (unsigned long long)u("remote_tier_hits"), mib(u("remote_tier_bytes")).c_str(),
+                (unsigned long long)u("remote_tier_rejects"));
   std::printf("served         %llu chunks (%s) to peers; %llu bad messages from peers\n",
               (unsigned long long)u("served_chunks"), mib(u("served_bytes")).c_str(),
               (unsigned long long)u("bad_peer_messages"));
@@ -562,6 +575,9 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
       {"--cluster", "cluster",
        "Join the cluster whose directory is this Redis: redis://HOST:PORT (default: no cluster)"},
       {"--cluster-prefix", "cluster_prefix", "Redis key prefix of the cluster (default dpukv)"},
+      {"--remote-tier", "remote_tier",
+       "none, or redis: also keep every stored chunk as a value in the cluster's Redis and look "
+       "there for chunks no live agent holds (needs --cluster; default none)"},
       {"--advertise", "advertise",
        "Address other agents reach this one at: peers' reads go over the interface that has it "
        "(default: every interface UCX finds)"},
