@@ -66,6 +66,37 @@ bool until(const std::vector<ProgressEngine*>& pes, const std::function<bool()>&
   return done();
 }
 
+// A directory client of the test's own (another writer in the cluster's Redis) on
+// an engine of its own; stopped when it goes.
+struct RawDirectory {
+  std::unique_ptr<ProgressEngine> pe;
+  std::unique_ptr<Directory> dir;
+  explicit RawDirectory(uint16_t port) : port_(port) {
+    EXPECT_TRUE(ProgressEngine::create(&pe).ok());
+  }
+  // Joins as node_id with this description; true once connected.
+  bool join(uint64_t node_id, std::string description) {
+    DirectoryOptions o;
+    o.port = port_;
+    o.prefix = test_prefix();
+    o.node_id = node_id;
+    o.description = std::move(description);
+    return Directory::create(pe.get(), o, &dir).ok() && dir->start().ok() &&
+           until({pe.get()}, [&] { return dir->connected(); });
+  }
+  void serve(int ms) {
+    for (int i = 0; i < ms; ++i) pe->progress(), usleep(1000);
+  }
+  ~RawDirectory() {
+    if (!dir) return;
+    (void)dir->stop();
+    while (dir->state() != CtxState::kIdle) pe->progress();
+  }
+
+ private:
+  uint16_t port_;
+};
+
 struct FetchResult {
   bool done = false;
   uint32_t fetched = 0;
@@ -196,30 +227,19 @@ TEST(ClusterNode, TheRemoteTierServesChunksNoLiveAgentHolds) {
   for (int i = 0; i < 20; ++i) b.h.pe_->progress();
   EXPECT_EQ(b.node->counters().tier_puts, 0u);  // copies are not written back
   // A value that is not the chunk (a checksum of other bytes): refused, nothing kept.
-  std::unique_ptr<ProgressEngine> pe;
-  ASSERT_TRUE(ProgressEngine::create(&pe).ok());
-  DirectoryOptions o;
-  o.port = redis.port();
-  o.prefix = test_prefix();
-  o.node_id = 0x77;
-  o.description = "x";
-  std::unique_ptr<Directory> w;
-  ASSERT_TRUE(Directory::create(pe.get(), o, &w).ok());
-  ASSERT_TRUE(w->start().ok());
-  ASSERT_TRUE(until({pe.get()}, [&] { return w->connected(); }));
+  RawDirectory w(redis.port());
+  ASSERT_TRUE(w.join(0x77, "x"));
   std::string v(32 + 4096, '\x5a');
   const uint32_t magic = 0x54564b44;
   const uint64_t sizes[3] = {4096, 4096, 12345};  // size, stored, checksum
   std::memcpy(v.data(), &magic, 4);
   std::memcpy(v.data() + 8, sizes, sizeof(sizes));
-  w->put_value(key(9), v);
-  ASSERT_TRUE(until({pe.get()}, [&] { return w->counters().values_put == 1; }));
-  for (int i = 0; i < 50; ++i) pe->progress(), usleep(1000);
+  w.dir->put_value(key(9), v);
+  ASSERT_TRUE(until({w.pe.get()}, [&] { return w.dir->counters().values_put == 1; }));
+  w.serve(50);
   EXPECT_EQ(fetch(b, pes, 9, 1), 0u);
   EXPECT_EQ(b.node->counters().tier_rejects, 1u);
   EXPECT_FALSE(b.h.cache_->contains(key(9)));
-  (void)w->stop();
-  while (w->state() != CtxState::kIdle) pe->progress();
 }
 
 TEST(ClusterNode, StaleEntriesAndCorruptCopiesAreMissesNeverWrongBytes) {
@@ -229,23 +249,12 @@ TEST(ClusterNode, StaleEntriesAndCorruptCopiesAreMissesNeverWrongBytes) {
   ASSERT_TRUE(a.h.store(key(1), kChunk).ok());
   ASSERT_TRUE(a.h.store(key(2), kChunk).ok());
   ASSERT_TRUE(wait_published(b, pes, 1));
-  // A stale entry: the directory says a holds key 50, a does not.
-  std::unique_ptr<ProgressEngine> pe;
-  std::unique_ptr<Directory> liar;
-  {
-    ASSERT_TRUE(ProgressEngine::create(&pe).ok());
-    DirectoryOptions o;
-    o.port = redis.port();
-    o.prefix = test_prefix();
-    o.node_id = a.node->node_id();
-    o.description = "unused";
-    ASSERT_TRUE(Directory::create(pe.get(), o, &liar).ok());
-    ASSERT_TRUE(liar->start().ok());
-    ASSERT_TRUE(until({pe.get()}, [&] { return liar->connected(); }));
-    liar->add(key(50));
-    for (int i = 0; i < 50; ++i) pe->progress(), usleep(1000);
-    // liar is not stopped until the end: stopping takes a's node out of the live set.
-  }
+  // A stale entry: the directory says a holds key 50, a does not. (The liar is not
+  // stopped until the end: stopping takes a's node out of the live set.)
+  RawDirectory liar(redis.port());
+  ASSERT_TRUE(liar.join(a.node->node_id(), "unused"));
+  liar.dir->add(key(50));
+  liar.serve(50);
   EXPECT_EQ(fetch(b, pes, 50, 1), 0u);
   EXPECT_EQ(b.node->counters().stale, 1u);
   EXPECT_FALSE(b.h.cache_->contains(key(50)));
@@ -262,8 +271,6 @@ TEST(ClusterNode, StaleEntriesAndCorruptCopiesAreMissesNeverWrongBytes) {
   EXPECT_EQ(b.node->counters().checksum_failures, 1u);
   EXPECT_FALSE(b.h.cache_->contains(key(2)));
   EXPECT_EQ(b.h.cache_->stats().chunks, 1u);  // key 1 only: the bad copy left nothing
-  (void)liar->stop();
-  while (liar->state() != CtxState::kIdle) pe->progress();
 }
 
 TEST(ClusterNode, RedisAwayFetchFailsAtOnceAndComesBackWithIt) {
@@ -351,23 +358,18 @@ TEST(ClusterNode, APeerSendingGarbageIsCountedAndOthersAreServed) {
   ASSERT_TRUE(a.h.store(key(2), kChunk).ok());
   ASSERT_TRUE(wait_published(b, pes, 1));
   // A rogue UCX node that learns a's address from the directory.
-  std::unique_ptr<ProgressEngine> pe;
-  ASSERT_TRUE(ProgressEngine::create(&pe).ok());
+  RawDirectory rd(redis.port());
+  ProgressEngine* pe = rd.pe.get();
   std::vector<uint8_t> region(4096);
   std::unique_ptr<UcxNode> rogue;
-  ASSERT_TRUE(UcxNode::create(pe.get(), UcxNodeOptions{}, &rogue).ok());
+  ASSERT_TRUE(UcxNode::create(pe, UcxNodeOptions{}, &rogue).ok());
   ASSERT_TRUE(rogue->expose(region.data(), region.size()).ok());
   ASSERT_TRUE(rogue->start().ok());
-  DirectoryOptions o;
-  o.port = redis.port();
-  o.prefix = test_prefix();
-  o.node_id = rogue->node_id();
-  ASSERT_TRUE(rogue->description(&o.description).ok());
-  std::unique_ptr<Directory> dir;
-  ASSERT_TRUE(Directory::create(pe.get(), o, &dir).ok());
-  ASSERT_TRUE(dir->start().ok());
-  std::vector<ProgressEngine*> all = {a.h.pe_.get(), b.h.pe_.get(), pe.get()};
-  ASSERT_TRUE(until(all, [&] { return dir->connected(); }));
+  std::string desc_blob;
+  ASSERT_TRUE(rogue->description(&desc_blob).ok());
+  ASSERT_TRUE(rd.join(rogue->node_id(), desc_blob));
+  Directory* dir = rd.dir.get();
+  std::vector<ProgressEngine*> all = {a.h.pe_.get(), b.h.pe_.get(), pe};
   std::pair<bool, std::string> found;
   ASSERT_TRUE(dir->find_node(
                      a.node->node_id(),
@@ -399,9 +401,8 @@ TEST(ClusterNode, APeerSendingGarbageIsCountedAndOthersAreServed) {
   // a serves b as before.
   EXPECT_EQ(fetch(b, pes, 2, 1), 1u);
   EXPECT_TRUE(b.h.retrieve(key(2), kChunk).ok());
-  (void)dir->stop();
   (void)rogue->stop();
-  while (dir->state() != CtxState::kIdle || rogue->state() != CtxState::kIdle) pe->progress();
+  while (rogue->state() != CtxState::kIdle) pe->progress();
 }
 
 }  // namespace
