@@ -194,8 +194,19 @@ void Directory::lost(const char* why) {
   retry_at_ms_ = monotonic_ms() + opts_.retry_ms;
   // Everything held is published again on reconnection; removals wait in removes_.
   adds_.clear();
-  LOG_WARN("cluster directory: Redis at %s:%u unreachable (%s); serving locally, retrying",
-           opts_.host.c_str(), opts_.port, why);
+  // Said when it happens and then once a minute, not at every retry.
+  const uint64_t now = monotonic_ms();
+  if (down_since_ms_ == 0) {
+    down_since_ms_ = now;
+    last_down_log_ms_ = now;
+    LOG_WARN("cluster directory: Redis at %s:%u unreachable (%s); serving locally, retrying",
+             opts_.host.c_str(), opts_.port, why);
+  } else if (now - last_down_log_ms_ >= 60000) {
+    last_down_log_ms_ = now;
+    LOG_WARN("cluster directory: Redis at %s:%u still unreachable after %llu s (%s)",
+             opts_.host.c_str(), opts_.port,
+             static_cast<unsigned long long>((now - down_since_ms_) / 1000), why);
+  }
 }
 
 void Directory::on_connect(const redisAsyncContext* c, int status) {
@@ -208,6 +219,12 @@ void Directory::on_connect(const redisAsyncContext* c, int status) {
   }
   d->ready_ = true;
   d->leased_ = false;  // everything is published now anyway
+  if (d->down_since_ms_ != 0) {
+    LOG_WARN("cluster directory: Redis at %s:%u reachable again after %llu s; publishing again",
+             d->opts_.host.c_str(), d->opts_.port,
+             static_cast<unsigned long long>((monotonic_ms() - d->down_since_ms_) / 1000));
+    d->down_since_ms_ = 0;
+  }
   ++d->counters_.connects;
   d->adds_.assign(d->held_.begin(), d->held_.end());
   d->renew_lease();

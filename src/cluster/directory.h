@@ -127,6 +127,7 @@ class Directory final : public Context {
   int fd_ = -1;
   Watch watch_;
   uint64_t retry_at_ms_ = 0, renew_at_ms_ = 0, live_at_ms_ = 0;
+  uint64_t down_since_ms_ = 0, last_down_log_ms_ = 0;  // Redis unreachable since (0: it is not)
   void refresh_live();
   std::vector<ChunkKey> adds_, removes_;
   struct KeyHash {
