@@ -64,7 +64,7 @@ PY
 done
 
 # Agent A with a disk tier and metrics; readiness through NOTIFY_SOCKET.
-port=$((20000 + $$ % 20000))
+port=$((20000 + $$ % 12000))  # below the ephemeral ports (32768-)
 "$py" - "$tmp/notify" > "$tmp/notified" <<'PY' &
 import socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

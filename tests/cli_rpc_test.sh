@@ -10,7 +10,7 @@ py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 tmp=$(mktemp -d)
 sock=$tmp/rpc.sock
-port=$((20000 + $$ % 20000))
+port=$((20000 + $$ % 12000))  # below the ephemeral ports (32768-)
 nqn=nqn.2026-11.io.dpukv:cli
 app=""
 cleanup() { [ -n "$app" ] && kill "$app" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$tmp"; }

@@ -361,7 +361,7 @@ TEST_F(AgentTest, IdleClientKeepsItsSession) {
 }
 
 TEST_F(AgentTest, MetricsEndpointServesPrometheusText) {
-  const int port = 20000 + getpid() % 20000;
+  const int port = 20000 + getpid() % 12000;  // below the ephemeral ports (32768-)
   start_agent(false, port);
   EXPECT_EQ(wait_exit(spawn(CLIENT_PEER_BIN, {socket_, "store-retrieve", "6", "10"})), 0);
   const std::string body = metrics_get(port);
@@ -375,7 +375,7 @@ TEST_F(AgentTest, MetricsEndpointServesPrometheusText) {
 // never stall the agent's thread: clients are served at once, and the port
 // answers again once the silent ones time out.
 TEST_F(AgentTest, SilentMetricsConnectionsNeverStallClients) {
-  const int port = 20000 + (getpid() + 7) % 20000;
+  const int port = 20000 + (getpid() + 7) % 12000;
   start_agent(false, port);
   auto c = client();
   sockaddr_in a{};

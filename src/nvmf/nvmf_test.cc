@@ -525,7 +525,7 @@ TEST(NvmfApp, KvNamespaceSharedByTcpAndVfioUser) {
   std::string dir = "/tmp/dpukv-nvmf-app-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  int port = 30000 + getpid() % 20000;
+  int port = 20000 + (getpid() + 13) % 12000;  // below the ephemeral ports (32768-)
   std::string nqn = "nqn.2026-11.io.dpukv:kv";
   {
     std::ofstream cfg(dir + "/config.json");
