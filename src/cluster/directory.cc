@@ -22,6 +22,13 @@ uint64_t wall_ms() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000 + static_cast<uint64_t>(ts.tv_nsec) / 1000000;
 }
 
+// Lowercase hex without snprintf: a 64-key lookup formats 256 of these, and
+// snprintf made formatting cost as much as the Redis round trip.
+void put_hex16(char* p, uint64_t v) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  for (int i = 15; i >= 0; --i, v >>= 4) p[i] = kDigits[v & 15];
+}
+
 bool parse_hex16(const char* s, size_t n, uint64_t* out) {
   if (n != 16) return false;
   uint64_t v = 0;
@@ -37,11 +44,12 @@ bool parse_hex16(const char* s, size_t n, uint64_t* out) {
 
 }  // namespace
 
-// One lookup: a single EVAL answers the live nodes and every key's holders.
+// One lookup: a single MGET of the keys' holder strings. Pooled: a lookup
+// allocates nothing once the pool is warm.
 struct Directory::LookupOp {
   LookupCb cb = nullptr;
   void* arg = nullptr;
-  std::vector<std::string> keys;  // Redis keys of the chunks
+  std::vector<ChunkKey> keys;  // to drop entries of dead holders
 };
 
 // A chunk's holders are one string, ",ID,ID,", so that a lookup of any number of
@@ -97,22 +105,42 @@ Directory::~Directory() {
     c->onDisconnect = nullptr;
     redisAsyncFree(c);  // pending callbacks run with no reply
   }
+  for (LookupOp* op : free_ops_) delete op;
 }
 
 std::string Directory::hex16(uint64_t v) {
-  char b[17];
-  std::snprintf(b, sizeof(b), "%016llx", static_cast<unsigned long long>(v));
-  return b;
+  std::string s(16, '0');
+  put_hex16(s.data(), v);
+  return s;
+}
+
+size_t Directory::key_size() const {
+  return opts_.prefix.size() + 3 + 32;
+}
+
+// PREFIX:K:BYTES where K is 'c' (holders) or 'v' (remote-tier value) and BYTES the
+// key's 32 bytes (model, prefix hash, world size and rank, layout; little endian):
+// binary, because Redis parses and hashes every byte of 64 keys per lookup.
+void Directory::format_key(char* p, char kind, const ChunkKey& k) const {
+  std::memcpy(p, opts_.prefix.data(), opts_.prefix.size());
+  p += opts_.prefix.size();
+  *p++ = ':';
+  *p++ = kind;
+  *p++ = ':';
+  const uint64_t w[4] = {k.model, k.prefix_hash, (uint64_t{k.world_size} << 32) | k.rank, k.layout};
+  std::memcpy(p, w, sizeof(w));
 }
 
 std::string Directory::chunk_key(const ChunkKey& k) const {
-  return opts_.prefix + ":c:" + hex16(k.model) + hex16(k.prefix_hash) +
-         hex16((uint64_t{k.world_size} << 32) | k.rank) + hex16(k.layout);
+  std::string s(key_size(), '\0');
+  format_key(s.data(), 'c', k);
+  return s;
 }
 
 std::string Directory::value_key(const ChunkKey& k) const {
-  return opts_.prefix + ":v:" + hex16(k.model) + hex16(k.prefix_hash) +
-         hex16((uint64_t{k.world_size} << 32) | k.rank) + hex16(k.layout);
+  std::string s(key_size(), '\0');
+  format_key(s.data(), 'v', k);
+  return s;
 }
 
 std::string Directory::node_key(uint64_t node) const {
@@ -121,41 +149,54 @@ std::string Directory::node_key(uint64_t node) const {
 
 // ---- the hiredis event hooks: the socket in the progress engine's epoll set -----
 
+// hiredis asks for read and write interest as it queues and sends; the epoll set
+// is brought up to date only before the engine could sleep (and in poll()), so a
+// command written at once by poll() costs no epoll_ctl calls.
 void Directory::update_watch() {
-  const uint32_t ev = (reading_ ? EPOLLIN : 0u) | (writing_ ? EPOLLOUT : 0u);
   if (ctx_ == nullptr) return;
+  const uint32_t ev = (reading_ ? EPOLLIN : 0u) | (writing_ ? EPOLLOUT : 0u);
+  if (watched_ && ev == watched_events_) return;
   fd_ = ctx_->c.fd;
   if (!watched_) {
-    if (pe()->watch_fd(fd_, ev, &watch_).ok()) watched_ = true;
-  } else {
-    (void)pe()->modify_fd(fd_, ev, &watch_);
+    if (pe()->watch_fd(fd_, ev, &watch_).ok()) {
+      watched_ = true;
+      watched_events_ = ev;
+    }
+  } else if (pe()->modify_fd(fd_, ev, &watch_).ok()) {
+    watched_events_ = ev;
   }
 }
 
+// Queued commands go out now rather than after an epoll round; EPOLLOUT is
+// watched only while the socket is full (or the connection is being made).
+void Directory::write_through() {
+  if (ctx_ != nullptr && ready_ && writing_ && !(watched_events_ & EPOLLOUT))
+    redisAsyncHandleWrite(ctx_);
+}
+
+bool Directory::arm_notification() {
+  write_through();
+  update_watch();
+  return false;
+}
+
 void Directory::add_read(void* p) {
-  auto* d = static_cast<Directory*>(p);
-  d->reading_ = true;
-  d->update_watch();
+  static_cast<Directory*>(p)->reading_ = true;
 }
 void Directory::del_read(void* p) {
-  auto* d = static_cast<Directory*>(p);
-  d->reading_ = false;
-  d->update_watch();
+  static_cast<Directory*>(p)->reading_ = false;
 }
 void Directory::add_write(void* p) {
-  auto* d = static_cast<Directory*>(p);
-  d->writing_ = true;
-  d->update_watch();
+  static_cast<Directory*>(p)->writing_ = true;
 }
 void Directory::del_write(void* p) {
-  auto* d = static_cast<Directory*>(p);
-  d->writing_ = false;
-  d->update_watch();
+  static_cast<Directory*>(p)->writing_ = false;
 }
 void Directory::cleanup(void* p) {
   auto* d = static_cast<Directory*>(p);
   if (d->watched_) d->pe()->unwatch_fd(d->fd_, &d->watch_);
   d->watched_ = d->reading_ = d->writing_ = false;
+  d->watched_events_ = 0;
 }
 
 void Directory::Watch::on_fd_ready(uint32_t events) {
@@ -186,6 +227,7 @@ void Directory::connect() {
   redisAsyncSetConnectCallback(c, &Directory::on_connect);
   redisAsyncSetDisconnectCallback(c, &Directory::on_disconnect);
   add_write(this);  // the connection completes when the socket becomes writable
+  update_watch();
 }
 
 void Directory::lost(const char* why) {
@@ -237,17 +279,23 @@ void Directory::on_disconnect(const redisAsyncContext* c, int status) {
 }
 
 void Directory::command(redisCallbackFn* cb, void* priv, std::vector<std::string> argv) {
-  std::vector<const char*> a;
-  std::vector<size_t> len;
+  argv_.clear();
+  lens_.clear();
   for (const std::string& s : argv) {
-    a.push_back(s.data());
-    len.push_back(s.size());
+    argv_.push_back(s.data());
+    lens_.push_back(s.size());
   }
-  if (redisAsyncCommandArgv(ctx_, cb, priv, static_cast<int>(a.size()), a.data(), len.data()) ==
-      REDIS_OK)
-    ++pending_replies_;
-  else
+  (void)send_argv(cb, priv);
+}
+
+bool Directory::send_argv(redisCallbackFn* cb, void* priv) {
+  if (redisAsyncCommandArgv(ctx_, cb, priv, static_cast<int>(argv_.size()), argv_.data(),
+                            lens_.data()) != REDIS_OK) {
     ++counters_.errors;
+    return false;
+  }
+  ++pending_replies_;
+  return true;
 }
 
 void Directory::on_reply(redisAsyncContext* c, void* r, void* priv) {
@@ -258,12 +306,19 @@ void Directory::on_reply(redisAsyncContext* c, void* r, void* priv) {
     if (reply == nullptr || reply->type == REDIS_REPLY_ERROR) ++d->counters_.errors;
     return;
   }
-  std::unique_ptr<LookupOp> op(static_cast<LookupOp*>(priv));
+  auto* op = static_cast<LookupOp*>(priv);
+  const LookupCb cb = op->cb;
+  void* const arg = op->arg;
+  d->free_ops_.push_back(op);  // reusable by a lookup the callback makes, not before
   const size_t n = op->keys.size();
-  std::vector<std::vector<uint64_t>> holders(n);
+  // Reused: the callback may not keep it, and a nested lookup does not touch it.
+  std::vector<std::vector<uint64_t>>& holders = d->holders_;
+  if (holders.size() < n) holders.resize(n);
+  for (size_t k = 0; k < n; ++k) holders[k].clear();
+  holders.resize(n);
   if (reply == nullptr || reply->type != REDIS_REPLY_ARRAY || reply->elements != n) {
     ++d->counters_.errors;
-    op->cb(op->arg, Code::kConnectionReset, holders);
+    cb(arg, Code::kConnectionReset, holders);
     return;
   }
   // Only live holders are answered; entries of dead nodes are removed.
@@ -280,13 +335,13 @@ void Directory::on_reply(redisAsyncContext* c, void* r, void* priv) {
       }
       if (d->ctx_ != nullptr)
         d->command(&Directory::on_reply, nullptr,
-                   {"EVAL", kDropDeadScript, "2", op->keys[k], d->opts_.prefix + ":nodes",
-                    hex16(node), std::to_string(wall_ms())});
+                   {"EVAL", kDropDeadScript, "2", d->chunk_key(op->keys[k]),
+                    d->opts_.prefix + ":nodes", hex16(node), std::to_string(wall_ms())});
       ++d->counters_.stale_dropped;
     }
     if (!h.empty()) ++d->counters_.lookup_hits;
   }
-  op->cb(op->arg, Code::kSuccess, holders);
+  cb(arg, Code::kSuccess, holders);
 }
 
 void Directory::on_live_nodes(redisAsyncContext* c, void* r, void*) {
@@ -376,17 +431,42 @@ Status Directory::lookup(const ChunkKey* keys, uint32_t n, LookupCb cb, void* ar
     ++counters_.unreachable;
     return Code::kConnectionReset;
   }
-  auto op = std::make_unique<LookupOp>();
+  LookupOp* op;
+  if (free_ops_.empty()) {
+    op = new LookupOp;
+  } else {
+    op = free_ops_.back();
+    free_ops_.pop_back();
+  }
   op->cb = cb;
   op->arg = arg;
-  std::vector<std::string> argv = {"MGET"};
+  op->keys.assign(keys, keys + n);
+  // The MGET in RESP, written here: every argument but the first has the same
+  // length, and hiredis' general formatter cost more than Redis' work.
+  const size_t klen = key_size();
+  char head[32], each[32];
+  const int hn = std::snprintf(head, sizeof(head), "*%u\r\n$4\r\nMGET\r\n", n + 1);
+  const int an = std::snprintf(each, sizeof(each), "$%zu\r\n", klen);
+  key_buf_.resize(static_cast<size_t>(hn) + n * (an + klen + 2));
+  char* p = key_buf_.data();
+  std::memcpy(p, head, static_cast<size_t>(hn));
+  p += hn;
   for (uint32_t i = 0; i < n; ++i) {
-    op->keys.push_back(chunk_key(keys[i]));
-    argv.push_back(op->keys.back());
+    std::memcpy(p, each, static_cast<size_t>(an));
+    format_key(p + an, 'c', keys[i]);
+    p += an + klen;
+    *p++ = '\r';
+    *p++ = '\n';
   }
   ++counters_.lookups;
   counters_.lookup_keys += n;
-  command(&Directory::on_reply, op.release(), std::move(argv));  // freed by the reply
+  if (redisAsyncFormattedCommand(ctx_, &Directory::on_reply, op, key_buf_.data(),
+                                 key_buf_.size()) != REDIS_OK) {
+    ++counters_.errors;
+    free_ops_.push_back(op);  // else back to the pool by the reply
+    return Code::kConnectionReset;
+  }
+  ++pending_replies_;
   return Code::kSuccess;
 }
 
@@ -496,7 +576,11 @@ bool Directory::drained() {
 }
 
 size_t Directory::poll() {
-  if (state() != CtxState::kRunning) return 0;
+  if (state() != CtxState::kRunning) {  // stopping: the leave commands still go out
+    write_through();
+    update_watch();
+    return 0;
+  }
   const uint64_t now = monotonic_ms();
   if (ctx_ == nullptr) {
     if (now >= retry_at_ms_) connect();
@@ -512,6 +596,8 @@ size_t Directory::poll() {
     ++n;
   }
   if (!adds_.empty() || !removes_.empty()) flush();
+  write_through();
+  update_watch();
   return n;
 }
 

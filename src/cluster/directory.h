@@ -6,7 +6,7 @@
 // Data model (keys under a prefix, "dpukv" by default):
 //   PREFIX:nodes            sorted set: node id (16 hex) -> lease deadline (ms, wall clock)
 //   PREFIX:n:NODE           the node's peer description (what UcxNode::connect takes)
-//   PREFIX:c:CHUNK          string ",NODE,NODE,": the holders (CHUNK: 64 hex of the key),
+//   PREFIX:c:CHUNK          string ",NODE,NODE,": the holders (CHUNK: the key's 32 bytes),
 //                           edited by server-side scripts
 // A node renews its lease every lease/3 and re-reads the live nodes every
 // live_refresh_ms; a lookup is one MGET of its keys and answers only live holders, so a dead
@@ -95,13 +95,17 @@ class Directory final : public Context {
   void do_stop() override;
   bool drained() override;
   size_t poll() override;
-  bool arm_notification() override { return false; }
+  bool arm_notification() override;
 
   void connect();
   void lost(const char* why);
   void flush();
   void renew_lease();
   void command(redisCallbackFn* cb, void* priv, std::vector<std::string> argv);
+  bool send_argv(redisCallbackFn* cb, void* priv);  // argv_ and lens_
+  void write_through();
+  size_t key_size() const;
+  void format_key(char* p, char kind, const ChunkKey& k) const;
   std::string chunk_key(const ChunkKey& k) const;
   std::string value_key(const ChunkKey& k) const;
   std::string node_key(uint64_t node) const;
@@ -124,6 +128,7 @@ class Directory final : public Context {
   bool ready_ = false;
   bool leased_ = false;  // a lease was taken on this connection
   bool reading_ = false, writing_ = false, watched_ = false;
+  uint32_t watched_events_ = 0;  // what the epoll set has for fd_
   int fd_ = -1;
   Watch watch_;
   uint64_t retry_at_ms_ = 0, renew_at_ms_ = 0, live_at_ms_ = 0;
@@ -135,6 +140,12 @@ class Directory final : public Context {
   };
   std::unordered_set<ChunkKey, KeyHash> held_;  // what this node has published
   uint32_t pending_replies_ = 0;
+  // Scratch reused by every command and lookup: no allocation per lookup once warm.
+  std::vector<const char*> argv_;
+  std::vector<size_t> lens_;
+  std::string key_buf_;  // the lookup's MGET, formatted
+  std::vector<LookupOp*> free_ops_;
+  std::vector<std::vector<uint64_t>> holders_;
   std::vector<uint64_t> live_;  // live nodes, sorted, as of the last lease renewal
   Counters counters_;
 };

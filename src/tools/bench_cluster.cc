@@ -263,7 +263,10 @@ int measure_directory(const Config& c, std::vector<Json>* rows) {
   o.prefix = "dpukv-bench-" + std::to_string(getpid());
   std::vector<ChunkKey> keys;
   for (uint64_t i = 0; i < 64; ++i) keys.push_back(key_from_block_id(KeyContext{9, 1, 0, 1}, i));
-  std::vector<double> ping, look;
+  std::vector<double> ping, look, mget;
+  std::vector<std::string> redis_keys;
+  std::vector<const char*> mget_argv;
+  std::vector<size_t> mget_len;
   if (sync == nullptr || !ProgressEngine::create(&pe).ok()) goto out;
   o.node_id = 1;
   if (!Directory::create(pe.get(), o, &a).ok() || !a->start().ok()) goto out;
@@ -273,12 +276,37 @@ int measure_directory(const Config& c, std::vector<Json>* rows) {
   if (!a->connected() || !b->connected()) goto out;
   for (const ChunkKey& k : keys) a->add(k);
   for (int i = 0; i < 200; ++i) pe->wait(1000, 1);  // published
+  {  // The Redis keys the directory wrote, for the plain MGET below.
+    auto* reply = static_cast<redisReply*>(redisCommand(sync, "KEYS %s:c:*", o.prefix.c_str()));
+    if (reply == nullptr) goto out;
+    if (reply->type == REDIS_REPLY_ARRAY)
+      for (size_t i = 0; i < reply->elements; ++i)
+        redis_keys.emplace_back(reply->element[i]->str, reply->element[i]->len);
+    freeReplyObject(reply);
+    if (redis_keys.size() != keys.size()) {
+      std::cerr << "dpukv bench cluster: the directory wrote " << redis_keys.size()
+                << " keys, not 64\n";
+      goto out;
+    }
+    mget_argv.push_back("MGET");
+    mget_len.push_back(4);
+    for (const std::string& k : redis_keys) {
+      mget_argv.push_back(k.data());
+      mget_len.push_back(k.size());
+    }
+  }
   for (int r = 0; r < 201; ++r) {
     uint64_t t0 = bench::now_ns();
     auto* reply = static_cast<redisReply*>(redisCommand(sync, "PING"));
     if (reply == nullptr) goto out;
     freeReplyObject(reply);
     if (r > 0) ping.push_back((bench::now_ns() - t0) / 1e9);
+    t0 = bench::now_ns();
+    reply = static_cast<redisReply*>(redisCommandArgv(sync, static_cast<int>(mget_argv.size()),
+                                                      mget_argv.data(), mget_len.data()));
+    if (reply == nullptr) goto out;
+    freeReplyObject(reply);
+    if (r > 0) mget.push_back((bench::now_ns() - t0) / 1e9);
     struct Done {
       bool done = false;
       size_t hits = 0;
@@ -311,10 +339,23 @@ int measure_directory(const Config& c, std::vector<Json>* rows) {
                      {"baseline", "one Redis round trip (PING)"},
                      {"baseline_seconds", p},
                      {"ratio", l / p}});
-    if (!c.out.json)
+    // The floor: the same keys read by one plain MGET on a blocking connection.
+    const double m = median(mget);
+    rows->push_back({{"bench", "cluster"},
+                     {"op", "directory_mget_floor"},
+                     {"keys", 64},
+                     {"seconds", m},
+                     {"baseline", "one Redis round trip (PING)"},
+                     {"baseline_seconds", p},
+                     {"ratio", m / p}});
+    if (!c.out.json) {
       std::printf(
           "directory_lookup 64 keys %8.1f us   one Redis round trip %8.1f us   ratio %5.2f\n",
           l * 1e6, p * 1e6, l / p);
+      std::printf(
+          "plain MGET of 64 keys    %8.1f us   one Redis round trip %8.1f us   ratio %5.2f\n",
+          m * 1e6, p * 1e6, m / p);
+    }
     rc = 0;
   }
 out:
