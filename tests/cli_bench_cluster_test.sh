@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `dpukv bench cluster --json`: one-sided reads from a peer process over UCX TCP and
-# shared memory, each row with its same-run baseline (raw TCP stream, memcpy) and
+# `dpukv bench cluster --json`: one-sided reads from a peer process over UCX TCP,
+# shared memory and (as root) TCP between two network namespaces, each row with its same-run baseline (raw TCP stream, memcpy) and
 # ratio (the bench itself checks the bytes it read), and a directory lookup of 64
 # keys against one Redis round trip (the bench starts a redis-server), and a
 # prefill-to-decode transfer between two agent processes against a store and
@@ -10,8 +10,8 @@ bin=$1
 out=$("$bin" bench cluster --size 1M --reps 3 --pd-chunks 16 --json 2>/dev/null)
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
-echo "$out" | "$py" -c '
-import json, sys
+echo "$out" | ROOT=$([ "$(id -u)" = 0 ] && echo 1 || echo 0) "$py" -c '
+import json, os, sys
 d = json.load(sys.stdin)
 assert d["bench"] == "cluster"
 rows = {r["transport"]: r for r in d["results"] if r["op"] == "remote_read"}
@@ -19,13 +19,18 @@ look = [r for r in d["results"] if r["op"] == "directory_lookup"]
 assert len(look) == 1 and look[0]["keys"] == 64, look
 assert look[0]["seconds"] > 0 and look[0]["baseline_seconds"] > 0
 assert abs(look[0]["ratio"] - look[0]["seconds"] / look[0]["baseline_seconds"]) < 1e-9
-assert set(rows) == {"tcp", "shm"}, rows
+floor = [r for r in d["results"] if r["op"] == "directory_mget_floor"]
+assert len(floor) == 1 and floor[0]["seconds"] > 0 and floor[0]["baseline_seconds"] > 0, floor
+want = {"tcp", "shm", "netns"} if os.environ["ROOT"] == "1" else {"tcp", "shm"}
+assert set(rows) == want, (rows, want)
 pd = [r for r in d["results"] if r["op"] == "pd_transfer"]
 assert len(pd) == 1 and pd[0]["chunks"] == 16 and pd[0]["size_bytes"] == 16 << 18, pd
 assert 0 < pd[0]["push_seconds"] < pd[0]["seconds"] and pd[0]["baseline_seconds"] > 0, pd
 assert abs(pd[0]["ratio"] - pd[0]["seconds"] / pd[0]["baseline_seconds"]) < 1e-9, pd
 assert rows["tcp"]["baseline"] == "raw TCP stream" and rows["shm"]["baseline"] == "memcpy"
 assert rows["tcp"]["peer_failure_detection"] and not rows["shm"]["peer_failure_detection"]
+if "netns" in rows:
+    assert rows["netns"]["baseline"] == "raw TCP stream" and rows["netns"]["peer_failure_detection"]
 for r in rows.values():
     assert r["size_bytes"] == 1 << 20 and r["gbps"] > 0 and r["baseline_gbps"] > 0, r
     assert abs(r["ratio"] - r["gbps"] / r["baseline_gbps"]) < 1e-9, r

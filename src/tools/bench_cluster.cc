@@ -25,6 +25,7 @@
 #include "runtime/host_port.h"
 #include "runtime/log.h"
 #include "tools/bench_common.h"
+#include "tools/node_network.h"
 
 extern char** environ;
 
@@ -38,7 +39,7 @@ struct Config {
   bool no_directory = false;
   std::string size = "32M";
   uint32_t reps = 9;
-  std::string transports = "tcp,shm";
+  std::string transports = "tcp,shm,netns";
   bool no_pd = false;
   uint32_t pd_chunks = 64;  // chunks of 256 KiB per prefill-to-decode transfer
   bench::OutputOptions out;
@@ -70,10 +71,11 @@ bool read_all(int fd, void* p, size_t n) {
   return true;
 }
 
-// The peer: a UCX node exposing `bytes` of patterned memory, and a TCP server that
-// streams the same bytes for every one-byte request (the raw baseline). Writes its
-// description and TCP port to `out`, then serves until killed.
-[[noreturn]] void run_peer(uint64_t bytes, const UcxNodeOptions& no, int out) {
+// The peer: a UCX node exposing `bytes` of patterned memory, and a TCP server on
+// `ip` that streams the same bytes for every one-byte request (the raw baseline).
+// Writes its description and TCP port to `out`, then serves until killed.
+[[noreturn]] void run_peer(uint64_t bytes, const UcxNodeOptions& no, const std::string& ip,
+                           int out) {
   std::vector<uint8_t> region(bytes);
   for (uint64_t i = 0; i < bytes; ++i) region[i] = pattern(i);
   std::unique_ptr<ProgressEngine> pe;
@@ -86,8 +88,8 @@ bool read_all(int fd, void* p, size_t n) {
   int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t alen = sizeof(a);
+  if (inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) _exit(1);
   if (ls < 0 || bind(ls, reinterpret_cast<sockaddr*>(&a), alen) != 0 || listen(ls, 1) != 0 ||
       getsockname(ls, reinterpret_cast<sockaddr*>(&a), &alen) != 0)
     _exit(1);
@@ -112,118 +114,174 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// One transport: a fresh peer and node with UCX_TLS set for it.
-int measure(const Config& c, const std::string& transport, uint64_t bytes,
-            std::vector<Json>* rows) {
-  // tcp: TCP only, peer failures detected; shm: UCX's shared-memory transports,
-  // which in UCX 1.13 need the endpoints without peer-failure handling.
-  setenv("UCX_TLS", transport == "tcp" ? "tcp" : "sm,self", 1);
-  UcxNodeOptions no;
-  no.detect_peer_failure = transport == "tcp";
-  int p[2];
-  if (pipe2(p, O_CLOEXEC) != 0) return 1;
-  pid_t child = fork();
-  if (child < 0) return 1;
-  if (child == 0) {
-    close(p[0]);
-    run_peer(bytes, no, p[1]);
-  }
-  close(p[1]);
-  int rc = 1;
+// Reads `bytes` from the peer whose port and description come on `from` with UCX
+// (c.reps times after a warm-up read), checks the bytes, then streams them over
+// raw TCP (or copies them, for shm) as often: the medians in *ucx_s and *base_s.
+bool time_reads(const Config& c, const std::string& transport, uint64_t bytes,
+                const UcxNodeOptions& no, int from, const std::string& peer_ip, double* ucx_s,
+                double* base_s) {
+  bool ok = false;
   uint16_t port = 0;
   uint32_t n = 0;
   std::string blob;
   std::unique_ptr<ProgressEngine> pe;
   std::unique_ptr<UcxNode> node;
   std::vector<uint8_t> local(4096), dst(bytes), src(bytes, 1);
+  std::vector<double> ucx, base;
   uint32_t peer = 0;
   int s = -1;
-  if (!read_all(p[0], &port, 2) || !read_all(p[0], &n, 4) || n > (1u << 20)) goto out;
+  struct Done {
+    bool done = false;
+    Status st;
+  };
+  auto cb = [](void* arg, Status st) {
+    auto* d = static_cast<Done*>(arg);
+    d->done = true;
+    d->st = st;
+  };
+  if (!read_all(from, &port, 2) || !read_all(from, &n, 4) || n > (1u << 20)) goto out;
   blob.resize(n);
-  if (!read_all(p[0], blob.data(), n)) goto out;
+  if (!read_all(from, blob.data(), n)) goto out;
   if (!ProgressEngine::create(&pe).ok() || !UcxNode::create(pe.get(), no, &node).ok() ||
       !node->expose(local.data(), local.size()).ok() || !node->start().ok() ||
       !node->connect(reinterpret_cast<const uint8_t*>(blob.data()), blob.size(), &peer).ok()) {
     std::cerr << "dpukv bench cluster: UCX setup failed (" << transport << ")\n";
     goto out;
   }
-  {
-    struct Done {
-      bool done = false;
-      Status st;
-    };
-    auto cb = [](void* arg, Status st) {
-      auto* d = static_cast<Done*>(arg);
-      d->done = true;
-      d->st = st;
-    };
-    std::vector<double> ucx, base;
-    for (uint32_t r = 0; r <= c.reps; ++r) {  // the first round warms up (wire-up)
-      Done d;
-      const uint64_t t0 = bench::now_ns();
-      if (!node->read(peer, 0, dst.data(), bytes, cb, &d).ok()) goto out;
-      while (!d.done) pe->progress();
-      if (!d.st.ok()) goto out;
-      if (r > 0) ucx.push_back((bench::now_ns() - t0) / 1e9);
-    }
-    for (uint64_t i = 0; i < bytes; i += 4093)
-      if (dst[i] != pattern(i)) {
-        std::cerr << "dpukv bench cluster: wrong byte at " << i << "\n";
-        goto out;
-      }
-    std::string baseline;
-    if (transport == "tcp") {
-      baseline = "raw TCP stream";
-      s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      a.sin_port = htons(port);
-      int one = 1;
-      setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) goto out;
-      for (uint32_t r = 0; r <= c.reps; ++r) {
-        const uint8_t req = 1;
-        const uint64_t t0 = bench::now_ns();
-        if (!write_all(s, &req, 1) || !read_all(s, dst.data(), bytes)) goto out;
-        if (r > 0) base.push_back((bench::now_ns() - t0) / 1e9);
-      }
-    } else {
-      baseline = "memcpy";
-      for (uint32_t r = 0; r <= c.reps; ++r) {
-        const uint64_t t0 = bench::now_ns();
-        std::memcpy(dst.data(), src.data(), bytes);
-        if (r > 0) base.push_back((bench::now_ns() - t0) / 1e9);
-      }
-    }
-    const double g = bytes / median(ucx) / 1e9, b = bytes / median(base) / 1e9;
-    rows->push_back({{"bench", "cluster"},
-                     {"op", "remote_read"},
-                     {"transport", transport},
-                     {"peer_failure_detection", no.detect_peer_failure},
-                     {"size_bytes", bytes},
-                     {"gbps", g},
-                     {"baseline", baseline},
-                     {"baseline_gbps", b},
-                     {"ratio", g / b}});
-    if (!c.out.json)
-      std::printf("remote_read %-4s %7s %8.2f GB/s   %-16s %8.2f GB/s   ratio %5.2f\n",
-                  transport.c_str(), bench::format_size(bytes).c_str(), g, baseline.c_str(), b,
-                  g / b);
-    rc = 0;
+  for (uint32_t r = 0; r <= c.reps; ++r) {  // the first round warms up (wire-up)
+    Done d;
+    const uint64_t t0 = bench::now_ns();
+    if (!node->read(peer, 0, dst.data(), bytes, cb, &d).ok()) goto out;
+    while (!d.done) pe->progress();
+    if (!d.st.ok()) goto out;
+    if (r > 0) ucx.push_back((bench::now_ns() - t0) / 1e9);
   }
+  for (uint64_t i = 0; i < bytes; i += 4093)
+    if (dst[i] != pattern(i)) {
+      std::cerr << "dpukv bench cluster: wrong byte at " << i << "\n";
+      goto out;
+    }
+  if (transport != "shm") {
+    s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    int one = 1;
+    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (inet_pton(AF_INET, peer_ip.c_str(), &a.sin_addr) != 1 ||
+        ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
+      goto out;
+    for (uint32_t r = 0; r <= c.reps; ++r) {
+      const uint8_t req = 1;
+      const uint64_t t0 = bench::now_ns();
+      if (!write_all(s, &req, 1) || !read_all(s, dst.data(), bytes)) goto out;
+      if (r > 0) base.push_back((bench::now_ns() - t0) / 1e9);
+    }
+  } else {
+    for (uint32_t r = 0; r <= c.reps; ++r) {
+      const uint64_t t0 = bench::now_ns();
+      std::memcpy(dst.data(), src.data(), bytes);
+      if (r > 0) base.push_back((bench::now_ns() - t0) / 1e9);
+    }
+  }
+  *ucx_s = median(ucx);
+  *base_s = median(base);
+  ok = true;
 out:
   if (s >= 0) close(s);
   if (node) {
     (void)node->stop();
     for (int i = 0; i < 100000 && node->state() != CtxState::kIdle; ++i) pe->progress();
   }
-  node.reset();
+  return ok;
+}
+
+// One transport: a fresh peer process and node with UCX_TLS set for it.
+//   tcp    TCP between two processes on loopback, peer failures detected;
+//   shm    UCX's shared-memory transports (UCX 1.13: endpoints without
+//          peer-failure handling);
+//   netns  TCP between two processes in two network namespaces joined by veth
+//          pairs on a bridge (as two hosts on one segment); the raw TCP baseline
+//          between the same two.
+int measure(const Config& c, const std::string& transport, uint64_t bytes,
+            std::vector<Json>* rows) {
+  const bool netns = transport == "netns";
+  NodeNetwork net;
+  std::string peer_ip = "127.0.0.1";
+  if (netns) {
+    if (!net.create(2)) {
+      std::cerr << "dpukv bench cluster: cannot make two network namespaces (ip from "
+                   "iproute2, as root)\n";
+      return 1;
+    }
+    peer_ip = net.ip(0);
+  }
+  setenv("UCX_TLS", transport == "shm" ? "sm,self" : "tcp", 1);
+  UcxNodeOptions no;
+  no.detect_peer_failure = transport != "shm";
+  double ucx_s = 0, base_s = 0;
+  bool ok = false;
+  int p[2], r[2] = {-1, -1};
+  if (pipe2(p, O_CLOEXEC) != 0) return 1;
+  std::fflush(nullptr);  // nothing buffered is written twice by a child
+  const pid_t child = fork();
+  if (child < 0) return 1;
+  if (child == 0) {
+    close(p[0]);
+    if (netns && (!net.enter(0) || setenv("UCX_NET_DEVICES", net.veth(0).c_str(), 1) != 0))
+      _exit(1);
+    run_peer(bytes, no, peer_ip, p[1]);
+  }
+  close(p[1]);
+  if (!netns) {
+    ok = time_reads(c, transport, bytes, no, p[0], peer_ip, &ucx_s, &base_s);
+  } else if (pipe2(r, O_CLOEXEC) == 0) {
+    // The reader is a process of its own in namespace 1 (a mount namespace comes
+    // with it, which a process of several threads cannot enter).
+    const pid_t reader = fork();
+    if (reader == 0) {
+      close(r[0]);
+      double t[2];
+      if (!net.enter(1) || setenv("UCX_NET_DEVICES", net.veth(1).c_str(), 1) != 0 ||
+          !time_reads(c, transport, bytes, no, p[0], peer_ip, &t[0], &t[1]) ||
+          !write_all(r[1], t, sizeof(t)))
+        _exit(1);
+      _exit(0);
+    }
+    close(r[1]);
+    double t[2];
+    ok = reader > 0 && read_all(r[0], t, sizeof(t));
+    if (ok) {
+      ucx_s = t[0];
+      base_s = t[1];
+    }
+    if (reader > 0) (void)reap_child(reader, nullptr);
+    close(r[0]);
+  }
   (void)signal_child(child, SIGKILL);
   (void)reap_child(child, nullptr);
   close(p[0]);
   unsetenv("UCX_TLS");
-  return rc;
+  if (!ok) {
+    std::cerr << "dpukv bench cluster: " << transport << " reads failed\n";
+    return 1;
+  }
+  const std::string baseline = transport == "shm" ? "memcpy" : "raw TCP stream";
+  const double g = bytes / ucx_s / 1e9, b = bytes / base_s / 1e9;
+  rows->push_back({{"bench", "cluster"},
+                   {"op", "remote_read"},
+                   {"transport", transport},
+                   {"peer_failure_detection", no.detect_peer_failure},
+                   {"size_bytes", bytes},
+                   {"gbps", g},
+                   {"baseline", baseline},
+                   {"baseline_gbps", b},
+                   {"ratio", g / b}});
+  if (!c.out.json)
+    std::printf("remote_read %-5s %7s %8.2f GB/s   %-16s %8.2f GB/s   ratio %5.2f\n",
+                transport.c_str(), bench::format_size(bytes).c_str(), g, baseline.c_str(), b,
+                g / b);
+  return 0;
 }
 
 // Directory lookup of a 64-key prefix (published by another node) against one
@@ -535,11 +593,15 @@ int run(const Config& c) {
     size_t comma = c.transports.find(',', start);
     if (comma == std::string::npos) comma = c.transports.size();
     const std::string t = c.transports.substr(start, comma - start);
-    if (t != "tcp" && t != "shm") {
-      std::cerr << "dpukv bench cluster: --transports takes tcp and shm\n";
+    if (t != "tcp" && t != "shm" && t != "netns") {
+      std::cerr << "dpukv bench cluster: --transports takes tcp, shm and netns\n";
       return 2;
     }
-    if (measure(c, t, bytes, &rows) != 0) return 1;
+    if (t == "netns" && geteuid() != 0) {
+      std::cerr << "dpukv bench cluster: netns skipped (network namespaces need root)\n";
+    } else if (measure(c, t, bytes, &rows) != 0) {
+      return 1;
+    }
     start = comma + 1;
   }
   if (!c.no_directory)
@@ -560,7 +622,10 @@ void add_bench_cluster_command(CLI::App* bench, int* exit_code) {
   cmd->add_option("--reps", c->reps, "Timed reads (median reported)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 1000u));
-  cmd->add_option("--transports", c->transports, "tcp, shm or both")->capture_default_str();
+  cmd->add_option("--transports", c->transports,
+                  "Comma-separated: tcp (loopback), shm, netns (two network namespaces over "
+                  "veth; root only, skipped otherwise)")
+      ->capture_default_str();
   cmd->add_option("--redis", c->redis,
                   "Redis for the directory measurement, HOST:PORT (default: start redis-server)");
   cmd->add_flag("--no-directory", c->no_directory, "Skip the directory measurement");

@@ -27,6 +27,7 @@
 #include "runtime/child_process.h"
 #include "runtime/log.h"
 #include "tools/bench_common.h"
+#include "tools/node_network.h"
 
 extern char** environ;
 
@@ -74,50 +75,6 @@ struct Config {
   std::string eviction = "lru";
   uint32_t nodes = 1;  // agents in a cluster (a Redis directory the replay starts)
   bool no_netns = false;
-};
-
-// With --nodes as root, each agent runs in a network namespace of its own, joined
-// to the others and to the Redis server by veth pairs on a bridge, as hosts on one
-// network segment would be; all of it is removed at the end.
-class NodeNetwork {
- public:
-  ~NodeNetwork() { remove(); }
-  bool create(uint32_t nodes) {
-    tag_ = std::to_string(getpid() % 100000);
-    subnet_ = "10.197." + std::to_string(getpid() % 200 + 20) + ".";
-    const std::string br = "dkr" + tag_ + "b";
-    if (!bench::run_program({"ip", "link", "add", br, "type", "bridge"})) return false;
-    bridge_ = br;
-    if (!bench::run_program({"ip", "addr", "add", bridge_ip() + "/24", "dev", br}) ||
-        !bench::run_program({"ip", "link", "set", br, "up"}))
-      return false;
-    for (uint32_t i = 0; i < nodes; ++i) {
-      const std::string n = ns(i), v = "v" + n, p = "p" + n;
-      if (!bench::run_program({"ip", "netns", "add", n})) return false;
-      made_.push_back(n);
-      if (!bench::run_program({"ip", "link", "add", v, "type", "veth", "peer", "name", p}) ||
-          !bench::run_program({"ip", "link", "set", p, "master", br, "up"}) ||
-          !bench::run_program({"ip", "link", "set", v, "netns", n}) ||
-          !bench::run_program({"ip", "-n", n, "addr", "add", ip(i) + "/24", "dev", v}) ||
-          !bench::run_program({"ip", "-n", n, "link", "set", v, "up"}) ||
-          !bench::run_program({"ip", "-n", n, "link", "set", "lo", "up"}))
-        return false;
-    }
-    return true;
-  }
-  void remove() {
-    for (const std::string& n : made_) (void)bench::run_program({"ip", "netns", "del", n});
-    made_.clear();
-    if (!bridge_.empty()) (void)bench::run_program({"ip", "link", "del", bridge_});
-    bridge_.clear();
-  }
-  std::string bridge_ip() const { return subnet_ + "1"; }
-  std::string ns(uint32_t i) const { return "dkr" + tag_ + "n" + std::to_string(i); }
-  std::string ip(uint32_t i) const { return subnet_ + std::to_string(10 + i); }
-
- private:
-  std::string tag_, subnet_, bridge_;
-  std::vector<std::string> made_;
 };
 
 std::string self_exe() {
