@@ -662,6 +662,9 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
        "Bytes read from the remote tier.", k.tier_bytes},
       {"remote_tier_rejects", "dpukv_remote_tier_rejects_total", "counter",
        "Remote tier values refused (malformed, or not matching their checksum).", k.tier_rejects},
+      {"remote_tier_fallbacks", "dpukv_remote_tier_fallbacks_total", "counter",
+       "Lookups whose listed holders failed them and that asked the remote tier.",
+       k.tier_fallbacks},
   };
   rows.insert(rows.end(), cluster_rows.begin(), cluster_rows.end());
   return rows;

@@ -46,6 +46,8 @@ struct ClusterNode::Fetch {
   bool in_use = false;
   uint64_t offer_from = 0, offer_request = 0;  // an OFFER being taken: answer TAKEN
   std::vector<uint32_t> tier;                  // positions asked of the remote tier
+  uint32_t tier_from = UINT32_MAX;             // where the keys no live agent listed begin
+  bool tier_retried = false;                   // keys whose listed holder failed went to the tier
 };
 
 // A push this node made: waits for the destination's TAKEN.
@@ -212,6 +214,8 @@ Status ClusterNode::fetch(const ChunkKey* keys, uint32_t n, FetchCb cb, void* ar
   f->got.assign(n, 0);
   f->asks = 0;
   f->tier.clear();
+  f->tier_from = UINT32_MAX;
+  f->tier_retried = false;
   Status st = dir_->lookup(keys, n, &ClusterNode::on_holders, f);
   if (!st.ok()) {
     if (st == Code::kConnectionReset) ++counters_.directory_unreachable;
@@ -263,8 +267,10 @@ void ClusterNode::plan(Fetch* f, const std::vector<std::vector<uint64_t>>* holde
     Link* l = only != nullptr ? only : pick_holder((*holders)[i]);
     if (l == nullptr) {
       // No live agent has it: the remote tier may, and the keys after it.
-      if (opts_.remote_tier && only == nullptr)
+      if (opts_.remote_tier && only == nullptr) {
+        f->tier_from = i;
         for (uint32_t j = i; j < f->keys.size(); ++j) f->tier.push_back(j);
+      }
       break;
     }
     Ask*& a = open[l];
@@ -290,16 +296,22 @@ void ClusterNode::plan(Fetch* f, const std::vector<std::vector<uint64_t>>* holde
     auto it = asks_.find(id);
     if (it != asks_.end() && !it->second->answered) send_ask(it->second.get());
   }
-  if (!f->tier.empty()) {
-    std::vector<ChunkKey> ks;
-    for (uint32_t i : f->tier) ks.push_back(f->keys[i]);
-    if (dir_->get_values(ks.data(), static_cast<uint32_t>(ks.size()), &ClusterNode::on_values, f)
-            .ok())
-      ++f->asks;
-    else
-      f->tier.clear();
-  }
+  ask_tier(f);
   if (--f->asks == 0) fetch_done(f);
+}
+
+// One MGET for the keys at f->tier; false if there are none or it was not sent.
+bool ClusterNode::ask_tier(Fetch* f) {
+  if (f->tier.empty()) return false;
+  std::vector<ChunkKey> ks;
+  for (uint32_t i : f->tier) ks.push_back(f->keys[i]);
+  if (!dir_->get_values(ks.data(), static_cast<uint32_t>(ks.size()), &ClusterNode::on_values, f)
+           .ok()) {
+    f->tier.clear();
+    return false;
+  }
+  ++f->asks;
+  return true;
 }
 
 void ClusterNode::on_values(void* arg, Status st, const std::vector<std::string>& values) {
@@ -452,6 +464,18 @@ void ClusterNode::ask_failed(Ask* a, uint64_t* counter) {
 void ClusterNode::fetch_done(Fetch* f) {
   uint32_t fetched = 0;
   while (fetched < f->got.size() && f->got[fetched]) ++fetched;
+  // A lookup whose listed holder failed it (gone, stale, wrong bytes, too slow): the
+  // remote tier may still have those keys. Asked once, for keys not asked before.
+  if (f->offer_from == 0 && opts_.remote_tier && !stopping_ && !f->tier_retried &&
+      fetched < f->tier_from && fetched < f->got.size()) {
+    f->tier_retried = true;
+    f->tier.clear();
+    const uint32_t end = std::min<uint32_t>(f->tier_from, static_cast<uint32_t>(f->got.size()));
+    for (uint32_t j = fetched; j < end; ++j)
+      if (!f->got[j]) f->tier.push_back(j);
+    ++counters_.tier_fallbacks;
+    if (ask_tier(f)) return;  // on_values ends the fetch
+  }
   if (f->in_use) {
     f->in_use = false;
     --fetching_;
@@ -529,6 +553,8 @@ void ClusterNode::on_offer(uint64_t sender, const peer::Message& m) {
   f->got.assign(m.count, 0);
   f->asks = 0;
   f->tier.clear();
+  f->tier_from = UINT32_MAX;
+  f->tier_retried = false;
   f->offer_from = sender;
   f->offer_request = m.request;
   plan(f, nullptr, link(sender));  // the offering node holds them all

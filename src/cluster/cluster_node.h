@@ -77,7 +77,8 @@ class ClusterNode final : public Context {
     uint64_t pushes = 0, pushed_chunks = 0;   // prefill side: offers made, chunks taken
     uint64_t offers = 0, offered_chunks = 0;  // decode side: offers received, chunks taken
     uint64_t tier_puts = 0, tier_hits = 0, tier_bytes = 0;  // the remote tier
-    uint64_t tier_rejects = 0;  // values that were malformed or failed their checksum
+    uint64_t tier_rejects = 0;    // values that were malformed or failed their checksum
+    uint64_t tier_fallbacks = 0;  // lookups whose listed holders failed, asked of the tier
   };
   struct PeerStats {
     uint64_t node = 0;
@@ -130,6 +131,7 @@ class ClusterNode final : public Context {
   void on_taken(Link* l, const peer::Message& m);
   void offer_done(Offer* o, Status st, const uint8_t* taken);
   // The remote tier.
+  bool ask_tier(Fetch* f);
   void upload_some();
   static void on_values(void* arg, Status st, const std::vector<std::string>& values);
   Link* pick_holder(const std::vector<uint64_t>& holders);

@@ -242,6 +242,49 @@ TEST(ClusterNode, TheRemoteTierServesChunksNoLiveAgentHolds) {
   EXPECT_FALSE(b.h.cache_->contains(key(9)));
 }
 
+// With the remote tier on, a key whose listed holder fails it (a stale entry, a
+// copy that fails its checksum) is looked for in the tier before it is a miss.
+TEST(ClusterNode, AKeyWhoseListedHolderFailsComesFromTheRemoteTier) {
+  Redis redis(free_port());
+  Agent a(redis.port(), 2000, true), b(redis.port(), 2000, true);
+  const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
+  ASSERT_TRUE(until(pes, [&] { return a.node->directory_connected(); }));
+  for (uint64_t k : {1, 2, 60}) ASSERT_TRUE(a.h.store(key(k), kChunk).ok());
+  ASSERT_TRUE(until(pes, [&] { return a.node->directory_counters().values_put == 3; }));
+  ASSERT_TRUE(wait_published(b, pes, 1));
+  // Key 60 leaves a (its tier value stays); a liar lists a as its holder again.
+  const ChunkKey k60 = key(60);
+  ASSERT_TRUE(a.h.cache_->remove(k60).ok());
+  ASSERT_TRUE(until(pes, [&] { return a.node->directory_counters().unpublished >= 1; }));
+  for (int i = 0; i < 20; ++i) a.h.pe_->progress(), usleep(1000);
+  RawDirectory liar(redis.port());
+  ASSERT_TRUE(liar.join(a.node->node_id(), "unused"));
+  liar.dir->add(k60);
+  liar.serve(50);
+  EXPECT_EQ(fetch(b, pes, 60, 1), 1u);
+  EXPECT_EQ(b.node->counters().stale, 1u);
+  EXPECT_EQ(b.node->counters().tier_fallbacks, 1u);
+  EXPECT_EQ(b.node->counters().tier_hits, 1u);
+  EXPECT_TRUE(b.h.retrieve(k60, kChunk).ok());
+  // a's copy of key 2 goes bad in its arena: b refuses it and takes the tier's.
+  ChunkPlacement p;
+  const ChunkKey k2 = key(2);
+  ASSERT_TRUE(a.h.cache_->locate(k2, &p).ok());
+  a.h.cache_->unpin(&k2, 1);
+  void* base;
+  uint64_t len;
+  a.h.cache_->arena(&base, &len);
+  static_cast<uint8_t*>(base)[p.offset + 1000] ^= 0x40;
+  EXPECT_EQ(fetch(b, pes, 2, 1), 1u);
+  EXPECT_EQ(b.node->counters().checksum_failures, 1u);
+  EXPECT_EQ(b.node->counters().tier_fallbacks, 2u);
+  EXPECT_EQ(b.node->counters().tier_hits, 2u);
+  EXPECT_TRUE(b.h.retrieve(k2, kChunk).ok());  // checks every byte
+  // A key nobody holds and the tier lacks: asked of the tier once, no fallback.
+  EXPECT_EQ(fetch(b, pes, 70, 1), 0u);
+  EXPECT_EQ(b.node->counters().tier_fallbacks, 2u);
+}
+
 TEST(ClusterNode, StaleEntriesAndCorruptCopiesAreMissesNeverWrongBytes) {
   Redis redis(free_port());
   Agent a(redis.port()), b(redis.port());

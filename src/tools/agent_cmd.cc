@@ -512,10 +512,12 @@ int run_stat(const std::string& socket, bool json) {
       (unsigned long long)u("remote_read_errors"),
       (unsigned long long)u("remote_checksum_failures"), (unsigned long long)u("remote_timeouts"));
   if (u("remote_tier_puts") || u("remote_tier_hits") || u("remote_tier_rejects"))
-    std::printf("remote tier    %llu chunks written, %llu read (%s), %llu refused\n",
-                (unsigned long long)u("remote_tier_puts"),
-                (unsigned long long)u("remote_tier_hits"), mib(u("remote_tier_bytes")).c_str(),
-                (unsigned long long)u("remote_tier_rejects"));
+    std::printf(
+        "remote tier    %llu chunks written, %llu read (%s), %llu refused, %llu lookups after a "
+        "holder failed\n",
+        (unsigned long long)u("remote_tier_puts"), (unsigned long long)u("remote_tier_hits"),
+        mib(u("remote_tier_bytes")).c_str(), (unsigned long long)u("remote_tier_rejects"),
+        (unsigned long long)u("remote_tier_fallbacks"));
   std::printf("served         %llu chunks (%s) to peers; %llu bad messages from peers\n",
               (unsigned long long)u("served_chunks"), mib(u("served_bytes")).c_str(),
               (unsigned long long)u("bad_peer_messages"));
