@@ -282,8 +282,14 @@ Status UcxNode::connect(const uint8_t* blob, size_t len, uint32_t* peer) {
   ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   ep.err_handler.cb = &UcxNode::ep_failed;
   ep.err_handler.arg = p.get();
-  if (ucp_ep_create(worker_, &ep, &p->ep) != UCS_OK) return Code::kConnectionReset;
-  if (ucp_ep_rkey_unpack(p->ep, p->desc.rkey.data(), &p->rkey) != UCS_OK) {
+  if (ucs_status_t s = ucp_ep_create(worker_, &ep, &p->ep); s != UCS_OK) {
+    LOG_WARN("cluster: cannot reach node %016llx: ucp_ep_create: %s",
+             static_cast<unsigned long long>(p->desc.node_id), ucs_status_string(s));
+    return Code::kConnectionReset;
+  }
+  if (ucs_status_t s = ucp_ep_rkey_unpack(p->ep, p->desc.rkey.data(), &p->rkey); s != UCS_OK) {
+    LOG_WARN("cluster: node %016llx: its memory key does not unpack: %s",
+             static_cast<unsigned long long>(p->desc.node_id), ucs_status_string(s));
     ucp_request_param_t prm{};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     prm.flags = UCP_EP_CLOSE_FLAG_FORCE;

@@ -318,9 +318,18 @@ bool cluster_settings(Settings* st, AgentOptions* o) {
                 << "has the address '" << adv << "'\n";
       return false;
     }
-    // UCX picks its network devices when the agent's UCX context is made.
-    (void)setenv("UCX_NET_DEVICES", ifname.c_str(), 1);
-    APP_LOG_INFO("agent: peers reach this agent at %s (interface %s)", adv.c_str(), ifname.c_str());
+    // UCX picks its network devices when the agent's UCX context is made. A device
+    // list the user gave wins: an RDMA device (mlx5_0:1, rxe0:1) is not an interface.
+    const char* given = getenv("UCX_NET_DEVICES");
+    if (given == nullptr || *given == '\0') {
+      (void)setenv("UCX_NET_DEVICES", ifname.c_str(), 1);
+      APP_LOG_INFO("agent: peers reach this agent at %s (interface %s)", adv.c_str(),
+                   ifname.c_str());
+    } else {
+      APP_LOG_INFO("agent: peers reach this agent at %s (interface %s; UCX devices %s, as "
+                   "UCX_NET_DEVICES says)",
+                   adv.c_str(), ifname.c_str(), given);
+    }
   }
   return true;
 }
