@@ -64,6 +64,8 @@ for f in /usr/lib/$multiarch/ucx/*.so.0 /usr/lib/$multiarch/libibverbs/librxe-rd
 done
 cp /etc/libibverbs.d/rxe.driver $root/etc/libibverbs.d/
 head -n "$requests" "$src/traces/mooncake_conversation_trace.jsonl" > $root/trace.jsonl
+sed -n "$((requests + 1)),$((2 * requests))p" "$src/traces/mooncake_conversation_trace.jsonl" \
+  > $root/trace2.jsonl
 add_module() {  # dependencies first, each once
   local m=$1 f d
   grep -qx "$m" $tmp/order 2>/dev/null && return
@@ -117,11 +119,29 @@ dpukv --log-level error replay /trace.jsonl --agent /tmp/agent.sock --json > /tm
 if [ "\$role" = a ]; then
   redis "SET $prefix:test:stored done" >/dev/null
   for i in \$(seq 1200); do redis "GET $prefix:test:read" | grep -q done && break; sleep 0.5; done
+  # A second agent on A that B has never reached stores the next requests and is
+  # killed with -9 while the directory still lists it (its lease runs 10 s).
+  dpukv --log-level warning agent --socket /tmp/a2.sock --memory-bytes 128M \
+    --max-chunk-size 64K --metrics-port 0 --cluster redis://10.0.2.2:$port \
+    --cluster-prefix $prefix --advertise 192.168.77.1 2>/tmp/a2.log &
+  a2=\$!
+  for i in \$(seq 600); do [ -S /tmp/a2.sock ] && break; sleep 0.1; done
+  dpukv --log-level error replay /trace2.jsonl --agent /tmp/a2.sock --json > /tmp/replay2.json \
+    2>>/tmp/replay.log || echo "DPUKV-RESULT: FAIL replay a2"
+  sleep 0.5  # its entries are published
+  kill -9 \$a2
+  redis "SET $prefix:test:stored2 done" >/dev/null
+  for i in \$(seq 1200); do redis "GET $prefix:test:read2" | grep -q done && break; sleep 0.5; done
 else
   after=\$(cat /sys/class/infiniband/rxe0/ports/1/hw_counters/rcvd_pkts)
   echo "DPUKV-RXE: \$before \$after"
   echo "DPUKV-JSON: \$(tr -d '\n' < /tmp/replay.json)"
   redis "SET $prefix:test:read done" >/dev/null
+  for i in \$(seq 1200); do redis "GET $prefix:test:stored2" | grep -q done && break; sleep 0.5; done
+  dpukv --log-level error replay /trace2.jsonl --agent /tmp/agent.sock --json \
+    > /tmp/replay2.json 2>>/tmp/replay.log || echo "DPUKV-RESULT: FAIL replay b after a2 died"
+  echo "DPUKV-JSON2: \$(tr -d '\n' < /tmp/replay2.json)"
+  redis "SET $prefix:test:read2 done" >/dev/null
 fi
 tail -n 40 /tmp/agent.log | sed "s/^/DPUKV-LOG \$role: /"
 echo "DPUKV-DONE \$role"
@@ -156,10 +176,12 @@ if grep -aq "DPUKV-RESULT: FAIL" $tmp/a.log $tmp/b.log || ! grep -aq "DPUKV-DONE
 fi
 grep -a "DPUKV-JSON: " $tmp/b.log | sed 's/^.*DPUKV-JSON: //' | tr -d '\r' > $tmp/b.json
 read -r before after < <(grep -a "DPUKV-RXE: " $tmp/b.log | sed 's/^.*DPUKV-RXE: //' | tr -d '\r')
-"$py" - $tmp/b.json "$before" "$after" <<'PYEOF'
+grep -a "DPUKV-JSON2: " $tmp/b.log | sed 's/^.*DPUKV-JSON2: //' | tr -d '\r' > $tmp/b2.json
+"$py" - $tmp/b.json "$before" "$after" $tmp/b2.json <<'PYEOF'
 import json, sys
 b = json.load(open(sys.argv[1]))
 before, after = int(sys.argv[2]), int(sys.argv[3])
+b2 = json.load(open(sys.argv[4]))
 ag = b["agent"]
 assert b["errors"] == 0 and b["verify_failures"] == 0, b["failures"]
 assert ag["lookup_remote_hits"] > 0 and ag["remote_hits"] > 0, ag
@@ -167,6 +189,15 @@ assert ag["remote_checksum_failures"] == 0 and ag["remote_read_errors"] == 0, ag
 # Every remote byte came over rxe0 (no other transport was allowed): at least one
 # packet per 4 KiB of MTU-sized payload.
 assert after - before >= ag["remote_bytes"] // 4096, (before, after, ag["remote_bytes"])
+# The holder that died before B ever reached it: B's asks time out (its endpoint to
+# the dead node is closed while UCX's wireup is still pending), the keys are misses,
+# B stays up (it answered the replay and its stats) and every byte it served is right.
+ag2 = b2["agent"]
+assert b2["errors"] == 0 and b2["verify_failures"] == 0, b2["failures"]
+assert ag2["remote_timeouts"] + ag2["remote_read_errors"] > ag["remote_timeouts"] + ag["remote_read_errors"], ag2
+assert ag2["remote_checksum_failures"] == 0, ag2
+print(f"cluster rdma: after the second holder was killed: {ag2['remote_timeouts']} timed-out "
+      f"asks, {b2['block_hit_ratio']:.3f} block hits, every byte verified")
 print(f"cluster rdma: B read {ag['remote_hits']} chunks ({ag['remote_bytes']} bytes) from A "
       f"over Soft-RoCE, {after - before} packets received on rxe0, every byte verified")
 PYEOF

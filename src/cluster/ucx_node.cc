@@ -3,6 +3,7 @@
 #include <sys/epoll.h>
 #include <sys/random.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -36,6 +37,20 @@ struct AmHeader {
 };
 static_assert(sizeof(AmHeader) == 16, "an active message header travels between hosts");
 
+// Whether the context has a UD transport (the wireup path that UCX < 1.14 cannot
+// purge), read off the resource list UCX prints ("-- ud_verbs/rxe0:1").
+bool has_ud_transport(ucp_context_h ctx) {
+  char* text = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&text, &len);
+  if (f == nullptr) return true;  // cannot tell: the careful answer
+  ucp_context_print_info(ctx, f);
+  std::fclose(f);
+  const bool ud = text != nullptr && std::strstr(text, "-- ud_") != nullptr;
+  std::free(text);
+  return ud;
+}
+
 }  // namespace
 
 struct UcxNode::Peer {
@@ -43,12 +58,14 @@ struct UcxNode::Peer {
   ucp_rkey_h rkey = nullptr;
   PeerDescription desc;
   bool ok = false;
+  bool answered = false;  // a message came from it: its connection was made
   UcxNode* owner = nullptr;
   void* close_req = nullptr;
 };
 
 struct UcxNode::ReadSlot {
   UcxNode* owner = nullptr;
+  Peer* peer = nullptr;  // lives until its close ends (or the process, if never answered)
   DoneCb cb = nullptr;
   void* arg = nullptr;
   uint64_t len = 0;
@@ -97,6 +114,17 @@ Status UcxNode::init() {
   // user chose otherwise, connect without blocking. (The transports read this from
   // the environment when they open; ucp_config_modify does not reach them.)
   (void)setenv("UCX_TCP_CONN_NB", "y", 0);
+  // UCX before 1.14 aborts (an assertion in ucp_request_send_state_ff; removed by
+  // openucx/ucx#8175) when it purges an endpoint whose wireup request to a peer that
+  // never answered still waits on a UD endpoint: when we close it, and when UD gives
+  // up on the peer (UCX_UD_TIMEOUT, 30 s). Seen with Soft-RoCE: a holder killed
+  // after it was listed and before a reader reached it took the reader down. On
+  // those versions such endpoints stay open until the process ends, and UD waits a
+  // day before it gives up, unless the user set UCX_UD_TIMEOUT.
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  const bool old_ucx = major == 1 && minor < 14;
+  if (old_ucx) (void)setenv("UCX_UD_TIMEOUT", "86400s", 0);
   if (ucp_config_read(nullptr, nullptr, &cfg) != UCS_OK) return Code::kDriver;
   ucp_params_t p{};
   p.field_mask = UCP_PARAM_FIELD_FEATURES;
@@ -107,6 +135,7 @@ Status UcxNode::init() {
     LOG_ERR("cluster: ucp_init failed: %s", ucs_status_string(st));
     return Code::kDriver;
   }
+  purge_aborts_ = old_ucx && has_ud_transport(ctx_);
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;
@@ -131,6 +160,8 @@ UcxNode::~UcxNode() {
     reap_closed();
   }
   for (auto& p : peers_)
+    if (p && p->ep != nullptr && !p->answered && purge_aborts_) unanswered_.push_back(std::move(p));
+  for (auto& p : peers_)
     if (p && p->rkey != nullptr) ucp_rkey_destroy(p->rkey);
   for (auto& p : peers_)
     if (p && p->ep != nullptr && p->close_req == nullptr) {
@@ -143,6 +174,8 @@ UcxNode::~UcxNode() {
       if (r != nullptr && UCS_PTR_IS_PTR(r)) ucp_request_free(r);
     }
   if (memh_ != nullptr) ucp_mem_unmap(ctx_, memh_);
+  // Destroying the worker would purge the endpoints that must not be: left to exit.
+  if (!unanswered_.empty()) return;
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
   if (ctx_ != nullptr) ucp_cleanup(ctx_);
 }
@@ -315,6 +348,15 @@ void UcxNode::disconnect(uint32_t peer) {
   if (peer >= peers_.size() || !peers_[peer]) return;
   std::unique_ptr<Peer> p = std::move(peers_[peer]);
   p->ok = false;
+  if (p->ep != nullptr && !p->answered && purge_aborts_) {
+    if (unanswered_.empty())
+      LOG_WARN(
+          "cluster: UCX %s cannot close an endpoint to a peer that never answered "
+          "(fixed in UCX 1.14); such endpoints stay open until the agent exits",
+          ucp_get_version_string());
+    unanswered_.push_back(std::move(p));
+    return;
+  }
   if (p->ep != nullptr) {
     ucp_request_param_t prm{};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -361,6 +403,7 @@ void UcxNode::finish_read(ReadSlot* s, Status st) {
 void UcxNode::read_done(void* request, ucs_status_t st, void* user) {
   auto* s = static_cast<ReadSlot*>(user);
   ucp_request_free(request);
+  if (st == UCS_OK) s->peer->answered = true;
   s->owner->finish_read(s, st == UCS_OK ? Status() : Status(Code::kConnectionReset));
 }
 
@@ -379,6 +422,7 @@ Status UcxNode::read(uint32_t peer, uint64_t offset, void* dst, uint64_t len, Do
   s->cb = cb;
   s->arg = arg;
   s->len = len;
+  s->peer = p;
   ++inflight_;
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -386,6 +430,7 @@ Status UcxNode::read(uint32_t peer, uint64_t offset, void* dst, uint64_t len, Do
   prm.user_data = s;
   ucs_status_ptr_t r = ucp_get_nbx(p->ep, dst, len, p->desc.region_base + offset, p->rkey, &prm);
   if (r == nullptr) {  // done at once: report from here, as a completion would
+    p->answered = true;
     finish_read(s, Code::kSuccess);
     return Code::kSuccess;
   }
@@ -446,8 +491,10 @@ ucs_status_t UcxNode::on_control(void* arg, const void* header, size_t header_le
   ++self->counters_.controls_received;
   uint32_t peer = kUnknownPeer;
   for (size_t i = 0; i < self->peers_.size(); ++i)
-    if (self->peers_[i] && self->peers_[i]->desc.node_id == h.sender)
+    if (self->peers_[i] && self->peers_[i]->desc.node_id == h.sender) {
       peer = static_cast<uint32_t>(i);
+      self->peers_[i]->answered = true;
+    }
   if (self->control_cb_ != nullptr)
     self->control_cb_(self->control_arg_, h.sender, peer, static_cast<const uint8_t*>(data), len);
   return UCS_OK;

@@ -124,6 +124,10 @@ class UcxNode final : public Context {
   // Disconnected peers whose endpoint close is still under way (never waited for on
   // the engine's thread: closing an endpoint to a partitioned peer can take long).
   std::vector<std::unique_ptr<Peer>> closing_;
+  // UCX < 1.14 only: endpoints to peers that never answered, kept open until the
+  // process ends because closing them aborts (see ucx_node.cc).
+  std::vector<std::unique_ptr<Peer>> unanswered_;
+  bool purge_aborts_ = false;
   void reap_closed();
   std::vector<ReadSlot> reads_;
   std::vector<ReadSlot*> free_reads_;
