@@ -326,9 +326,10 @@ bool cluster_settings(Settings* st, AgentOptions* o) {
       APP_LOG_INFO("agent: peers reach this agent at %s (interface %s)", adv.c_str(),
                    ifname.c_str());
     } else {
-      APP_LOG_INFO("agent: peers reach this agent at %s (interface %s; UCX devices %s, as "
-                   "UCX_NET_DEVICES says)",
-                   adv.c_str(), ifname.c_str(), given);
+      APP_LOG_INFO(
+          "agent: peers reach this agent at %s (interface %s; UCX devices %s, as "
+          "UCX_NET_DEVICES says)",
+          adv.c_str(), ifname.c_str(), given);
     }
   }
   return true;
