@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `dpukv bench cluster --json`: one-sided reads from a peer process over UCX TCP,
-# shared memory and (as root) TCP between two network namespaces, each row with its same-run baseline (raw TCP stream, memcpy) and
-# ratio (the bench itself checks the bytes it read), and a directory lookup of 64
-# keys against one Redis round trip (the bench starts a redis-server), and a
+# shared memory and (as root) TCP between two network namespaces, each row with its
+# same-run baseline (raw TCP stream, memcpy) and ratio (the bench itself checks the bytes it read), a directory lookup of 64 keys
+# from a replica and from Redis against one Redis round trip (the bench starts a
+# redis-server), the time for a new entry to reach another node's replica, and a
 # prefill-to-decode transfer between two agent processes against a store and
 # retrieve on one agent.
 set -euo pipefail
@@ -15,10 +16,13 @@ import json, os, sys
 d = json.load(sys.stdin)
 assert d["bench"] == "cluster"
 rows = {r["transport"]: r for r in d["results"] if r["op"] == "remote_read"}
-look = [r for r in d["results"] if r["op"] == "directory_lookup"]
-assert len(look) == 1 and look[0]["keys"] == 64, look
-assert look[0]["seconds"] > 0 and look[0]["baseline_seconds"] > 0
-assert abs(look[0]["ratio"] - look[0]["seconds"] / look[0]["baseline_seconds"]) < 1e-9
+look = {r["replica"]: r for r in d["results"] if r["op"] == "directory_lookup"}
+assert set(look) == {True, False}, look
+for r in look.values():
+    assert r["keys"] == 64 and r["seconds"] > 0 and r["baseline_seconds"] > 0, r
+    assert abs(r["ratio"] - r["seconds"] / r["baseline_seconds"]) < 1e-9, r
+prop = [r for r in d["results"] if r["op"] == "directory_propagation"]
+assert len(prop) == 1 and prop[0]["seconds"] > 0 and prop[0]["baseline_seconds"] > 0, prop
 floor = [r for r in d["results"] if r["op"] == "directory_mget_floor"]
 assert len(floor) == 1 and floor[0]["seconds"] > 0 and floor[0]["baseline_seconds"] > 0, floor
 want = {"tcp", "shm", "netns"} if os.environ["ROOT"] == "1" else {"tcp", "shm"}

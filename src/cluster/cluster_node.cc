@@ -388,6 +388,7 @@ void ClusterNode::on_placed(Link* l, const peer::Message& m) {
     const ChunkKey& k = f->keys[i];
     if (p.status != static_cast<uint8_t>(Code::kSuccess)) {
       ++counters_.stale;
+      dir_->forget(k, l->node);  // the holder says it has not: not asked again for it
       continue;
     }
     a->unpin.push_back(k);

@@ -7,6 +7,7 @@
 #include <ctime>
 #include <unordered_map>
 
+#include "cluster/directory_event.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -44,13 +45,14 @@ bool parse_hex16(const char* s, size_t n, uint64_t* out) {
 
 }  // namespace
 
-// One lookup: a single MGET of the keys' holder strings. Pooled: a lookup
-// allocates nothing once the pool is warm.
-struct Directory::LookupOp {
-  LookupCb cb = nullptr;
-  void* arg = nullptr;
-  std::vector<ChunkKey> keys;  // to drop entries of dead holders
-};
+// ",ID,ID,": 16 hex and a comma each.
+void Directory::parse_holders(const char* s, size_t len, std::vector<uint64_t>* out) {
+  for (size_t i = 1; i + 17 <= len; i += 17) {
+    uint64_t node;
+    if (!parse_hex16(s + i, 16, &node)) break;
+    out->push_back(node);
+  }
+}
 
 // A chunk's holders are one string, ",ID,ID,", so that a lookup of any number of
 // keys is one MGET (a hash per chunk costs one command per key on the server:
@@ -85,9 +87,12 @@ constexpr const char* kDropDeadScript =
     "if v == ',' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], v, 'KEEPTTL') end "
     "return 1";
 
-Directory::Directory(ProgressEngine* pe, const DirectoryOptions& o) : Context(pe), opts_(o) {
-  watch_.owner = this;
-}
+Directory::Directory(ProgressEngine* pe, const DirectoryOptions& o)
+    : Context(pe),
+      opts_(o),
+      replica_(o.replica_max_keys),
+      link_(pe, RedisLink::Events{this, &Directory::on_link_up, &Directory::on_link_down}),
+      feed_(pe, RedisLink::Events{this, &Directory::on_feed_up, &Directory::on_feed_down}) {}
 
 Status Directory::create(ProgressEngine* pe, const DirectoryOptions& o,
                          std::unique_ptr<Directory>* out) {
@@ -99,13 +104,17 @@ Status Directory::create(ProgressEngine* pe, const DirectoryOptions& o,
 }
 
 Directory::~Directory() {
-  if (ctx_ != nullptr) {
-    redisAsyncContext* c = ctx_;
-    ctx_ = nullptr;
-    c->onDisconnect = nullptr;
-    redisAsyncFree(c);  // pending callbacks run with no reply
-  }
+  link_.drop();  // pending callbacks run with no reply
+  feed_.drop();
+  for (LookupOp* op : local_ops_) delete op;
   for (LookupOp* op : free_ops_) delete op;
+}
+
+Directory::LookupOp* Directory::take_op() {
+  if (free_ops_.empty()) return new LookupOp;
+  LookupOp* op = free_ops_.back();
+  free_ops_.pop_back();
+  return op;
 }
 
 std::string Directory::hex16(uint64_t v) {
@@ -131,6 +140,22 @@ void Directory::format_key(char* p, char kind, const ChunkKey& k) const {
   std::memcpy(p, w, sizeof(w));
 }
 
+bool Directory::parse_key(const char* p, size_t len, ChunkKey* k) const {
+  const size_t pl = opts_.prefix.size();
+  if (len != key_size() || std::memcmp(p, opts_.prefix.data(), pl) != 0 || p[pl] != ':' ||
+      p[pl + 1] != 'c' || p[pl + 2] != ':')
+    return false;
+  p += pl + 3;
+  uint64_t w[4];
+  std::memcpy(w, p, sizeof(w));
+  k->model = w[0];
+  k->prefix_hash = w[1];
+  k->world_size = static_cast<uint32_t>(w[2] >> 32);
+  k->rank = static_cast<uint32_t>(w[2]);
+  k->layout = w[3];
+  return true;
+}
+
 std::string Directory::chunk_key(const ChunkKey& k) const {
   std::string s(key_size(), '\0');
   format_key(s.data(), 'c', k);
@@ -147,92 +172,10 @@ std::string Directory::node_key(uint64_t node) const {
   return opts_.prefix + ":n:" + hex16(node);
 }
 
-// ---- the hiredis event hooks: the socket in the progress engine's epoll set -----
-
-// hiredis asks for read and write interest as it queues and sends; the epoll set
-// is brought up to date only before the engine could sleep (and in poll()), so a
-// command written at once by poll() costs no epoll_ctl calls.
-void Directory::update_watch() {
-  if (ctx_ == nullptr) return;
-  const uint32_t ev = (reading_ ? EPOLLIN : 0u) | (writing_ ? EPOLLOUT : 0u);
-  if (watched_ && ev == watched_events_) return;
-  fd_ = ctx_->c.fd;
-  if (!watched_) {
-    if (pe()->watch_fd(fd_, ev, &watch_).ok()) {
-      watched_ = true;
-      watched_events_ = ev;
-    }
-  } else if (pe()->modify_fd(fd_, ev, &watch_).ok()) {
-    watched_events_ = ev;
-  }
-}
-
-// Queued commands go out now rather than after an epoll round; EPOLLOUT is
-// watched only while the socket is full (or the connection is being made).
-void Directory::write_through() {
-  if (ctx_ != nullptr && ready_ && writing_ && !(watched_events_ & EPOLLOUT))
-    redisAsyncHandleWrite(ctx_);
-}
-
-bool Directory::arm_notification() {
-  write_through();
-  update_watch();
-  return false;
-}
-
-void Directory::add_read(void* p) {
-  static_cast<Directory*>(p)->reading_ = true;
-}
-void Directory::del_read(void* p) {
-  static_cast<Directory*>(p)->reading_ = false;
-}
-void Directory::add_write(void* p) {
-  static_cast<Directory*>(p)->writing_ = true;
-}
-void Directory::del_write(void* p) {
-  static_cast<Directory*>(p)->writing_ = false;
-}
-void Directory::cleanup(void* p) {
-  auto* d = static_cast<Directory*>(p);
-  if (d->watched_) d->pe()->unwatch_fd(d->fd_, &d->watch_);
-  d->watched_ = d->reading_ = d->writing_ = false;
-  d->watched_events_ = 0;
-}
-
-void Directory::Watch::on_fd_ready(uint32_t events) {
-  redisAsyncContext* c = owner->ctx_;
-  if (c == nullptr) return;
-  if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) redisAsyncHandleRead(c);
-  if (owner->ctx_ == c && (events & EPOLLOUT)) redisAsyncHandleWrite(c);
-}
-
 // ---- connection ------------------------------------------------------------------
-
-void Directory::connect() {
-  redisAsyncContext* c = redisAsyncConnect(opts_.host.c_str(), opts_.port);
-  if (c == nullptr || c->err) {
-    if (c != nullptr) redisAsyncFree(c);
-    lost("cannot connect");
-    return;
-  }
-  ctx_ = c;
-  ready_ = false;
-  c->data = this;
-  c->ev.data = this;
-  c->ev.addRead = &Directory::add_read;
-  c->ev.delRead = &Directory::del_read;
-  c->ev.addWrite = &Directory::add_write;
-  c->ev.delWrite = &Directory::del_write;
-  c->ev.cleanup = &Directory::cleanup;
-  redisAsyncSetConnectCallback(c, &Directory::on_connect);
-  redisAsyncSetDisconnectCallback(c, &Directory::on_disconnect);
-  add_write(this);  // the connection completes when the socket becomes writable
-  update_watch();
-}
 
 void Directory::lost(const char* why) {
   ++counters_.unreachable;
-  ready_ = false;
   retry_at_ms_ = monotonic_ms() + opts_.retry_ms;
   // Everything held is published again on reconnection; removals wait in removes_.
   adds_.clear();
@@ -251,15 +194,8 @@ void Directory::lost(const char* why) {
   }
 }
 
-void Directory::on_connect(const redisAsyncContext* c, int status) {
-  auto* d = static_cast<Directory*>(c->data);
-  if (status != REDIS_OK) {  // hiredis frees the context after this
-    d->ctx_ = nullptr;
-    d->cleanup(d);
-    d->lost(c->errstr);
-    return;
-  }
-  d->ready_ = true;
+void Directory::on_link_up(void* owner) {
+  auto* d = static_cast<Directory*>(owner);
   d->leased_ = false;  // everything is published now anyway
   if (d->down_since_ms_ != 0) {
     LOG_WARN("cluster directory: Redis at %s:%u reachable again after %llu s; publishing again",
@@ -270,12 +206,12 @@ void Directory::on_connect(const redisAsyncContext* c, int status) {
   ++d->counters_.connects;
   d->adds_.assign(d->held_.begin(), d->held_.end());
   d->renew_lease();
+  if (d->feed_subscribed_ && !d->replica_ready_) d->start_scan();
 }
 
-void Directory::on_disconnect(const redisAsyncContext* c, int status) {
-  auto* d = static_cast<Directory*>(c->data);
-  d->ctx_ = nullptr;
-  if (status != REDIS_OK || d->state() == CtxState::kRunning) d->lost(c->errstr);
+void Directory::on_link_down(void* owner, const char* why) {
+  auto* d = static_cast<Directory*>(owner);
+  if (d->state() == CtxState::kRunning) d->lost(why);
 }
 
 void Directory::command(redisCallbackFn* cb, void* priv, std::vector<std::string> argv) {
@@ -285,21 +221,15 @@ void Directory::command(redisCallbackFn* cb, void* priv, std::vector<std::string
     argv_.push_back(s.data());
     lens_.push_back(s.size());
   }
-  (void)send_argv(cb, priv);
-}
-
-bool Directory::send_argv(redisCallbackFn* cb, void* priv) {
-  if (redisAsyncCommandArgv(ctx_, cb, priv, static_cast<int>(argv_.size()), argv_.data(),
-                            lens_.data()) != REDIS_OK) {
+  if (!link_.command(cb, priv, static_cast<int>(argv_.size()), argv_.data(), lens_.data())) {
     ++counters_.errors;
-    return false;
+    return;
   }
   ++pending_replies_;
-  return true;
 }
 
 void Directory::on_reply(redisAsyncContext* c, void* r, void* priv) {
-  auto* d = static_cast<Directory*>(c->data);
+  auto* d = static_cast<Directory*>(RedisLink::owner_of(c));
   --d->pending_replies_;
   auto* reply = static_cast<redisReply*>(r);
   if (priv == nullptr) {  // fire and forget: count failures
@@ -309,43 +239,53 @@ void Directory::on_reply(redisAsyncContext* c, void* r, void* priv) {
   auto* op = static_cast<LookupOp*>(priv);
   const LookupCb cb = op->cb;
   void* const arg = op->arg;
-  d->free_ops_.push_back(op);  // reusable by a lookup the callback makes, not before
   const size_t n = op->keys.size();
-  // Reused: the callback may not keep it, and a nested lookup does not touch it.
-  std::vector<std::vector<uint64_t>>& holders = d->holders_;
-  if (holders.size() < n) holders.resize(n);
-  for (size_t k = 0; k < n; ++k) holders[k].clear();
-  holders.resize(n);
-  if (reply == nullptr || reply->type != REDIS_REPLY_ARRAY || reply->elements != n) {
+  // Reused: the callback may not keep them, and a nested lookup does not touch them.
+  std::vector<std::vector<uint64_t>>& listed = d->listed_;
+  if (listed.size() < n) listed.resize(n);
+  for (size_t k = 0; k < n; ++k) listed[k].clear();
+  listed.resize(n);
+  const bool ok = reply != nullptr && reply->type == REDIS_REPLY_ARRAY && reply->elements == n;
+  for (size_t k = 0; ok && k < n; ++k) {
+    const redisReply* e = reply->element[k];
+    if (e->type == REDIS_REPLY_STRING) parse_holders(e->str, e->len, &listed[k]);
+  }
+  d->live_holders(*op, listed);
+  d->free_ops_.push_back(op);  // reusable by a lookup the callback makes, not before
+  if (!ok) {
     ++d->counters_.errors;
-    cb(arg, Code::kConnectionReset, holders);
+    cb(arg, Code::kConnectionReset, d->holders_);
     return;
   }
-  // Only live holders are answered; entries of dead nodes are removed.
+  cb(arg, Code::kSuccess, d->holders_);
+}
+
+// Only live holders are answered; entries of dead nodes are removed.
+void Directory::live_holders(const LookupOp& op, const std::vector<std::vector<uint64_t>>& listed) {
+  const size_t n = op.keys.size();
+  if (holders_.size() < n) holders_.resize(n);
+  for (size_t k = 0; k < n; ++k) holders_[k].clear();
+  holders_.resize(n);
   for (size_t k = 0; k < n; ++k) {
-    const redisReply* e = reply->element[k];
-    if (e->type != REDIS_REPLY_STRING) continue;
-    auto& h = holders[k];
-    for (size_t i = 1; i + 17 <= e->len; i += 17) {  // ",ID,ID,": 16 hex and a comma each
-      uint64_t node;
-      if (!parse_hex16(e->str + i, 16, &node)) break;
-      if (std::binary_search(d->live_.begin(), d->live_.end(), node)) {
-        h.push_back(node);
+    for (uint64_t node : listed[k]) {
+      if (std::binary_search(live_.begin(), live_.end(), node)) {
+        holders_[k].push_back(node);
         continue;
       }
-      if (d->ctx_ != nullptr)
-        d->command(&Directory::on_reply, nullptr,
-                   {"EVAL", kDropDeadScript, "2", d->chunk_key(op->keys[k]),
-                    d->opts_.prefix + ":nodes", hex16(node), std::to_string(wall_ms())});
-      ++d->counters_.stale_dropped;
+      if (link_.up())
+        command(&Directory::on_reply, nullptr,
+                {"EVAL", kDropDeadScript, "2", chunk_key(op.keys[k]), opts_.prefix + ":nodes",
+                 hex16(node), std::to_string(wall_ms())});
+      // Not dropped from the replica: this node's view of the live set may be older
+      // than the holder's rejoining, whose events said it holds the chunk.
+      ++counters_.stale_dropped;
     }
-    if (!h.empty()) ++d->counters_.lookup_hits;
+    if (!holders_[k].empty()) ++counters_.lookup_hits;
   }
-  cb(arg, Code::kSuccess, holders);
 }
 
 void Directory::on_live_nodes(redisAsyncContext* c, void* r, void*) {
-  auto* d = static_cast<Directory*>(c->data);
+  auto* d = static_cast<Directory*>(RedisLink::owner_of(c));
   --d->pending_replies_;
   auto* reply = static_cast<redisReply*>(r);
   if (reply == nullptr || reply->type != REDIS_REPLY_ARRAY) {
@@ -365,7 +305,7 @@ void Directory::on_live_nodes(redisAsyncContext* c, void* r, void*) {
 // The lease script answers 1 when the node's lease had run out (a long pause, Redis
 // restarted): others may have dropped its entries, so it publishes them again.
 void Directory::on_lease(redisAsyncContext* c, void* r, void*) {
-  auto* d = static_cast<Directory*>(c->data);
+  auto* d = static_cast<Directory*>(RedisLink::owner_of(c));
   --d->pending_replies_;
   auto* reply = static_cast<redisReply*>(r);
   if (reply == nullptr || reply->type != REDIS_REPLY_INTEGER) {
@@ -405,11 +345,38 @@ void Directory::flush() {
   for (const ChunkKey& k : adds_)
     command(&Directory::on_reply, nullptr, {"EVAL", kAddScript, "1", chunk_key(k), id, expiry});
   counters_.published += adds_.size();
+  published_now_.swap(adds_);
   adds_.clear();
   for (const ChunkKey& k : removes_)
     command(&Directory::on_reply, nullptr, {"EVAL", kRemoveScript, "1", chunk_key(k), id});
   counters_.unpublished += removes_.size();
+  publish_events();
   removes_.clear();
+}
+
+// The same edits as events, after them on the same connection: a subscriber that
+// hears of an entry finds it in Redis too.
+void Directory::publish_events() {
+  const std::string channel = opts_.prefix + ":events";
+  std::string msg;
+  auto send = [&] {
+    command(&Directory::on_reply, nullptr, {"PUBLISH", channel, msg});
+    ++counters_.events_published;
+  };
+  directory_event::begin(opts_.node_id, &msg);
+  size_t in_msg = 0;
+  auto add = [&](directory_event::Op op, const ChunkKey& k) {
+    directory_event::append(op, k, &msg);
+    if (++in_msg == directory_event::kMaxEntries) {
+      send();
+      directory_event::begin(opts_.node_id, &msg);
+      in_msg = 0;
+    }
+  };
+  for (const ChunkKey& k : published_now_) add(directory_event::Op::kHolds, k);
+  for (const ChunkKey& k : removes_) add(directory_event::Op::kDrops, k);
+  if (in_msg > 0) send();
+  published_now_.clear();
 }
 
 // ---- the agent's calls -----------------------------------------------------------
@@ -431,16 +398,17 @@ Status Directory::lookup(const ChunkKey* keys, uint32_t n, LookupCb cb, void* ar
     ++counters_.unreachable;
     return Code::kConnectionReset;
   }
-  LookupOp* op;
-  if (free_ops_.empty()) {
-    op = new LookupOp;
-  } else {
-    op = free_ops_.back();
-    free_ops_.pop_back();
-  }
+  LookupOp* op = take_op();
   op->cb = cb;
   op->arg = arg;
   op->keys.assign(keys, keys + n);
+  ++counters_.lookups;
+  counters_.lookup_keys += n;
+  if (replica_ready_) {  // answered from the replica in the next poll()
+    ++counters_.lookups_local;
+    local_ops_.push_back(op);
+    return Code::kSuccess;
+  }
   // The MGET in RESP, written here: every argument but the first has the same
   // length, and hiredis' general formatter cost more than Redis' work.
   const size_t klen = key_size();
@@ -458,10 +426,7 @@ Status Directory::lookup(const ChunkKey* keys, uint32_t n, LookupCb cb, void* ar
     *p++ = '\r';
     *p++ = '\n';
   }
-  ++counters_.lookups;
-  counters_.lookup_keys += n;
-  if (redisAsyncFormattedCommand(ctx_, &Directory::on_reply, op, key_buf_.data(),
-                                 key_buf_.size()) != REDIS_OK) {
+  if (!link_.formatted(&Directory::on_reply, op, key_buf_.data(), key_buf_.size())) {
     ++counters_.errors;
     free_ops_.push_back(op);  // else back to the pool by the reply
     return Code::kConnectionReset;
@@ -496,7 +461,7 @@ Status Directory::get_values(const ChunkKey* keys, uint32_t n, ValuesCb cb, void
   std::vector<std::string> argv = {"MGET"};
   for (uint32_t i = 0; i < n; ++i) argv.push_back(value_key(keys[i]));
   auto reply_cb = [](redisAsyncContext* c, void* r, void* priv) {
-    auto* d = static_cast<Directory*>(c->data);
+    auto* d = static_cast<Directory*>(RedisLink::owner_of(c));
     --d->pending_replies_;
     std::unique_ptr<ValuesOp> o(static_cast<ValuesOp*>(priv));
     auto* reply = static_cast<redisReply*>(r);
@@ -530,7 +495,7 @@ Status Directory::find_node(uint64_t node_id, NodeCb cb, void* arg) {
   const char* argv[] = {"GET", key.c_str()};
   const size_t len[] = {3, key.size()};
   auto reply_cb = [](redisAsyncContext* c, void* r, void* priv) {
-    auto* d = static_cast<Directory*>(c->data);
+    auto* d = static_cast<Directory*>(RedisLink::owner_of(c));
     --d->pending_replies_;
     std::unique_ptr<NodeOp> o(static_cast<NodeOp*>(priv));
     auto* reply = static_cast<redisReply*>(r);
@@ -541,7 +506,7 @@ Status Directory::find_node(uint64_t node_id, NodeCb cb, void* arg) {
     else
       o->cb(o->arg, Code::kSuccess, std::string(reply->str, reply->len));
   };
-  if (redisAsyncCommandArgv(ctx_, reply_cb, op, 2, argv, len) != REDIS_OK) {
+  if (!link_.command(reply_cb, op, 2, argv, len)) {
     delete op;
     return Code::kConnectionReset;
   }
@@ -552,42 +517,55 @@ Status Directory::find_node(uint64_t node_id, NodeCb cb, void* arg) {
 // ---- the context -------------------------------------------------------------------
 
 Status Directory::do_start() {
-  connect();  // an unreachable Redis is retried; the agent runs meanwhile
+  // An unreachable Redis is retried; the agent runs meanwhile.
+  if (!link_.connect(opts_.host, opts_.port)) retry_at_ms_ = monotonic_ms() + opts_.retry_ms;
+  if (opts_.replicate && !feed_.connect(opts_.host, opts_.port))
+    feed_retry_at_ms_ = monotonic_ms() + opts_.retry_ms;
   return Code::kSuccess;
 }
 
 void Directory::do_stop() {
+  feed_.close();
   if (!connected()) return;
   // Leave at once: peers stop asking this node; its chunk fields age out with it.
   const std::string id = hex16(opts_.node_id);
   command(&Directory::on_reply, nullptr, {"ZREM", opts_.prefix + ":nodes", id});
   command(&Directory::on_reply, nullptr, {"DEL", node_key(opts_.node_id)});
-  redisAsyncDisconnect(ctx_);  // after the replies
+  link_.close();  // after the replies
 }
 
 bool Directory::drained() {
-  if (ctx_ != nullptr && !connected()) {  // still connecting: give up
-    redisAsyncContext* c = ctx_;
-    ctx_ = nullptr;
-    c->onDisconnect = nullptr;
-    redisAsyncFree(c);
-  }
-  return ctx_ == nullptr;
+  answer_local();
+  // Still connecting: give up.
+  if (link_.open() && !link_.up()) link_.drop();
+  if (feed_.open() && !feed_.up()) feed_.drop();
+  return !link_.open() && !feed_.open() && local_ops_.empty();
+}
+
+bool Directory::arm_notification() {
+  link_.service();
+  feed_.service();
+  return !local_ops_.empty();
 }
 
 size_t Directory::poll() {
+  size_t n = answer_local();
   if (state() != CtxState::kRunning) {  // stopping: the leave commands still go out
-    write_through();
-    update_watch();
-    return 0;
+    link_.service();
+    feed_.service();
+    return n;
   }
   const uint64_t now = monotonic_ms();
-  if (ctx_ == nullptr) {
-    if (now >= retry_at_ms_) connect();
-    return 0;
+  if (opts_.replicate && !replica_off_ && !feed_.open() && now >= feed_retry_at_ms_ &&
+      !feed_.connect(opts_.host, opts_.port))
+    feed_retry_at_ms_ = now + opts_.retry_ms;
+  if (!link_.open()) {
+    if (now >= retry_at_ms_ && !link_.connect(opts_.host, opts_.port))
+      retry_at_ms_ = now + opts_.retry_ms;
+    return n;
   }
-  if (!ready_) return 0;
-  size_t n = adds_.size() + removes_.size();
+  if (!link_.up()) return n;
+  n += adds_.size() + removes_.size();
   if (now >= renew_at_ms_) {
     renew_lease();
     ++n;
@@ -595,9 +573,10 @@ size_t Directory::poll() {
     refresh_live();
     ++n;
   }
+  if (feed_subscribed_ && !replica_ready_ && !scanning_ && now >= scan_retry_at_ms_) start_scan();
   if (!adds_.empty() || !removes_.empty()) flush();
-  write_through();
-  update_watch();
+  link_.service();
+  feed_.service();
   return n;
 }
 

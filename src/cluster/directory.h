@@ -8,17 +8,24 @@
 //   PREFIX:n:NODE           the node's peer description (what UcxNode::connect takes)
 //   PREFIX:c:CHUNK          string ",NODE,NODE,": the holders (CHUNK: the key's 32 bytes),
 //                           edited by server-side scripts
+//   PREFIX:events           channel: every edit of a node's entries, as events
+//                           (directory_event.h), published after the edits
 // A node renews its lease every lease/3 and re-reads the live nodes every
-// live_refresh_ms; a lookup is one MGET of its keys and answers only live holders, so a dead
-// agent's entries age out with its lease (and are removed when a lookup meets them). Additions and
-// removals are queued and sent pipelined once per progress round.
+// live_refresh_ms. Additions and removals are queued and sent pipelined once per
+// progress round, each round's also as one event message.
+//
+// Lookups answer live holders only, so a dead agent's entries age out with its
+// lease (and are removed when a lookup meets them). A node keeps a replica of the
+// directory (directory_replica.h): a second connection subscribed to the events,
+// filled by a scan of the entries when it subscribes; once the scan is done, a
+// lookup is answered from the replica in the next progress round, with no round
+// trip. Until then, and whenever the subscription is lost (it is then cleared and
+// scanned again), or if it outgrows replica_max_keys, a lookup is one MGET.
 //
 // Redis unreachable: lookups fail at once with CONNECTION_RESET (the agent serves
 // locally), the failure is counted, the connection is retried in the background,
 // and on reconnection the node publishes again everything it holds.
 #pragma once
-
-#include <hiredis/async.h>
 
 #include <cstdint>
 #include <memory>
@@ -26,6 +33,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "cluster/directory_replica.h"
+#include "cluster/redis_link.h"
 #include "protocol/chunk_key.h"
 #include "runtime/context.h"
 #include "runtime/progress_engine.h"
@@ -44,6 +53,8 @@ struct DirectoryOptions {
   // How often the node re-reads which nodes are live: a node that just joined is
   // not answered as a holder for up to this long (a miss, not an error).
   uint32_t live_refresh_ms = 1000;
+  bool replicate = true;               // keep a replica: lookups without a round trip
+  size_t replica_max_keys = 1u << 20;  // past this, lookups go back to Redis
 };
 
 class Directory final : public Context {
@@ -58,6 +69,10 @@ class Directory final : public Context {
     uint64_t unreachable = 0, connects = 0, errors = 0, stale_dropped = 0;
     uint64_t rejoined = 0;  // the lease had run out while connected: published again
     uint64_t values_put = 0, value_bytes_put = 0, value_gets = 0;
+    uint64_t lookups_local = 0;           // answered from the replica
+    uint64_t events_published = 0;        // event messages sent
+    uint64_t events = 0, bad_events = 0;  // event messages received; malformed ones
+    uint64_t syncs = 0;                   // scans that made the replica complete
   };
 
   static Status create(ProgressEngine* pe, const DirectoryOptions& o,
@@ -67,7 +82,10 @@ class Directory final : public Context {
   // This node now holds / no longer holds the chunk (sent on the next round).
   void add(const ChunkKey& k);
   void remove(const ChunkKey& k);
-  // Holders of each key, one round trip. CONNECTION_RESET at once if Redis is away.
+  // A holder said it does not hold k (a stale entry): the replica forgets it.
+  void forget(const ChunkKey& k, uint64_t node) { replica_.drop(k, node); }
+  // Holders of each key: from the replica, or one round trip. CONNECTION_RESET at
+  // once if Redis is away.
   Status lookup(const ChunkKey* keys, uint32_t n, LookupCb cb, void* arg);
   // A live node's description; NOT_FOUND if it has none (dead, or never joined).
   Status find_node(uint64_t node_id, NodeCb cb, void* arg);
@@ -80,15 +98,19 @@ class Directory final : public Context {
   void put_value(const ChunkKey& k, std::string value);
   Status get_values(const ChunkKey* keys, uint32_t n, ValuesCb cb, void* arg);
 
-  bool connected() const { return ctx_ != nullptr && ready_; }
+  bool connected() const { return link_.up(); }
+  bool replica_ready() const { return replica_ready_; }
+  size_t replica_keys() const { return replica_.size(); }
   const Counters& counters() const { return counters_; }
 
  private:
-  struct Watch final : FdWatcher {
-    Directory* owner = nullptr;
-    void on_fd_ready(uint32_t events) override;
+  // One lookup: a single MGET of the keys' holder strings, or an answer from the
+  // replica. Pooled: a lookup allocates nothing once the pool is warm.
+  struct LookupOp {
+    LookupCb cb = nullptr;
+    void* arg = nullptr;
+    std::vector<ChunkKey> keys;
   };
-  struct LookupOp;
 
   Directory(ProgressEngine* pe, const DirectoryOptions& o);
   Status do_start() override;
@@ -97,44 +119,48 @@ class Directory final : public Context {
   size_t poll() override;
   bool arm_notification() override;
 
-  void connect();
   void lost(const char* why);
   void flush();
+  void publish_events();
   void renew_lease();
+  void refresh_live();
   void command(redisCallbackFn* cb, void* priv, std::vector<std::string> argv);
-  bool send_argv(redisCallbackFn* cb, void* priv);  // argv_ and lens_
-  void write_through();
+  LookupOp* take_op();
   size_t key_size() const;
   void format_key(char* p, char kind, const ChunkKey& k) const;
+  bool parse_key(const char* p, size_t len, ChunkKey* k) const;
   std::string chunk_key(const ChunkKey& k) const;
   std::string value_key(const ChunkKey& k) const;
   std::string node_key(uint64_t node) const;
   static std::string hex16(uint64_t v);
+  static void parse_holders(const char* s, size_t len, std::vector<uint64_t>* out);
 
-  static void on_connect(const redisAsyncContext* c, int status);
-  static void on_disconnect(const redisAsyncContext* c, int status);
+  static void on_link_up(void* owner);
+  static void on_link_down(void* owner, const char* why);
   static void on_reply(redisAsyncContext* c, void* reply, void* priv);
   static void on_live_nodes(redisAsyncContext* c, void* reply, void* priv);
   static void on_lease(redisAsyncContext* c, void* reply, void* priv);
-  static void add_read(void* p);
-  static void del_read(void* p);
-  static void add_write(void* p);
-  static void del_write(void* p);
-  static void cleanup(void* p);
-  void update_watch();
+
+  // The replica (directory_sync.cc).
+  static void on_feed_up(void* owner);
+  static void on_feed_down(void* owner, const char* why);
+  static void on_feed_message(redisAsyncContext* c, void* reply, void* priv);
+  static void on_scan(redisAsyncContext* c, void* reply, void* priv);
+  static void on_scan_values(redisAsyncContext* c, void* reply, void* priv);
+  void start_scan();
+  void send_scan(const std::string& cursor);
+  void scan_settled();
+  void apply_holders(const ChunkKey& k, const char* s, size_t len);
+  void replica_overflowed();
+  size_t answer_local();
+  // The live holders of keys[i] into holders_[i]; entries of dead ones dropped.
+  void live_holders(const LookupOp& op, const std::vector<std::vector<uint64_t>>& listed);
 
   DirectoryOptions opts_;
-  redisAsyncContext* ctx_ = nullptr;
-  bool ready_ = false;
   bool leased_ = false;  // a lease was taken on this connection
-  bool reading_ = false, writing_ = false, watched_ = false;
-  uint32_t watched_events_ = 0;  // what the epoll set has for fd_
-  int fd_ = -1;
-  Watch watch_;
   uint64_t retry_at_ms_ = 0, renew_at_ms_ = 0, live_at_ms_ = 0;
   uint64_t down_since_ms_ = 0, last_down_log_ms_ = 0;  // Redis unreachable since (0: it is not)
-  void refresh_live();
-  std::vector<ChunkKey> adds_, removes_;
+  std::vector<ChunkKey> adds_, removes_, published_now_;
   struct KeyHash {
     size_t operator()(const ChunkKey& k) const { return k.hash(); }
   };
@@ -146,6 +172,18 @@ class Directory final : public Context {
   std::string key_buf_;  // the lookup's MGET, formatted
   std::vector<LookupOp*> free_ops_;
   std::vector<std::vector<uint64_t>> holders_;
+  // The replica and its synchronisation.
+  DirectoryReplica replica_;
+  bool feed_subscribed_ = false, replica_ready_ = false, replica_off_ = false;
+  bool scanning_ = false, scan_cursor_done_ = false;
+  uint64_t scan_epoch_ = 0;
+  uint32_t scan_batches_ = 0;  // MGETs of scanned keys not answered yet
+  uint64_t feed_retry_at_ms_ = 0, scan_retry_at_ms_ = 0;
+  std::vector<LookupOp*> local_ops_, answering_;
+  std::vector<std::vector<uint64_t>> listed_;
+  // Last: destroyed first, while what their callbacks touch still exists.
+  RedisLink link_;              // commands
+  RedisLink feed_;              // subscribed to PREFIX:events
   std::vector<uint64_t> live_;  // live nodes, sorted, as of the last lease renewal
   Counters counters_;
 };

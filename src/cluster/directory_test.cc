@@ -13,11 +13,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <hiredis/hiredis.h>
+
+#include "cluster/directory_replica.h"
 #include "cluster/redis_test_server.h"
 #include "runtime/log.h"
 
@@ -27,8 +31,9 @@ namespace {
 struct Node {
   std::unique_ptr<ProgressEngine> pe;
   std::unique_ptr<Directory> dir;
-  Node(uint16_t port, uint64_t id, uint32_t lease_ms = 5000) {
+  Node(uint16_t port, uint64_t id, uint32_t lease_ms = 5000, bool replicate = true) {
     DirectoryOptions o;
+    o.replicate = replicate;
     o.port = port;
     o.node_id = id;
     o.description = "desc-of-" + std::to_string(id);
@@ -83,13 +88,16 @@ Answer ask(std::vector<Node*> all, Node& n, std::vector<ChunkKey> keys) {
   return a;
 }
 
-TEST(Directory, PublishLookupRemoveAndDeadNodesAgeOut) {
+// The same answers whether b asks Redis (one MGET) or its replica.
+void publish_lookup_remove_and_age_out(bool replicate) {
   log_set_level(LogSource::kLib, LogLevel::kDisable);
   const uint16_t port = free_port();
   Redis redis(port);
   ASSERT_TRUE(redis.running()) << "redis-server could not be started";
-  Node a(port, 0xa1, 300), b(port, 0xb2);
-  ASSERT_TRUE(serve({&a, &b}, [&] { return a.dir->connected() && b.dir->connected(); }));
+  Node a(port, 0xa1, 300, replicate), b(port, 0xb2, 5000, replicate);
+  ASSERT_TRUE(serve({&a, &b}, [&] {
+    return a.dir->connected() && b.dir->connected() && b.dir->replica_ready() == replicate;
+  }));
   a.dir->add(key(1));
   a.dir->add(key(2));
   b.dir->add(key(2));
@@ -148,6 +156,119 @@ TEST(Directory, PublishLookupRemoveAndDeadNodesAgeOut) {
     r = ask({&a, &b}, b, {key(2)});
     return r.st.ok() && r.holders[0].size() == 2;
   }));
+  if (replicate)
+    EXPECT_EQ(b.dir->counters().lookups_local, b.dir->counters().lookups);
+  else
+    EXPECT_EQ(b.dir->counters().lookups_local, 0u);
+}
+
+TEST(Directory, PublishLookupRemoveAndDeadNodesAgeOut) {
+  publish_lookup_remove_and_age_out(true);
+}
+
+TEST(Directory, PublishLookupRemoveAndDeadNodesAgeOutWithoutReplica) {
+  publish_lookup_remove_and_age_out(false);
+}
+
+// A plain Redis client of the test's own.
+struct RawRedis {
+  redisContext* c = nullptr;
+  explicit RawRedis(uint16_t port) : c(redisConnect("127.0.0.1", port)) {}
+  ~RawRedis() {
+    if (c != nullptr) redisFree(c);
+  }
+  long long integer(const std::vector<std::string>& argv) {
+    std::vector<const char*> a;
+    std::vector<size_t> l;
+    for (const std::string& x : argv) {
+      a.push_back(x.data());
+      l.push_back(x.size());
+    }
+    auto* r = static_cast<redisReply*>(
+        redisCommandArgv(c, static_cast<int>(a.size()), a.data(), l.data()));
+    const long long v = r != nullptr && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    if (r != nullptr) freeReplyObject(r);
+    return v;
+  }
+};
+
+// b answers lookups from its replica once it has scanned the entries a published
+// before b came; events keep it current; when its subscription is cut it asks
+// Redis until it has scanned again (and the scan brings what it missed); a
+// malformed event is counted and changes nothing.
+TEST(Directory, TheReplicaAnswersWithoutARoundTripAndResyncsAfterItsFeedIsCut) {
+  log_set_level(LogSource::kLib, LogLevel::kDisable);
+  const uint16_t port = free_port();
+  Redis redis(port);
+  ASSERT_TRUE(redis.running());
+  Node a(port, 0xa1);
+  ASSERT_TRUE(serve({&a}, [&] { return a.dir->connected(); }));
+  a.dir->add(key(1));
+  serve(
+      {&a}, [] { return false; }, 100);
+  Node b(port, 0xb2);
+  ASSERT_TRUE(serve({&a, &b}, [&] { return b.dir->replica_ready(); }));  // the scan found key 1
+  a.dir->add(key(2));                                                    // an event
+  ASSERT_TRUE(serve({&a, &b}, [&] { return b.dir->replica_keys() == 2; }));
+  Answer r = ask({&a, &b}, b, {key(1), key(2), key(3)});
+  ASSERT_TRUE(r.st.ok());
+  EXPECT_EQ(r.holders[0], std::vector<uint64_t>{0xa1});
+  EXPECT_EQ(r.holders[1], std::vector<uint64_t>{0xa1});
+  EXPECT_TRUE(r.holders[2].empty());
+  EXPECT_EQ(b.dir->counters().lookups_local, 1u);
+  // Cut every subscription; key 3 is published while no one listens.
+  RawRedis raw(port);
+  ASSERT_GE(raw.integer({"CLIENT", "KILL", "TYPE", "pubsub"}), 1);
+  a.dir->add(key(3));
+  for (int i = 0; i < 50 && b.dir->replica_ready(); ++i)
+    serve(
+        {&a, &b}, [] { return false; }, 1);
+  r = ask({&a, &b}, b, {key(3)});  // the replica is not ready yet: asked of Redis
+  ASSERT_TRUE(r.st.ok());
+  EXPECT_EQ(r.holders[0], std::vector<uint64_t>{0xa1});
+  const uint64_t syncs = b.dir->counters().syncs;
+  ASSERT_TRUE(serve({&a, &b}, [&] { return b.dir->counters().syncs > syncs; }));
+  EXPECT_TRUE(b.dir->replica_ready());
+  EXPECT_EQ(b.dir->replica_keys(), 3u);
+  const uint64_t local = b.dir->counters().lookups_local;
+  r = ask({&a, &b}, b, {key(3)});
+  EXPECT_EQ(r.holders[0], std::vector<uint64_t>{0xa1});
+  EXPECT_EQ(b.dir->counters().lookups_local, local + 1);
+  // Garbage on the channel.
+  ASSERT_GE(raw.integer({"PUBLISH", "dpukv-test-" + std::to_string(getpid()) + ":events",
+                         std::string(56, '\x01')}),
+            1);
+  ASSERT_TRUE(serve({&a, &b}, [&] { return b.dir->counters().bad_events >= 1; }));
+  EXPECT_EQ(b.dir->replica_keys(), 3u);
+  EXPECT_TRUE(b.dir->replica_ready());
+}
+
+TEST(DirectoryReplica, HoldersAddDropBoundsAndOverflow) {
+  DirectoryReplica rep(2);
+  rep.add(key(1), 7);
+  rep.add(key(1), 7);  // once
+  rep.add(key(1), 8);
+  std::vector<uint64_t> h;
+  rep.find(key(1), &h);
+  std::sort(h.begin(), h.end());
+  EXPECT_EQ(h, (std::vector<uint64_t>{7, 8}));
+  for (uint64_t n = 9; n < 20; ++n) rep.add(key(1), n);  // at most kMaxHolders kept
+  h.clear();
+  rep.find(key(1), &h);
+  EXPECT_EQ(h.size(), DirectoryReplica::kMaxHolders);
+  rep.drop(key(1), 7);
+  rep.drop(key(1), 99);  // not a holder: nothing
+  h.clear();
+  rep.find(key(1), &h);
+  EXPECT_EQ(h.size(), DirectoryReplica::kMaxHolders - 1);
+  rep.add(key(2), 1);
+  EXPECT_FALSE(rep.overflow());
+  rep.add(key(3), 1);  // a third chunk in a replica of two
+  EXPECT_TRUE(rep.overflow());
+  EXPECT_EQ(rep.size(), 2u);
+  rep.clear();
+  EXPECT_EQ(rep.size(), 0u);
+  EXPECT_FALSE(rep.overflow());
 }
 
 TEST(Directory, RedisAwayThenBackTheNodePublishesAgain) {

@@ -511,9 +511,13 @@ int run_stat(const std::string& socket, bool json) {
     std::printf("cluster        none\n");
     return 0;
   }
-  std::printf("cluster        node %s, directory %s\n",
-              j.value("cluster_node", std::string("?")).c_str(),
-              u("cluster_directory_connected") ? "connected" : "UNREACHABLE (serving locally)");
+  std::printf(
+      "cluster        node %s, directory %s; %llu lookups answered from its replica "
+      "(%llu rebuilds, %llu bad events)\n",
+      j.value("cluster_node", std::string("?")).c_str(),
+      u("cluster_directory_connected") ? "connected" : "UNREACHABLE (serving locally)",
+      (unsigned long long)u("directory_lookups_local"), (unsigned long long)u("directory_syncs"),
+      (unsigned long long)u("directory_bad_events"));
   std::printf(
       "remote         %llu keys found on peers, %llu chunks read (%s); %llu stale, "
       "%llu broken reads, %llu bad copies, %llu timeouts\n",

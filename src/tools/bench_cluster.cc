@@ -284,6 +284,36 @@ int measure(const Config& c, const std::string& transport, uint64_t bytes,
   return 0;
 }
 
+// One lookup of `keys` through d, progressing pe until it is answered; false unless
+// every key had a holder.
+bool time_lookup(ProgressEngine* pe, Directory* d, const std::vector<ChunkKey>& keys,
+                 double* seconds) {
+  struct Done {
+    bool done = false;
+    size_t hits = 0;
+  } x;
+  const uint64_t t0 = bench::now_ns();
+  if (!d->lookup(
+            keys.data(), static_cast<uint32_t>(keys.size()),
+            [](void* arg, Status st, const std::vector<std::vector<uint64_t>>& h) {
+              auto* y = static_cast<Done*>(arg);
+              y->done = true;
+              if (st.ok())
+                for (const auto& v : h) y->hits += !v.empty();
+            },
+            &x)
+           .ok())
+    return false;
+  while (!x.done) pe->progress();
+  *seconds = (bench::now_ns() - t0) / 1e9;
+  if (x.hits != keys.size()) {
+    std::cerr << "dpukv bench cluster: directory found " << x.hits << " of " << keys.size()
+              << " keys\n";
+    return false;
+  }
+  return true;
+}
+
 // Directory lookup of a 64-key prefix (published by another node) against one
 // Redis round trip (PING on a plain hiredis connection), both medians of 200.
 int measure_directory(const Config& c, std::vector<Json>* rows) {
@@ -314,14 +344,14 @@ int measure_directory(const Config& c, std::vector<Json>* rows) {
     }
   }
   std::unique_ptr<ProgressEngine> pe;
-  std::unique_ptr<Directory> a, b;
+  std::unique_ptr<Directory> a, b, c2;  // publisher; reader with a replica; reader without
   DirectoryOptions o;
   o.host = host;
   o.port = port;
   o.prefix = "dpukv-bench-" + std::to_string(getpid());
   std::vector<ChunkKey> keys;
   for (uint64_t i = 0; i < 64; ++i) keys.push_back(key_from_block_id(KeyContext{9, 1, 0, 1}, i));
-  std::vector<double> ping, look, mget;
+  std::vector<double> ping, look, look_redis, mget, propagate;
   std::vector<std::string> redis_keys;
   std::vector<const char*> mget_argv;
   std::vector<size_t> mget_len;
@@ -330,8 +360,12 @@ int measure_directory(const Config& c, std::vector<Json>* rows) {
   if (!Directory::create(pe.get(), o, &a).ok() || !a->start().ok()) goto out;
   o.node_id = 2;
   if (!Directory::create(pe.get(), o, &b).ok() || !b->start().ok()) goto out;
-  for (int i = 0; i < 100000 && !(a->connected() && b->connected()); ++i) pe->wait(1000, 1);
-  if (!a->connected() || !b->connected()) goto out;
+  o.node_id = 3;
+  o.replicate = false;
+  if (!Directory::create(pe.get(), o, &c2).ok() || !c2->start().ok()) goto out;
+  for (int i = 0; i < 100000 && !(a->connected() && b->replica_ready() && c2->connected()); ++i)
+    pe->wait(1000, 1);
+  if (!a->connected() || !b->replica_ready() || !c2->connected()) goto out;
   for (const ChunkKey& k : keys) a->add(k);
   for (int i = 0; i < 200; ++i) pe->wait(1000, 1);  // published
   {  // The Redis keys the directory wrote, for the plain MGET below.
@@ -365,38 +399,44 @@ int measure_directory(const Config& c, std::vector<Json>* rows) {
     if (reply == nullptr) goto out;
     freeReplyObject(reply);
     if (r > 0) mget.push_back((bench::now_ns() - t0) / 1e9);
-    struct Done {
-      bool done = false;
-      size_t hits = 0;
-    } d;
+    double seconds = 0;
+    if (!time_lookup(pe.get(), b.get(), keys, &seconds)) goto out;
+    if (r > 0) look.push_back(seconds);
+    if (!time_lookup(pe.get(), c2.get(), keys, &seconds)) goto out;
+    if (r > 0) look_redis.push_back(seconds);
+    // Propagation: a new chunk on a until b's replica has it.
+    const size_t before = b->replica_keys();
     t0 = bench::now_ns();
-    if (!b->lookup(
-              keys.data(), 64,
-              [](void* arg, Status st, const std::vector<std::vector<uint64_t>>& h) {
-                auto* x = static_cast<Done*>(arg);
-                x->done = true;
-                if (st.ok())
-                  for (const auto& v : h) x->hits += !v.empty();
-              },
-              &d)
-             .ok())
-      goto out;
-    while (!d.done) pe->progress();
-    if (r > 0) look.push_back((bench::now_ns() - t0) / 1e9);
-    if (d.hits != 64) {
-      std::cerr << "dpukv bench cluster: directory found " << d.hits << " of 64 keys\n";
-      goto out;
-    }
+    a->add(key_from_block_id(KeyContext{9, 1, 0, 1}, 1000 + static_cast<uint64_t>(r)));
+    for (int i = 0; i < 10000000 && b->replica_keys() == before; ++i) pe->progress();
+    if (b->replica_keys() == before) goto out;
+    if (r > 0) propagate.push_back((bench::now_ns() - t0) / 1e9);
   }
   {
-    const double l = median(look), p = median(ping);
+    const double l = median(look), p = median(ping), lr = median(look_redis),
+                 pr = median(propagate);
     rows->push_back({{"bench", "cluster"},
                      {"op", "directory_lookup"},
                      {"keys", 64},
+                     {"replica", true},
                      {"seconds", l},
                      {"baseline", "one Redis round trip (PING)"},
                      {"baseline_seconds", p},
                      {"ratio", l / p}});
+    rows->push_back({{"bench", "cluster"},
+                     {"op", "directory_lookup"},
+                     {"keys", 64},
+                     {"replica", false},
+                     {"seconds", lr},
+                     {"baseline", "one Redis round trip (PING)"},
+                     {"baseline_seconds", p},
+                     {"ratio", lr / p}});
+    rows->push_back({{"bench", "cluster"},
+                     {"op", "directory_propagation"},
+                     {"seconds", pr},
+                     {"baseline", "one Redis round trip (PING)"},
+                     {"baseline_seconds", p},
+                     {"ratio", pr / p}});
     // The floor: the same keys read by one plain MGET on a blocking connection.
     const double m = median(mget);
     rows->push_back({{"bench", "cluster"},
@@ -408,8 +448,17 @@ int measure_directory(const Config& c, std::vector<Json>* rows) {
                      {"ratio", m / p}});
     if (!c.out.json) {
       std::printf(
-          "directory_lookup 64 keys %8.1f us   one Redis round trip %8.1f us   ratio %5.2f\n",
+          "directory_lookup 64 keys %8.1f us   one Redis round trip %8.1f us   ratio %5.2f"
+          "   (from the replica)\n",
           l * 1e6, p * 1e6, l / p);
+      std::printf(
+          "directory_lookup 64 keys %8.1f us   one Redis round trip %8.1f us   ratio %5.2f"
+          "   (asking Redis: one MGET)\n",
+          lr * 1e6, p * 1e6, lr / p);
+      std::printf(
+          "directory_propagation    %8.1f us   one Redis round trip %8.1f us   ratio %5.2f"
+          "   (a new chunk until another node's replica has it)\n",
+          pr * 1e6, p * 1e6, pr / p);
       std::printf(
           "plain MGET of 64 keys    %8.1f us   one Redis round trip %8.1f us   ratio %5.2f\n",
           m * 1e6, p * 1e6, m / p);
@@ -417,13 +466,14 @@ int measure_directory(const Config& c, std::vector<Json>* rows) {
     rc = 0;
   }
 out:
-  for (Directory* d : {a.get(), b.get()})
+  for (Directory* d : {a.get(), b.get(), c2.get()})
     if (d != nullptr) {
       (void)d->stop();
       for (int i = 0; i < 100000 && d->state() != CtxState::kIdle; ++i) pe->progress();
     }
   a.reset();
   b.reset();
+  c2.reset();
   if (sync != nullptr) redisFree(sync);
   if (redis > 0) {
     (void)signal_child(redis, SIGKILL);
