@@ -42,15 +42,17 @@ redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --logfile
 pids+=($!)
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.05; done
 
-agent() {  # name
-  "$bin" --log-level warning agent --socket "$tmp/$1.sock" --memory-bytes 64M \
+agent() {  # name [extra arguments]
+  local name=$1
+  shift
+  "$bin" --log-level warning agent --socket "$tmp/$name.sock" --memory-bytes 64M \
     --max-chunk-size 64K --metrics-port 0 --cluster "redis://127.0.0.1:$port" \
-    --cluster-prefix "t$$" --advertise 127.0.0.1 2>"$tmp/$1.log" &
+    --cluster-prefix "t$$" --advertise 127.0.0.1 "$@" 2>"$tmp/$name.log" &
   pids+=($!)
-  for _ in $(seq 200); do [ -S "$tmp/$1.sock" ] && return; sleep 0.05; done
-  fail "agent $1 did not start: $(cat "$tmp/$1.log")"
+  for _ in $(seq 200); do [ -S "$tmp/$name.sock" ] && return; sleep 0.05; done
+  fail "agent $name did not start: $(cat "$tmp/$name.log")"
 }
-agent a
+agent a --directory-replica-keys 0  # a asks Redis; b answers from its replica
 agent b
 "$bin" replay "$trace" --agent "$tmp/a.sock" --max-requests 200 --json >"$tmp/a.json"
 sleep 1.2  # B re-reads the live agents every second
@@ -68,6 +70,8 @@ assert ag["remote_checksum_failures"] == 0 and ag["remote_read_errors"] == 0, ag
 assert b["block_hit_ratio"] > a["block_hit_ratio"], (a["block_hit_ratio"], b["block_hit_ratio"])
 assert b["verified_bytes"] >= ag["remote_bytes"] > 0, (b["verified_bytes"], ag["remote_bytes"])
 assert len(ag["peers"]) == 1 and ag["peers"][0]["fetched"] == ag["remote_hits"], ag["peers"]
+assert ag["directory_lookups_local"] > 0, ag
+assert a["agent"]["directory_lookups_local"] == 0, a["agent"]
 PYEOF
 "$bin" stat --socket "$tmp/a.sock" --json >"$tmp/a-stat.json"
 "$py" - "$tmp/a-stat.json" "$tmp/b.json" <<'PYEOF'

@@ -116,6 +116,8 @@ Status ClusterNode::create(ProgressEngine* pe, CacheEngine* cache, const Cluster
   d.lease_ms = o.lease_ms;
   d.live_refresh_ms = o.live_refresh_ms;
   d.retry_ms = o.retry_ms;
+  d.replicate = o.replica_max_keys > 0;
+  d.replica_max_keys = o.replica_max_keys > 0 ? o.replica_max_keys : 1;
   DPUKV_RETURN_IF_ERROR(c->ucx_->description(&d.description));
   DPUKV_RETURN_IF_ERROR(Directory::create(pe, d, &c->dir_));
   c->ucx_->set_control_handler(&ClusterNode::on_control, c.get());

@@ -52,6 +52,9 @@ struct ClusterOptions {
   // backend), for clusters without a fabric between agents. Off by default: it
   // sends every stored byte to Redis.
   bool remote_tier = false;
+  // The directory replica (see Directory): lookups without a round trip for up to
+  // this many chunks in the cluster; 0: every lookup asks Redis.
+  size_t replica_max_keys = 1u << 20;
 };
 
 class ClusterNode final : public Context {

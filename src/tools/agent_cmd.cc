@@ -93,6 +93,7 @@ struct Settings {
       {"cluster_prefix", "DPUKV_CLUSTER_PREFIX", Kind::kText, 0, nullptr, "dpukv", ""},
       {"advertise", "DPUKV_ADVERTISE", Kind::kText, 0, nullptr, "", ""},
       {"remote_tier", nullptr, Kind::kChoice, 0, "none|redis", "none", ""},
+      {"directory_replica_keys", nullptr, Kind::kCount, 1u << 28, nullptr, "1048576", ""},
   };
   Setting* find(const std::string& name) {
     for (Setting& s : all)
@@ -305,6 +306,7 @@ bool cluster_settings(Settings* st, AgentOptions* o) {
   }
   c.prefix = st->at("cluster_prefix").value;
   c.remote_tier = st->at("remote_tier").value == "redis";
+  c.replica_max_keys = as_u64(st, "directory_replica_keys");
   if (c.prefix.empty() || c.prefix.find_first_of(" \t\r\n") != std::string::npos) {
     std::cerr << "dpukv agent: " << where(st->at("cluster_prefix"))
               << ": must be a non-empty word\n";
@@ -594,6 +596,9 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
       {"--remote-tier", "remote_tier",
        "none, or redis: also keep every stored chunk as a value in the cluster's Redis and look "
        "there for chunks no live agent holds (needs --cluster; default none)"},
+      {"--directory-replica-keys", "directory_replica_keys",
+       "Chunks this agent's replica of the directory may hold, about 110 bytes each; lookups "
+       "ask Redis beyond it, 0: always (default 1048576)"},
       {"--advertise", "advertise",
        "Address other agents reach this one at: peers' reads go over the interface that has it "
        "(default: every interface UCX finds)"},
