@@ -81,7 +81,7 @@ assert a["served_chunks"] == b["remote_hits"], (a["served_chunks"], b["remote_hi
 assert a["peers"][0]["node"] == b["peers"][0]["node"] or a["peers"][0]["served"] > 0, a["peers"]
 PYEOF
 "$bin" stat --socket "$tmp/b.sock" >"$tmp/stat.txt"
-grep -q "directory connected" "$tmp/stat.txt" || fail "stat: $(cat "$tmp/stat.txt")"
+grep -q "directory connected; replica ready" "$tmp/stat.txt" || fail "stat: $(cat "$tmp/stat.txt")"
 grep -q "keys found on peers" "$tmp/stat.txt" || fail "stat: $(cat "$tmp/stat.txt")"
 grep -qE "^  peer [0-9a-f]{16}  connected" "$tmp/stat.txt" || fail "stat: $(cat "$tmp/stat.txt")"
 

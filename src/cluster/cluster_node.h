@@ -109,6 +109,8 @@ class ClusterNode final : public Context {
   std::vector<PeerStats> peer_stats() const;
   bool directory_connected() const { return dir_->connected(); }
   const Directory::Counters& directory_counters() const { return dir_->counters(); }
+  size_t directory_replica_keys() const { return dir_->replica_keys(); }
+  bool directory_replica_ready() const { return dir_->replica_ready(); }
 
  private:
   struct Link;

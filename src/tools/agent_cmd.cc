@@ -514,10 +514,12 @@ int run_stat(const std::string& socket, bool json) {
     return 0;
   }
   std::printf(
-      "cluster        node %s, directory %s; %llu lookups answered from its replica "
-      "(%llu rebuilds, %llu bad events)\n",
+      "cluster        node %s, directory %s; replica %s, %llu chunks, %llu lookups answered "
+      "from it (%llu rebuilds, %llu bad events)\n",
       j.value("cluster_node", std::string("?")).c_str(),
       u("cluster_directory_connected") ? "connected" : "UNREACHABLE (serving locally)",
+      u("directory_replica_ready") ? "ready" : "not ready (lookups ask Redis)",
+      (unsigned long long)u("directory_replica_keys"),
       (unsigned long long)u("directory_lookups_local"), (unsigned long long)u("directory_syncs"),
       (unsigned long long)u("directory_bad_events"));
   std::printf(
