@@ -157,6 +157,7 @@ void ClusterNode::do_stop() {
   for (Offer* o : offers) offer_done(o, Code::kShutdown, nullptr);
   (void)ucx_->stop();
   (void)dir_->stop();
+  while (!lent_.empty()) give_back(lent_.begin());
 }
 
 bool ClusterNode::drained() {
@@ -641,6 +642,39 @@ void ClusterNode::answer(Serve* s) {
   send(l, std::move(msg), std::move(pinned));
 }
 
+// ---- pins lent to readers -----------------------------------------------------------
+
+void ClusterNode::lend(uint64_t node, const std::vector<uint8_t>& placed,
+                       std::vector<ChunkKey> keys) {
+  peer::Header h;
+  std::memcpy(&h, placed.data(), sizeof(h));
+  auto [it, fresh] = lent_.try_emplace({node, h.request});
+  if (!fresh)  // the same request asked twice: the earlier pins go
+    cache_->unpin(it->second.keys.data(), static_cast<uint32_t>(it->second.keys.size()));
+  it->second.deadline_ms = monotonic_ms() + opts_.lend_timeout_ms;
+  it->second.keys = std::move(keys);
+}
+
+void ClusterNode::give_back(std::map<std::pair<uint64_t, uint64_t>, Lent>::iterator it) {
+  cache_->unpin(it->second.keys.data(), static_cast<uint32_t>(it->second.keys.size()));
+  lent_.erase(it);
+}
+
+// A reader that died, or never read, between PLACED and UNPIN.
+size_t ClusterNode::expire_lent(uint64_t now) {
+  size_t n = 0;
+  for (auto it = lent_.begin(); it != lent_.end();) {
+    auto next = std::next(it);
+    if (now >= it->second.deadline_ms) {
+      counters_.pins_expired += it->second.keys.size();
+      give_back(it);
+      ++n;
+    }
+    it = next;
+  }
+  return n;
+}
+
 // ---- links ---------------------------------------------------------------------
 
 ClusterNode::Link* ClusterNode::link(uint64_t node) {
@@ -655,7 +689,10 @@ ClusterNode::Link* ClusterNode::link(uint64_t node) {
 
 void ClusterNode::send(Link* l, std::vector<uint8_t> msg, std::vector<ChunkKey> pinned) {
   if (l->state == Link::State::kReady) {
-    if (ucx_->send_control(l->peer, msg.data(), msg.size()).ok()) return;
+    if (ucx_->send_control(l->peer, msg.data(), msg.size()).ok()) {
+      if (!pinned.empty()) lend(l->node, msg, std::move(pinned));
+      return;
+    }
     link_failed(l, "cannot send");
   }
   if (stopping_ || (l->state == Link::State::kFailed && monotonic_ms() < l->retry_at_ms)) {
@@ -757,12 +794,17 @@ void ClusterNode::on_control(void* arg, uint64_t sender, uint32_t, const uint8_t
       }
       return;
     }
-    case peer::Type::kUnpin:
-      for (uint32_t i = 0; i < m.count; ++i) {
-        const ChunkKey k = m.key(i);
-        self->cache_->unpin(&k, 1);
+    case peer::Type::kUnpin: {
+      // Releases what this reader was lent for that request, whatever keys it names:
+      // no one else's pins, and each once.
+      auto it = self->lent_.find({sender, m.request});
+      if (it == self->lent_.end()) {
+        ++self->counters_.bad_messages;
+        return;
       }
+      self->give_back(it);
       return;
+    }
     case peer::Type::kOffer:
       self->on_offer(sender, m);
       return;
@@ -782,6 +824,10 @@ size_t ClusterNode::poll() {
   size_t n = uploads_.size();
   if (!uploads_.empty()) upload_some();
   const uint64_t now = monotonic_ms();
+  if (!lent_.empty() && now >= lent_check_ms_) {  // a walk of them, at most ten times a second
+    n += expire_lent(now);
+    lent_check_ms_ = now + 100;
+  }
   for (auto& [node, l] : links_)
     if (l->state == Link::State::kReady && !ucx_->peer_ok(l->peer)) {
       link_failed(l.get(), "connection lost");

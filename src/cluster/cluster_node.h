@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -45,8 +46,10 @@ struct ClusterOptions {
   uint32_t lease_ms = 10000;     // a dead agent's entries age out after this
   uint32_t live_refresh_ms = 1000;
   uint32_t request_timeout_ms = 2000;  // a holder's answer to a pin request
-  uint32_t retry_ms = 1000;            // before a failed peer is tried again
-  bool detect_peer_failure = true;     // see UcxNodeOptions
+  // Chunks pinned for a reader (PLACED) stay pinned until its UNPIN or this long.
+  uint32_t lend_timeout_ms = 16000;
+  uint32_t retry_ms = 1000;         // before a failed peer is tried again
+  bool detect_peer_failure = true;  // see UcxNodeOptions
   // The remote tier: every chunk this node stores is also written to Redis as a
   // value, and keys no live agent holds are looked for there (LMCache's Redis
   // backend), for clusters without a fabric between agents. Off by default: it
@@ -76,6 +79,7 @@ class ClusterNode final : public Context {
     uint64_t directory_unreachable = 0;
     uint64_t served_requests = 0, served_chunks = 0, served_bytes = 0;
     uint64_t bad_messages = 0;  // malformed control messages (sender disconnected)
+    uint64_t pins_expired = 0;  // chunks pinned for a reader that never unpinned them
     uint64_t peers_failed = 0;
     uint64_t pushes = 0, pushed_chunks = 0;   // prefill side: offers made, chunks taken
     uint64_t offers = 0, offered_chunks = 0;  // decode side: offers received, chunks taken
@@ -166,7 +170,18 @@ class ClusterNode final : public Context {
   std::unordered_map<uint64_t, std::unique_ptr<Ask>> asks_;  // by request id
   std::vector<std::unique_ptr<Fetch>> fetches_;
   std::vector<Fetch*> free_fetches_;
-  std::vector<std::unique_ptr<Serve>> serves_;                   // waiting for prefetches
+  std::vector<std::unique_ptr<Serve>> serves_;  // waiting for prefetches
+  // Pins handed to readers with a PLACED, by (reader, request): only that reader's
+  // UNPIN of that request releases them, or the lend timeout.
+  struct Lent {
+    uint64_t deadline_ms = 0;
+    std::vector<ChunkKey> keys;
+  };
+  std::map<std::pair<uint64_t, uint64_t>, Lent> lent_;
+  uint64_t lent_check_ms_ = 0;
+  void lend(uint64_t node, const std::vector<uint8_t>& placed, std::vector<ChunkKey> keys);
+  void give_back(std::map<std::pair<uint64_t, uint64_t>, Lent>::iterator it);
+  size_t expire_lent(uint64_t now);
   std::unordered_map<uint64_t, std::unique_ptr<Offer>> offers_;  // by request id
   uint32_t resolving_ = 0, fetching_ = 0;
   std::vector<ChunkKey> uploads_;  // chunks to write to the remote tier

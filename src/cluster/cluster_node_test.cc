@@ -45,6 +45,7 @@ struct Agent {
     o.live_refresh_ms = 20;
     o.retry_ms = 50;
     o.request_timeout_ms = timeout_ms;
+    o.lend_timeout_ms = 300;
     EXPECT_TRUE(ClusterNode::create(h.pe_.get(), h.cache_.get(), o, &node).ok());
     EXPECT_TRUE(node->start().ok());
   }
@@ -391,6 +392,78 @@ TEST(ClusterNode, AHolderKilledMidWayIsAMissAndOthersAreStillServed) {
   // a is served as before.
   EXPECT_EQ(fetch(b, pes, 1, 1), 1u);
   EXPECT_TRUE(b.h.retrieve(key(1), kChunk).ok());
+}
+
+// Pins a holder takes for a reader's PIN are released only by that reader's UNPIN
+// of that request, or when the lend times out (a reader that died or never read):
+// an UNPIN for another request releases nothing, so no peer can unpin chunks that
+// another reader is reading.
+TEST(ClusterNode, LentPinsGoBackOnlyToTheirReaderOrAfterTheLendTimeout) {
+  Redis redis(free_port());
+  Agent a(redis.port()), b(redis.port());
+  const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
+  ASSERT_TRUE(a.h.store(key(1), kChunk).ok());
+  ASSERT_TRUE(a.h.store(key(2), kChunk).ok());
+  ASSERT_TRUE(a.h.store(key(3), kChunk).ok());
+  ASSERT_TRUE(wait_published(b, pes, 1));  // b read key 1 and unpinned it
+  EXPECT_TRUE(until(pes, [&] { return a.h.cache_->remove(key(1)).ok(); }));
+  // A reader of the test's own asks for keys 2 and 3 and never unpins them.
+  RawDirectory rd(redis.port());
+  ProgressEngine* pe = rd.pe.get();
+  std::vector<uint8_t> region(4096);
+  std::unique_ptr<UcxNode> r;
+  ASSERT_TRUE(UcxNode::create(pe, UcxNodeOptions{}, &r).ok());
+  ASSERT_TRUE(r->expose(region.data(), region.size()).ok());
+  int placed = 0;
+  r->set_control_handler(
+      [](void* arg, uint64_t, uint32_t, const uint8_t*, size_t) { ++*static_cast<int*>(arg); },
+      &placed);
+  ASSERT_TRUE(r->start().ok());
+  std::string blob;
+  ASSERT_TRUE(r->description(&blob).ok());
+  ASSERT_TRUE(rd.join(r->node_id(), blob));
+  std::pair<bool, std::string> found;
+  ASSERT_TRUE(rd.dir
+                  ->find_node(
+                      a.node->node_id(),
+                      [](void* arg, Status st, const std::string& d) {
+                        auto* p = static_cast<std::pair<bool, std::string>*>(arg);
+                        p->first = st.ok();
+                        p->second = d;
+                      },
+                      &found)
+                  .ok());
+  const std::vector<ProgressEngine*> all = {a.h.pe_.get(), b.h.pe_.get(), pe};
+  ASSERT_TRUE(until(all, [&] { return found.first; }));
+  uint32_t peer;
+  ASSERT_TRUE(
+      r->connect(reinterpret_cast<const uint8_t*>(found.second.data()), found.second.size(), &peer)
+          .ok());
+  const ChunkKey k2 = key(2), k3 = key(3);
+  std::vector<uint8_t> pin(peer::message_bytes(peer::Type::kPin, 2));
+  peer::write_header(peer::Type::kPin, 9, 2, pin.data());
+  std::memcpy(pin.data() + sizeof(peer::Header), &k2, sizeof(k2));
+  std::memcpy(pin.data() + sizeof(peer::Header) + sizeof(k2), &k3, sizeof(k3));
+  ASSERT_TRUE(r->send_control(peer, pin.data(), pin.size()).ok());
+  ASSERT_TRUE(until(all, [&] { return placed == 1; }));  // PLACED: both pinned for r
+  EXPECT_EQ(a.h.cache_->remove(k2), Code::kBadState);
+  // An UNPIN naming the keys but another request: nothing released, counted.
+  std::vector<uint8_t> unpin(peer::message_bytes(peer::Type::kUnpin, 2));
+  peer::write_header(peer::Type::kUnpin, 10, 2, unpin.data());
+  std::memcpy(unpin.data() + sizeof(peer::Header), pin.data() + sizeof(peer::Header),
+              2 * sizeof(ChunkKey));
+  const uint64_t bad = a.node->counters().bad_messages;
+  ASSERT_TRUE(r->send_control(peer, unpin.data(), unpin.size()).ok());
+  ASSERT_TRUE(until(all, [&] { return a.node->counters().bad_messages == bad + 1; }));
+  EXPECT_EQ(a.h.cache_->remove(k2), Code::kBadState);
+  EXPECT_EQ(a.h.cache_->remove(k3), Code::kBadState);
+  // The lend times out (the agent's default is 16 s; 300 ms here): both go back.
+  EXPECT_EQ(a.node->counters().pins_expired, 0u);
+  ASSERT_TRUE(until(all, [&] { return a.node->counters().pins_expired == 2; }));
+  EXPECT_TRUE(a.h.cache_->remove(k2).ok());
+  EXPECT_TRUE(a.h.cache_->remove(k3).ok());
+  (void)r->stop();
+  while (r->state() != CtxState::kIdle) pe->progress();
 }
 
 TEST(ClusterNode, APeerSendingGarbageIsCountedAndOthersAreServed) {
