@@ -263,7 +263,13 @@ TEST(ClusterNode, AKeyWhoseListedHolderFailsComesFromTheRemoteTier) {
   liar.dir->add(k60);
   liar.serve(50);
   EXPECT_EQ(fetch(b, pes, 60, 1), 1u);
-  EXPECT_EQ(b.node->counters().stale, 1u);
+  const ClusterNode::Counters& bc = b.node->counters();
+  EXPECT_EQ(bc.stale, 1u) << "(seen once in ~30 runs: 0) timeouts " << bc.timeouts
+                          << ", read errors " << bc.read_errors << ", peers failed "
+                          << bc.peers_failed << ", tier hits " << bc.tier_hits << ", replica ready "
+                          << b.node->directory_replica_ready() << ", replica keys "
+                          << b.node->directory_replica_keys() << ", lookups local "
+                          << b.node->directory_counters().lookups_local;
   EXPECT_EQ(b.node->counters().tier_fallbacks, 1u);
   EXPECT_EQ(b.node->counters().tier_hits, 1u);
   EXPECT_TRUE(b.h.retrieve(k60, kChunk).ok());
