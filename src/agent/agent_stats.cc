@@ -1,0 +1,235 @@
+// The agent's counters and gauges: one table behind `dpukv stat` (JSON) and the
+// Prometheus text of the metrics listener.
+#include <cstdio>
+#include <string>
+
+#include "agent/agent.h"
+#include "agent/agent_metrics.h"
+#include "agent/metrics_server.h"
+
+namespace dpukv {
+
+// One table feeds both the JSON of `dpukv stat` and the Prometheus text, so a
+// counter is named and read in one place. Prometheus names carry their unit and
+// counters end in _total.
+std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
+  const CacheStats c = cache_->stats();
+  const MetricsServer::Counters mc =
+      metrics_server_ ? metrics_server_->counters() : MetricsServer::Counters{};
+  const uint64_t clients = connected_ - (asker_connected && connected_ > 0 ? 1 : 0);
+  std::vector<MetricRow> rows = {
+      {"clients", "dpukv_clients_connected", "gauge", "Connected clients.", clients},
+      {"chunks", "dpukv_chunks", "gauge", "Chunks in the cache (each counted once).", c.chunks},
+      {"memory_chunks", "dpukv_memory_chunks", "gauge", "Chunks in the memory tier.",
+       c.memory_chunks},
+      {"disk_chunks", "dpukv_disk_chunks", "gauge", "Chunks in the disk tier.", c.disk_chunks},
+      {"both_tier_chunks", "dpukv_both_tier_chunks", "gauge", "Chunks with a copy in each tier.",
+       c.both_chunks},
+      {"memory_used_bytes", "dpukv_memory_used_bytes", "gauge", "Memory tier bytes in use.",
+       c.memory_used},
+      {"memory_capacity_bytes", "dpukv_memory_capacity_bytes", "gauge", "Memory tier capacity.",
+       c.memory_capacity},
+      {"disk_used_bytes", "dpukv_disk_used_bytes", "gauge", "Disk tier bytes in use.", c.disk_used},
+      {"disk_capacity_bytes", "dpukv_disk_capacity_bytes", "gauge", "Disk tier capacity.",
+       c.disk_capacity},
+      {"stores", "dpukv_stores_total", "counter", "Chunks stored.", c.stores},
+      {"store_bytes", "dpukv_store_bytes_total", "counter", "Bytes stored.", c.store_bytes},
+      {"retrieves", "dpukv_retrieves_total", "counter", "Chunks retrieved.", c.retrieves},
+      {"retrieve_bytes", "dpukv_retrieve_bytes_total", "counter", "Bytes retrieved.",
+       c.retrieve_bytes},
+      {"hits", nullptr, nullptr, nullptr, c.hits},
+      {"misses", "dpukv_retrieve_misses_total", "counter", "Retrieves of absent or corrupt chunks.",
+       c.misses},
+      {"evictions", "dpukv_memory_evictions_total", "counter", "Chunks evicted from memory.",
+       c.evictions},
+      {"disk_evictions", "dpukv_disk_evictions_total", "counter",
+       "Chunks dropped from the disk tier to make room.", c.disk_evictions},
+      {"spills", "dpukv_spills_total", "counter", "Chunks written to the disk tier.", c.spills},
+      {"reloads", "dpukv_reloads_total", "counter", "Chunks read back from the disk tier.",
+       c.reloads},
+      {"checksum_failures", "dpukv_checksum_failures_total", "counter",
+       "Chunks dropped for a checksum mismatch.", c.checksum_failures},
+      {"io_errors", "dpukv_disk_io_errors_total", "counter",
+       "Disk tier writes or reads that failed.", c.io_errors},
+      {"disk_log_errors", "dpukv_disk_log_errors_total", "counter",
+       "Disk index log records that could not be written.", c.disk_log_errors},
+      {"disk_ios_in_flight", "dpukv_disk_ios_in_flight", "gauge",
+       "Disk tier reads and writes under way.", c.disk_ios_in_flight},
+      {"store_rejects", "dpukv_store_rejects_total", "counter",
+       "Stores refused for lack of room (everything pinned or in use).", c.store_rejects},
+      {"recovered", "dpukv_recovered_chunks", "gauge", "Chunks recovered from disk at start.",
+       c.recovered},
+      {"lookups", "dpukv_lookups_total", "counter", "Lookup requests.", counters_.lookups},
+      {"lookup_keys", "dpukv_lookup_keys_total", "counter", "Keys asked about by lookups.",
+       counters_.lookup_keys},
+      {"lookup_hits", "dpukv_lookup_hit_keys_total", "counter", "Leading keys found by lookups.",
+       counters_.lookup_hits},
+      {"requests", "dpukv_requests_total", "counter", "Requests received.", counters_.requests},
+      {"bad_requests", "dpukv_bad_requests_total", "counter", "Malformed requests.",
+       counters_.bad_requests},
+      {"not_permitted", "dpukv_not_permitted_total", "counter",
+       "Entries refused: memory not the client's, or a key of another model.",
+       counters_.not_permitted},
+      {"protocol_errors", "dpukv_comch_protocol_errors_total", "counter",
+       "Connections closed for protocol errors.", server_->counters().protocol_errors},
+      {"sessions_opened", "dpukv_sessions_opened_total", "counter", "Client sessions opened.",
+       counters_.sessions_opened},
+      {"metrics_refused", "dpukv_metrics_connections_refused_total", "counter",
+       "Metrics connections closed at once (16 open) or timed out.",
+       mc.refused_busy + mc.timed_out},
+  };
+  for (size_t i = 0; i < kRequestStates; ++i)
+    rows.push_back({kRequestStateNames[i], kRequestStateMetrics[i], "gauge",
+                    "Cache requests in this state of the pipeline now.", c.requests_in_state[i]});
+  if (!cluster_) return rows;
+  const ClusterNode::Counters& k = cluster_->counters();
+  const Directory::Counters& d = cluster_->directory_counters();
+  const std::vector<MetricRow> cluster_rows = {
+      {"cluster_directory_connected", "dpukv_cluster_directory_connected", "gauge",
+       "1 while the Redis directory is reachable.", cluster_->directory_connected() ? 1u : 0u},
+      {"cluster_peers", "dpukv_cluster_peers", "gauge", "Other agents this one has talked to.",
+       cluster_->peer_stats().size()},
+      {"lookup_remote_hits", "dpukv_lookup_remote_hit_keys_total", "counter",
+       "Leading keys lookups found on other agents.", counters_.lookup_remote_hits},
+      {"remote_fetches", "dpukv_cluster_fetches_total", "counter",
+       "Lookups that asked the cluster for missing keys.", k.fetches},
+      {"remote_hits", "dpukv_cluster_remote_hits_total", "counter",
+       "Chunks read from other agents and kept.", k.remote_hits},
+      {"remote_bytes", "dpukv_cluster_remote_bytes_total", "counter",
+       "Bytes read from other agents.", k.remote_bytes},
+      {"remote_stale", "dpukv_cluster_stale_entries_total", "counter",
+       "Directory entries whose holder no longer had the chunk.", k.stale},
+      {"remote_read_errors", "dpukv_cluster_read_errors_total", "counter",
+       "Reads from other agents that broke (holder died, partition).", k.read_errors},
+      {"remote_checksum_failures", "dpukv_cluster_checksum_failures_total", "counter",
+       "Copies from other agents that failed their checksum.", k.checksum_failures},
+      {"remote_timeouts", "dpukv_cluster_timeouts_total", "counter",
+       "Holders that did not answer in time.", k.timeouts},
+      {"remote_no_room", "dpukv_cluster_no_room_total", "counter",
+       "Remote chunks not taken for lack of local room.", k.no_room},
+      {"directory_unreachable", "dpukv_cluster_directory_unreachable_total", "counter",
+       "Lookups answered locally because Redis was away.", k.directory_unreachable + d.unreachable},
+      {"served_chunks", "dpukv_cluster_served_chunks_total", "counter",
+       "Chunks shown to other agents for reading.", k.served_chunks},
+      {"served_bytes", "dpukv_cluster_served_bytes_total", "counter",
+       "Bytes of chunks shown to other agents.", k.served_bytes},
+      {"bad_peer_messages", "dpukv_cluster_bad_messages_total", "counter",
+       "Malformed or unmatched control messages from other agents.", k.bad_messages},
+      {"pins_expired", "dpukv_cluster_pins_expired_total", "counter",
+       "Chunks pinned for a reader that never unpinned them (released by the lend timeout).",
+       k.pins_expired},
+      {"peers_failed", "dpukv_cluster_peers_failed_total", "counter",
+       "Connections to other agents that failed.", k.peers_failed},
+      {"directory_published", "dpukv_cluster_published_total", "counter",
+       "Chunk entries written to the directory.", d.published},
+      {"directory_replica_keys", "dpukv_cluster_directory_replica_keys", "gauge",
+       "Chunks in this agent's replica of the directory (about 110 bytes each).",
+       cluster_->directory_replica_keys()},
+      {"directory_replica_ready", "dpukv_cluster_directory_replica_ready", "gauge",
+       "1 while lookups are answered from the replica (0: they ask Redis).",
+       cluster_->directory_replica_ready() ? 1u : 0u},
+      {"directory_lookups_local", "dpukv_cluster_directory_lookups_local_total", "counter",
+       "Directory lookups answered from this agent's replica (no round trip).", d.lookups_local},
+      {"directory_syncs", "dpukv_cluster_directory_syncs_total", "counter",
+       "Times the directory replica was rebuilt from a scan of the entries.", d.syncs},
+      {"directory_bad_events", "dpukv_cluster_directory_bad_events_total", "counter",
+       "Malformed messages on the directory's event channel (ignored).", d.bad_events},
+      {"pushed_chunks", "dpukv_cluster_pushed_chunks_total", "counter",
+       "Chunks other agents took when this one pushed them (prefill to decode).", k.pushed_chunks},
+      {"offered_chunks", "dpukv_cluster_offered_chunks_total", "counter",
+       "Chunks this agent took when others pushed them.", k.offered_chunks},
+      {"remote_tier_puts", "dpukv_remote_tier_puts_total", "counter",
+       "Chunks written to the remote tier (Redis values).", k.tier_puts},
+      {"remote_tier_hits", "dpukv_remote_tier_hits_total", "counter",
+       "Chunks read from the remote tier and kept.", k.tier_hits},
+      {"remote_tier_bytes", "dpukv_remote_tier_bytes_total", "counter",
+       "Bytes read from the remote tier.", k.tier_bytes},
+      {"remote_tier_rejects", "dpukv_remote_tier_rejects_total", "counter",
+       "Remote tier values refused (malformed, or not matching their checksum).", k.tier_rejects},
+      {"remote_tier_fallbacks", "dpukv_remote_tier_fallbacks_total", "counter",
+       "Lookups whose listed holders failed them and that asked the remote tier.",
+       k.tier_fallbacks},
+  };
+  rows.insert(rows.end(), cluster_rows.begin(), cluster_rows.end());
+  return rows;
+}
+
+std::string Agent::stats_json(bool asker_connected) const {
+  std::string out = std::string("{\"version\":\"") + kDpukvVersion + "\"";
+  for (const MetricRow& m : metric_rows(asker_connected))
+    out += ",\"" + std::string(m.json) + "\":" + std::to_string(m.value);
+  if (cluster_) {
+    char node[32];
+    std::snprintf(node, sizeof(node), "%016llx",
+                  static_cast<unsigned long long>(cluster_->node_id()));
+    out += ",\"cluster_node\":\"" + std::string(node) + "\",\"peers\":[";
+    bool first = true;
+    for (const ClusterNode::PeerStats& p : cluster_->peer_stats()) {
+      std::snprintf(node, sizeof(node), "%016llx", static_cast<unsigned long long>(p.node));
+      out += std::string(first ? "" : ",") + "{\"node\":\"" + node +
+             "\",\"connected\":" + (p.connected ? "true" : "false") +
+             ",\"fetched\":" + std::to_string(p.fetched) +
+             ",\"fetched_bytes\":" + std::to_string(p.fetched_bytes) +
+             ",\"served\":" + std::to_string(p.served) +
+             ",\"served_bytes\":" + std::to_string(p.served_bytes) +
+             ",\"errors\":" + std::to_string(p.errors) + "}";
+      first = false;
+    }
+    out += "]";
+  }
+  const Metrics::Histogram& l = metrics_->lookup_lat;
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), ",\"lookup_mean_us\":%.2f}", l.n ? l.sum / l.n * 1e6 : 0.0);
+  return out + buf;
+}
+
+std::string Agent::metrics_text() const {
+  std::string out =
+      std::string(
+          "# HELP dpukv_build_info The agent's version.\n# TYPE dpukv_build_info gauge\n"
+          "dpukv_build_info{version=\"") +
+      kDpukvVersion + "\"} 1\n";
+  for (const MetricRow& m : metric_rows(false)) {
+    if (m.prom == nullptr) continue;
+    out += std::string("# HELP ") + m.prom + " " + m.help + "\n# TYPE " + m.prom + " " + m.type +
+           "\n" + m.prom + " " + std::to_string(m.value) + "\n";
+  }
+  auto histogram = [&](const char* name, const Metrics::Histogram& h) {
+    out += std::string("# HELP ") + name + " Request latency in seconds.\n# TYPE " + name +
+           " histogram\n";
+    uint64_t cum = 0;
+    const size_t nb = sizeof(Metrics::kBuckets) / sizeof(double);
+    for (size_t i = 0; i < nb; ++i) {
+      cum += h.counts[i];
+      out += std::string(name) + "_bucket{le=\"" + std::to_string(Metrics::kBuckets[i]) + "\"} " +
+             std::to_string(cum) + "\n";
+    }
+    cum += h.counts[nb];
+    out += std::string(name) + "_bucket{le=\"+Inf\"} " + std::to_string(cum) + "\n";
+    out += std::string(name) + "_sum " + std::to_string(h.sum) + "\n" + name + "_count " +
+           std::to_string(h.n) + "\n";
+  };
+  if (cluster_) {
+    const std::vector<ClusterNode::PeerStats> peers = cluster_->peer_stats();
+    auto per_peer = [&](const char* name, const char* help, uint64_t ClusterNode::PeerStats::*f) {
+      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n";
+      char node[32];
+      for (const ClusterNode::PeerStats& p : peers) {
+        std::snprintf(node, sizeof(node), "%016llx", static_cast<unsigned long long>(p.node));
+        out += std::string(name) + "{peer=\"" + node + "\"} " + std::to_string(p.*f) + "\n";
+      }
+    };
+    per_peer("dpukv_peer_fetched_bytes_total", "Bytes read from this peer.",
+             &ClusterNode::PeerStats::fetched_bytes);
+    per_peer("dpukv_peer_served_bytes_total", "Bytes this peer was shown to read.",
+             &ClusterNode::PeerStats::served_bytes);
+    per_peer("dpukv_peer_errors_total", "Failed asks and reads with this peer.",
+             &ClusterNode::PeerStats::errors);
+  }
+  histogram("dpukv_store_batch_seconds", metrics_->store_lat);
+  histogram("dpukv_retrieve_batch_seconds", metrics_->retrieve_lat);
+  histogram("dpukv_lookup_seconds", metrics_->lookup_lat);
+  return out;
+}
+
+}  // namespace dpukv

@@ -1,0 +1,320 @@
+// ClusterNode, the reader side: a lookup's missing keys found in the directory
+// and read one-sided from their holders (or from the remote tier).
+#include <algorithm>
+#include <cstring>
+
+#include "cluster/cluster_node.h"
+#include "cluster/cluster_node_parts.h"
+#include "runtime/clock.h"
+#include "runtime/log.h"
+
+namespace dpukv {
+
+// ---- reader side -------------------------------------------------------------------
+
+Status ClusterNode::fetch(const ChunkKey* keys, uint32_t n, FetchCb cb, void* arg) {
+  if (state() != CtxState::kRunning) return Code::kBadState;
+  if (keys == nullptr || n == 0 || cb == nullptr) return Code::kInvalidValue;
+  if (!dir_->connected()) {
+    ++counters_.directory_unreachable;
+    return Code::kConnectionReset;
+  }
+  if (free_fetches_.empty()) {
+    fetches_.push_back(std::make_unique<Fetch>());
+    fetches_.back()->owner = this;
+    free_fetches_.push_back(fetches_.back().get());
+  }
+  Fetch* f = free_fetches_.back();
+  f->cb = cb;
+  f->arg = arg;
+  f->keys.assign(keys, keys + n);
+  f->got.assign(n, 0);
+  f->asks = 0;
+  f->tier.clear();
+  f->tier_from = UINT32_MAX;
+  f->tier_retried = false;
+  Status st = dir_->lookup(keys, n, &ClusterNode::on_holders, f);
+  if (!st.ok()) {
+    if (st == Code::kConnectionReset) ++counters_.directory_unreachable;
+    return st;
+  }
+  free_fetches_.pop_back();
+  f->in_use = true;
+  ++fetching_;
+  ++counters_.fetches;
+  counters_.fetch_keys += n;
+  return Code::kSuccess;
+}
+
+ClusterNode::Link* ClusterNode::pick_holder(const std::vector<uint64_t>& holders) {
+  Link* best = nullptr;
+  const uint64_t now = monotonic_ms();
+  for (uint64_t node : holders) {
+    if (node == node_id()) continue;  // a stale entry of our own: we do not have it
+    Link* l = link(node);
+    if (l->state == Link::State::kFailed && now < l->retry_at_ms) continue;
+    const bool ready = l->state == Link::State::kReady;
+    if (best == nullptr || l->reads < best->reads ||
+        (l->reads == best->reads && ready && best->state != Link::State::kReady))
+      best = l;
+  }
+  return best;
+}
+
+void ClusterNode::on_holders(void* arg, Status st,
+                             const std::vector<std::vector<uint64_t>>& holders) {
+  auto* f = static_cast<Fetch*>(arg);
+  ClusterNode* self = f->owner;
+  if (!st.ok() || self->stopping_ || holders.size() != f->keys.size()) {
+    self->fetch_done(f);
+    return;
+  }
+  self->plan(f, &holders, nullptr);
+}
+
+void ClusterNode::plan(Fetch* f, const std::vector<std::vector<uint64_t>>* holders, Link* only) {
+  // Keys with a reachable holder (the leading ones for a lookup; all for an
+  // offer), grouped into one ask per holder and peer::kMaxKeys keys.
+  std::unordered_map<Link*, Ask*> open;
+  for (uint32_t i = 0; i < f->keys.size(); ++i) {
+    if (cache_->contains(f->keys[i])) {  // here already: nothing to ask
+      f->got[i] = 1;
+      continue;
+    }
+    Link* l = only != nullptr ? only : pick_holder((*holders)[i]);
+    if (l == nullptr) {
+      // No live agent has it: the remote tier may, and the keys after it.
+      if (opts_.remote_tier && only == nullptr) {
+        f->tier_from = i;
+        for (uint32_t j = i; j < f->keys.size(); ++j) f->tier.push_back(j);
+      }
+      break;
+    }
+    Ask*& a = open[l];
+    if (a == nullptr || a->index.size() == peer::kMaxKeys) {
+      auto owned = std::make_unique<Ask>();
+      a = owned.get();
+      a->id = next_request_++;
+      a->fetch = f;
+      a->link = l;
+      asks_.emplace(a->id, std::move(owned));
+      ++f->asks;
+    }
+    a->index.push_back(i);
+    ++l->reads;  // counted from the ask on: later keys spread over holders
+  }
+  // Sent after grouping. A send may fail at once and end asks of its holder: the
+  // guard keeps the fetch until every ask is out, and asks are found again by id.
+  std::vector<uint64_t> to_send;
+  for (auto& [id, a] : asks_)
+    if (a->fetch == f && a->deadline_ms == 0) to_send.push_back(id);
+  ++f->asks;
+  for (uint64_t id : to_send) {
+    auto it = asks_.find(id);
+    if (it != asks_.end() && !it->second->answered) send_ask(it->second.get());
+  }
+  ask_tier(f);
+  if (--f->asks == 0) fetch_done(f);
+}
+
+// One MGET for the keys at f->tier; false if there are none or it was not sent.
+bool ClusterNode::ask_tier(Fetch* f) {
+  if (f->tier.empty()) return false;
+  std::vector<ChunkKey> ks;
+  for (uint32_t i : f->tier) ks.push_back(f->keys[i]);
+  if (!dir_->get_values(ks.data(), static_cast<uint32_t>(ks.size()), &ClusterNode::on_values, f)
+           .ok()) {
+    f->tier.clear();
+    return false;
+  }
+  ++f->asks;
+  return true;
+}
+
+void ClusterNode::on_values(void* arg, Status st, const std::vector<std::string>& values) {
+  auto* f = static_cast<Fetch*>(arg);
+  ClusterNode* self = f->owner;
+  for (size_t j = 0; st.ok() && !self->stopping_ && j < values.size() && j < f->tier.size(); ++j) {
+    const std::string& v = values[j];
+    if (v.empty()) break;  // leading keys only
+    TierValue h;
+    if (v.size() < sizeof(h)) {
+      ++self->counters_.tier_rejects;
+      break;
+    }
+    std::memcpy(&h, v.data(), sizeof(h));
+    const ChunkKey& k = f->keys[f->tier[j]];
+    const ChunkPlacement p{0, h.stored, h.size, h.checksum, h.encoded != 0};
+    uint8_t* dst = nullptr;
+    if (h.magic != kTierMagic || h.encoded > 1 || v.size() - sizeof(h) != h.stored) {
+      ++self->counters_.tier_rejects;
+      break;
+    }
+    Status in = self->cache_->begin_ingest(k, p, &dst);
+    if (in == Code::kBadState) {  // here already
+      f->got[f->tier[j]] = self->cache_->contains(k) ? 1 : 0;
+      continue;
+    }
+    if (!in.ok()) {
+      if (in == Code::kNoMemory) ++self->counters_.no_room;
+      break;
+    }
+    std::memcpy(dst, v.data() + sizeof(h), h.stored);
+    self->copies_.insert(k);  // its arrival must not write it back to the tier
+    in = self->cache_->end_ingest(k, true);
+    if (!in.ok()) {
+      self->copies_.erase(k);
+      ++self->counters_.tier_rejects;
+      break;
+    }
+    f->got[f->tier[j]] = 1;
+    ++self->counters_.tier_hits;
+    self->counters_.tier_bytes += h.size;
+  }
+  f->tier.clear();
+  if (--f->asks == 0) self->fetch_done(f);
+}
+
+void ClusterNode::send_ask(Ask* a) {
+  const Fetch* f = a->fetch;
+  const auto n = static_cast<uint32_t>(a->index.size());
+  std::vector<uint8_t> msg(peer::message_bytes(peer::Type::kPin, n));
+  peer::write_header(peer::Type::kPin, a->id, n, msg.data());
+  for (uint32_t j = 0; j < n; ++j)
+    std::memcpy(msg.data() + sizeof(peer::Header) + j * sizeof(ChunkKey), &f->keys[a->index[j]],
+                sizeof(ChunkKey));
+  a->deadline_ms = monotonic_ms() + opts_.request_timeout_ms;
+  send(a->link, std::move(msg), {});
+}
+
+void ClusterNode::on_placed(Link* l, const peer::Message& m) {
+  auto it = asks_.find(m.request);
+  if (it == asks_.end() || it->second->link != l || it->second->answered ||
+      it->second->index.size() != m.count) {
+    // Late (the ask timed out and its keys went as misses) or not ours. A PLACED
+    // names no keys, so what it pinned stays pinned until the holder's pin timeout.
+    if (it != asks_.end()) ++counters_.bad_messages;
+    return;
+  }
+  Ask* a = it->second.get();
+  a->answered = true;
+  Fetch* f = a->fetch;
+  for (uint32_t j = 0; j < m.count; ++j) {
+    const peer::Placed p = m.placed(j);
+    const uint32_t i = a->index[j];
+    const ChunkKey& k = f->keys[i];
+    if (p.status != static_cast<uint8_t>(Code::kSuccess)) {
+      ++counters_.stale;
+      dir_->forget(k, l->node);  // the holder says it has not: not asked again for it
+      continue;
+    }
+    a->unpin.push_back(k);
+    const ChunkPlacement cp{p.offset, p.stored, p.size, p.checksum, p.encoded != 0};
+    uint8_t* dst = nullptr;
+    Status st = cache_->begin_ingest(k, cp, &dst);
+    if (st == Code::kBadState) {  // here already (stored meanwhile, or another fetch has it)
+      f->got[i] = cache_->contains(k) ? 1 : 0;
+      continue;
+    }
+    if (!st.ok()) {
+      if (st == Code::kNoMemory) ++counters_.no_room;
+      continue;
+    }
+    auto* pull = new Pull{this, a, i, p.size};
+    st = ucx_->read(l->peer, p.offset, dst, p.stored, &ClusterNode::on_read, pull);
+    if (!st.ok()) {
+      delete pull;
+      (void)cache_->end_ingest(k, false);
+      ++counters_.read_errors;
+      ++l->stats.errors;
+      continue;
+    }
+    ++a->reads;
+  }
+  if (a->reads == 0) ask_done(a);
+}
+
+void ClusterNode::on_read(void* arg, Status st) {
+  std::unique_ptr<Pull> p(static_cast<Pull*>(arg));
+  ClusterNode* self = p->owner;
+  Ask* a = p->ask;
+  const ChunkKey& k = a->fetch->keys[p->index];
+  if (self->opts_.remote_tier) self->copies_.insert(k);  // another agent has it: not uploaded
+  const Status kept = self->cache_->end_ingest(k, st.ok());
+  if (!kept.ok()) self->copies_.erase(k);
+  if (kept.ok()) {
+    a->fetch->got[p->index] = 1;
+    ++self->counters_.remote_hits;
+    self->counters_.remote_bytes += p->bytes;
+    ++a->link->stats.fetched;
+    a->link->stats.fetched_bytes += p->bytes;
+  } else {
+    ++(kept == Code::kCorrupted ? self->counters_.checksum_failures : self->counters_.read_errors);
+    ++a->link->stats.errors;
+  }
+  if (--a->reads == 0) self->ask_done(a);
+}
+
+void ClusterNode::ask_done(Ask* a) {
+  if (!a->unpin.empty() && a->link->state == Link::State::kReady && !stopping_) {
+    const auto n = static_cast<uint32_t>(a->unpin.size());
+    std::vector<uint8_t> msg(peer::message_bytes(peer::Type::kUnpin, n));
+    peer::write_header(peer::Type::kUnpin, a->id, n, msg.data());
+    std::memcpy(msg.data() + sizeof(peer::Header), a->unpin.data(), n * sizeof(ChunkKey));
+    send(a->link, std::move(msg), {});
+  }
+  Fetch* f = a->fetch;
+  a->link->reads -= std::min<uint32_t>(a->link->reads, static_cast<uint32_t>(a->index.size()));
+  asks_.erase(a->id);
+  if (--f->asks == 0) fetch_done(f);
+}
+
+// An ask that will not be answered (timeout, failed holder, stopping): its keys
+// are misses.
+void ClusterNode::ask_failed(Ask* a, uint64_t* counter) {
+  if (counter != nullptr) ++*counter;
+  ++a->link->stats.errors;
+  a->answered = true;
+  a->unpin.clear();
+  ask_done(a);
+}
+
+void ClusterNode::fetch_done(Fetch* f) {
+  uint32_t fetched = 0;
+  while (fetched < f->got.size() && f->got[fetched]) ++fetched;
+  // A lookup whose listed holder failed it (gone, stale, wrong bytes, too slow): the
+  // remote tier may still have those keys. Asked once, for keys not asked before.
+  if (f->offer_from == 0 && opts_.remote_tier && !stopping_ && !f->tier_retried &&
+      fetched < f->tier_from && fetched < f->got.size()) {
+    f->tier_retried = true;
+    f->tier.clear();
+    const uint32_t end = std::min<uint32_t>(f->tier_from, static_cast<uint32_t>(f->got.size()));
+    for (uint32_t j = fetched; j < end; ++j)
+      if (!f->got[j]) f->tier.push_back(j);
+    ++counters_.tier_fallbacks;
+    if (ask_tier(f)) return;  // on_values ends the fetch
+  }
+  if (f->in_use) {
+    f->in_use = false;
+    --fetching_;
+  }
+  free_fetches_.push_back(f);
+  if (f->offer_from == 0) {
+    f->cb(f->arg, fetched);
+    return;
+  }
+  // An offer taken: tell the offering node which chunks are here now.
+  const auto n = static_cast<uint32_t>(f->got.size());
+  std::vector<uint8_t> msg(peer::message_bytes(peer::Type::kTaken, n));
+  peer::write_header(peer::Type::kTaken, f->offer_request, n, msg.data());
+  for (uint32_t i = 0; i < n; ++i) {
+    const bool here = f->got[i] != 0 || cache_->contains(f->keys[i]);
+    msg[sizeof(peer::Header) + i] = static_cast<uint8_t>(here ? Code::kSuccess : Code::kNotFound);
+    counters_.offered_chunks += here;
+  }
+  const uint64_t to = f->offer_from;
+  f->offer_from = 0;
+  if (!stopping_) send(link(to), std::move(msg), {});
+}
+
+}  // namespace dpukv

@@ -1,0 +1,185 @@
+// ClusterNode, the holder side: PINs answered in place and the pins lent for
+// them; and prefill-to-decode transfers (OFFER/TAKEN).
+#include <algorithm>
+#include <cstring>
+
+#include "cluster/cluster_node.h"
+#include "cluster/cluster_node_parts.h"
+#include "runtime/clock.h"
+#include "runtime/log.h"
+
+namespace dpukv {
+
+// ---- prefill-to-decode transfers ---------------------------------------------------
+
+Status ClusterNode::push(uint64_t node, const ChunkKey* keys, uint32_t n, PushCb cb, void* arg) {
+  if (state() != CtxState::kRunning) return Code::kBadState;
+  if (keys == nullptr || n == 0 || n > peer::kMaxKeys || cb == nullptr || node == node_id())
+    return Code::kInvalidValue;
+  auto o = std::make_unique<Offer>();
+  o->id = next_request_++;
+  o->link = link(node);
+  o->cb = cb;
+  o->arg = arg;
+  o->n = n;
+  o->deadline_ms = monotonic_ms() + 8ull * opts_.request_timeout_ms;  // the reads take time
+  std::vector<uint8_t> msg(peer::message_bytes(peer::Type::kOffer, n));
+  peer::write_header(peer::Type::kOffer, o->id, n, msg.data());
+  std::memcpy(msg.data() + sizeof(peer::Header), keys, n * sizeof(ChunkKey));
+  Link* l = o->link;
+  offers_.emplace(o->id, std::move(o));
+  ++counters_.pushes;
+  send(l, std::move(msg), {});  // a link that fails ends the offer (link_failed)
+  return Code::kSuccess;
+}
+
+void ClusterNode::offer_done(Offer* o, Status st, const uint8_t* taken) {
+  std::unique_ptr<Offer> owned = std::move(offers_[o->id]);
+  offers_.erase(o->id);
+  std::vector<uint8_t> none;
+  if (taken == nullptr) {
+    none.assign(o->n, static_cast<uint8_t>(st.code()));
+    taken = none.data();
+  } else {
+    for (uint32_t i = 0; i < o->n; ++i) counters_.pushed_chunks += taken[i] == 0;
+  }
+  o->cb(o->arg, st, taken, o->n);
+}
+
+void ClusterNode::on_offer(uint64_t sender, const peer::Message& m) {
+  ++counters_.offers;
+  if (free_fetches_.empty()) {
+    fetches_.push_back(std::make_unique<Fetch>());
+    fetches_.back()->owner = this;
+    free_fetches_.push_back(fetches_.back().get());
+  }
+  Fetch* f = free_fetches_.back();
+  free_fetches_.pop_back();
+  f->in_use = true;
+  ++fetching_;
+  f->cb = nullptr;
+  f->arg = nullptr;
+  f->keys.resize(m.count);
+  for (uint32_t i = 0; i < m.count; ++i) f->keys[i] = m.key(i);
+  f->got.assign(m.count, 0);
+  f->asks = 0;
+  f->tier.clear();
+  f->tier_from = UINT32_MAX;
+  f->tier_retried = false;
+  f->offer_from = sender;
+  f->offer_request = m.request;
+  plan(f, nullptr, link(sender));  // the offering node holds them all
+}
+
+void ClusterNode::on_taken(Link* l, const peer::Message& m) {
+  auto it = offers_.find(m.request);
+  if (it == offers_.end() || it->second->link != l || it->second->n != m.count) {
+    ++counters_.bad_messages;  // late (timed out), or not an answer to us
+    return;
+  }
+  offer_done(it->second.get(), Code::kSuccess, m.items);
+}
+
+// ---- holder side -------------------------------------------------------------------
+
+void ClusterNode::on_pin(uint64_t sender, const peer::Message& m) {
+  ++counters_.served_requests;
+  auto s = std::make_unique<Serve>();
+  s->owner = this;
+  s->sender = sender;
+  s->request = m.request;
+  s->keys.resize(m.count);
+  s->placed.resize(m.count);
+  s->status.assign(m.count, static_cast<uint8_t>(Code::kNotFound));
+  Serve* raw = s.get();
+  serves_.push_back(std::move(s));
+  raw->prefetching = 1;  // a guard: a prefetch may complete at once
+  for (uint32_t i = 0; i < m.count; ++i) {
+    raw->keys[i] = m.key(i);
+    const Status st = cache_->locate(raw->keys[i], &raw->placed[i]);
+    raw->status[i] = static_cast<uint8_t>(st.code());
+    if (st != Code::kAgain) continue;
+    ++raw->prefetching;
+    if (!cache_->prefetch(raw->keys[i], &ClusterNode::on_prefetched, raw).ok()) --raw->prefetching;
+  }
+  on_prefetched(raw, Code::kSuccess);  // drops the guard
+}
+
+void ClusterNode::on_prefetched(void* arg, Status) {
+  auto* s = static_cast<Serve*>(arg);
+  if (--s->prefetching != 0) return;
+  ClusterNode* self = s->owner;
+  for (size_t i = 0; i < s->keys.size(); ++i)
+    if (s->status[i] == static_cast<uint8_t>(Code::kAgain))
+      s->status[i] = static_cast<uint8_t>(self->cache_->locate(s->keys[i], &s->placed[i]).code());
+  self->answer(s);
+  for (size_t i = 0; i < self->serves_.size(); ++i)
+    if (self->serves_[i].get() == s) {
+      self->serves_[i] = std::move(self->serves_.back());
+      self->serves_.pop_back();
+      break;
+    }
+}
+
+void ClusterNode::answer(Serve* s) {
+  const auto n = static_cast<uint32_t>(s->keys.size());
+  std::vector<uint8_t> msg(peer::message_bytes(peer::Type::kPlaced, n));
+  peer::write_header(peer::Type::kPlaced, s->request, n, msg.data());
+  std::vector<ChunkKey> pinned;
+  Link* l = link(s->sender);
+  for (uint32_t i = 0; i < n; ++i) {
+    peer::Placed p{};
+    p.status = s->status[i] == static_cast<uint8_t>(Code::kAgain)
+                   ? static_cast<uint8_t>(Code::kNotFound)
+                   : s->status[i];
+    if (p.status == 0) {
+      p.encoded = s->placed[i].encoded ? 1 : 0;
+      p.offset = s->placed[i].offset;
+      p.stored = s->placed[i].stored;
+      p.size = s->placed[i].size;
+      p.checksum = s->placed[i].checksum;
+      pinned.push_back(s->keys[i]);
+      ++counters_.served_chunks;
+      counters_.served_bytes += p.stored;
+      ++l->stats.served;
+      l->stats.served_bytes += p.stored;
+    }
+    std::memcpy(msg.data() + sizeof(peer::Header) + i * sizeof(p), &p, sizeof(p));
+  }
+  send(l, std::move(msg), std::move(pinned));
+}
+
+// ---- pins lent to readers -----------------------------------------------------------
+
+void ClusterNode::lend(uint64_t node, const std::vector<uint8_t>& placed,
+                       std::vector<ChunkKey> keys) {
+  peer::Header h;
+  std::memcpy(&h, placed.data(), sizeof(h));
+  auto [it, fresh] = lent_.try_emplace({node, h.request});
+  if (!fresh)  // the same request asked twice: the earlier pins go
+    cache_->unpin(it->second.keys.data(), static_cast<uint32_t>(it->second.keys.size()));
+  it->second.deadline_ms = monotonic_ms() + opts_.lend_timeout_ms;
+  it->second.keys = std::move(keys);
+}
+
+void ClusterNode::give_back(std::map<std::pair<uint64_t, uint64_t>, Lent>::iterator it) {
+  cache_->unpin(it->second.keys.data(), static_cast<uint32_t>(it->second.keys.size()));
+  lent_.erase(it);
+}
+
+// A reader that died, or never read, between PLACED and UNPIN.
+size_t ClusterNode::expire_lent(uint64_t now) {
+  size_t n = 0;
+  for (auto it = lent_.begin(); it != lent_.end();) {
+    auto next = std::next(it);
+    if (now >= it->second.deadline_ms) {
+      counters_.pins_expired += it->second.keys.size();
+      give_back(it);
+      ++n;
+    }
+    it = next;
+  }
+  return n;
+}
+
+}  // namespace dpukv
