@@ -98,6 +98,63 @@ struct RawDirectory {
   uint16_t port_;
 };
 
+// A UCX node of the test's own that joins the cluster and connects to another node
+// (found through the directory), to send control messages by hand; counts the
+// messages it receives.
+struct HandPeer {
+  RawDirectory rd;
+  std::vector<uint8_t> region = std::vector<uint8_t>(4096);
+  std::unique_ptr<UcxNode> node;
+  uint32_t peer = UcxNode::kUnknownPeer;
+  int received = 0;
+  explicit HandPeer(uint16_t port) : rd(port) {}
+  // True once connected to node `to`; progresses `others` meanwhile.
+  bool connect_to(uint64_t to, std::vector<ProgressEngine*> others) {
+    std::string blob;
+    if (!UcxNode::create(rd.pe.get(), UcxNodeOptions{}, &node).ok() ||
+        !node->expose(region.data(), region.size()).ok())
+      return false;
+    node->set_control_handler(
+        [](void* arg, uint64_t, uint32_t, const uint8_t*, size_t) { ++*static_cast<int*>(arg); },
+        &received);
+    if (!node->start().ok() || !node->description(&blob).ok() || !rd.join(node->node_id(), blob))
+      return false;
+    std::pair<bool, std::string> found;
+    if (!rd.dir
+             ->find_node(
+                 to,
+                 [](void* arg, Status st, const std::string& d) {
+                   auto* f = static_cast<std::pair<bool, std::string>*>(arg);
+                   f->first = st.ok();
+                   f->second = d;
+                 },
+                 &found)
+             .ok())
+      return false;
+    others.push_back(rd.pe.get());
+    return until(others, [&] { return found.first; }) &&
+           node->connect(reinterpret_cast<const uint8_t*>(found.second.data()), found.second.size(),
+                         &peer)
+               .ok();
+  }
+  ~HandPeer() {
+    if (!node) return;
+    (void)node->stop();
+    while (node->state() != CtxState::kIdle) rd.pe->progress();
+  }
+};
+
+// Flips a bit of h's copy of k in its arena (after its own checksum was taken).
+void corrupt_copy(CacheHarness& h, const ChunkKey& k) {
+  ChunkPlacement p;
+  ASSERT_TRUE(h.cache_->locate(k, &p).ok());
+  h.cache_->unpin(&k, 1);
+  void* base;
+  uint64_t len;
+  h.cache_->arena(&base, &len);
+  static_cast<uint8_t*>(base)[p.offset + 1000] ^= 0x40;
+}
+
 struct FetchResult {
   bool done = false;
   uint32_t fetched = 0;
@@ -274,14 +331,8 @@ TEST(ClusterNode, AKeyWhoseListedHolderFailsComesFromTheRemoteTier) {
   EXPECT_EQ(b.node->counters().tier_hits, 1u);
   EXPECT_TRUE(b.h.retrieve(k60, kChunk).ok());
   // a's copy of key 2 goes bad in its arena: b refuses it and takes the tier's.
-  ChunkPlacement p;
   const ChunkKey k2 = key(2);
-  ASSERT_TRUE(a.h.cache_->locate(k2, &p).ok());
-  a.h.cache_->unpin(&k2, 1);
-  void* base;
-  uint64_t len;
-  a.h.cache_->arena(&base, &len);
-  static_cast<uint8_t*>(base)[p.offset + 1000] ^= 0x40;
+  corrupt_copy(a.h, k2);
   EXPECT_EQ(fetch(b, pes, 2, 1), 1u);
   EXPECT_EQ(b.node->counters().checksum_failures, 1u);
   EXPECT_EQ(b.node->counters().tier_fallbacks, 2u);
@@ -309,14 +360,7 @@ TEST(ClusterNode, StaleEntriesAndCorruptCopiesAreMissesNeverWrongBytes) {
   EXPECT_EQ(b.node->counters().stale, 1u);
   EXPECT_FALSE(b.h.cache_->contains(key(50)));
   // a's copy of key 2 goes bad in its arena (after its own checksum was taken).
-  ChunkPlacement p;
-  ASSERT_TRUE(a.h.cache_->locate(key(2), &p).ok());
-  const ChunkKey k2 = key(2);
-  a.h.cache_->unpin(&k2, 1);
-  void* base;
-  uint64_t len;
-  a.h.cache_->arena(&base, &len);
-  static_cast<uint8_t*>(base)[p.offset + 1000] ^= 0x40;
+  corrupt_copy(a.h, key(2));
   EXPECT_EQ(fetch(b, pes, 2, 1), 0u);
   EXPECT_EQ(b.node->counters().checksum_failures, 1u);
   EXPECT_FALSE(b.h.cache_->contains(key(2)));
@@ -414,44 +458,16 @@ TEST(ClusterNode, LentPinsGoBackOnlyToTheirReaderOrAfterTheLendTimeout) {
   ASSERT_TRUE(wait_published(b, pes, 1));  // b read key 1 and unpinned it
   EXPECT_TRUE(until(pes, [&] { return a.h.cache_->remove(key(1)).ok(); }));
   // A reader of the test's own asks for keys 2 and 3 and never unpins them.
-  RawDirectory rd(redis.port());
-  ProgressEngine* pe = rd.pe.get();
-  std::vector<uint8_t> region(4096);
-  std::unique_ptr<UcxNode> r;
-  ASSERT_TRUE(UcxNode::create(pe, UcxNodeOptions{}, &r).ok());
-  ASSERT_TRUE(r->expose(region.data(), region.size()).ok());
-  int placed = 0;
-  r->set_control_handler(
-      [](void* arg, uint64_t, uint32_t, const uint8_t*, size_t) { ++*static_cast<int*>(arg); },
-      &placed);
-  ASSERT_TRUE(r->start().ok());
-  std::string blob;
-  ASSERT_TRUE(r->description(&blob).ok());
-  ASSERT_TRUE(rd.join(r->node_id(), blob));
-  std::pair<bool, std::string> found;
-  ASSERT_TRUE(rd.dir
-                  ->find_node(
-                      a.node->node_id(),
-                      [](void* arg, Status st, const std::string& d) {
-                        auto* p = static_cast<std::pair<bool, std::string>*>(arg);
-                        p->first = st.ok();
-                        p->second = d;
-                      },
-                      &found)
-                  .ok());
-  const std::vector<ProgressEngine*> all = {a.h.pe_.get(), b.h.pe_.get(), pe};
-  ASSERT_TRUE(until(all, [&] { return found.first; }));
-  uint32_t peer;
-  ASSERT_TRUE(
-      r->connect(reinterpret_cast<const uint8_t*>(found.second.data()), found.second.size(), &peer)
-          .ok());
+  HandPeer r(redis.port());
+  ASSERT_TRUE(r.connect_to(a.node->node_id(), pes));
+  const std::vector<ProgressEngine*> all = {a.h.pe_.get(), b.h.pe_.get(), r.rd.pe.get()};
   const ChunkKey k2 = key(2), k3 = key(3);
   std::vector<uint8_t> pin(peer::message_bytes(peer::Type::kPin, 2));
   peer::write_header(peer::Type::kPin, 9, 2, pin.data());
   std::memcpy(pin.data() + sizeof(peer::Header), &k2, sizeof(k2));
   std::memcpy(pin.data() + sizeof(peer::Header) + sizeof(k2), &k3, sizeof(k3));
-  ASSERT_TRUE(r->send_control(peer, pin.data(), pin.size()).ok());
-  ASSERT_TRUE(until(all, [&] { return placed == 1; }));  // PLACED: both pinned for r
+  ASSERT_TRUE(r.node->send_control(r.peer, pin.data(), pin.size()).ok());
+  ASSERT_TRUE(until(all, [&] { return r.received == 1; }));  // PLACED: both pinned for r
   EXPECT_EQ(a.h.cache_->remove(k2), Code::kBadState);
   // An UNPIN naming the keys but another request: nothing released, counted.
   std::vector<uint8_t> unpin(peer::message_bytes(peer::Type::kUnpin, 2));
@@ -459,7 +475,7 @@ TEST(ClusterNode, LentPinsGoBackOnlyToTheirReaderOrAfterTheLendTimeout) {
   std::memcpy(unpin.data() + sizeof(peer::Header), pin.data() + sizeof(peer::Header),
               2 * sizeof(ChunkKey));
   const uint64_t bad = a.node->counters().bad_messages;
-  ASSERT_TRUE(r->send_control(peer, unpin.data(), unpin.size()).ok());
+  ASSERT_TRUE(r.node->send_control(r.peer, unpin.data(), unpin.size()).ok());
   ASSERT_TRUE(until(all, [&] { return a.node->counters().bad_messages == bad + 1; }));
   EXPECT_EQ(a.h.cache_->remove(k2), Code::kBadState);
   EXPECT_EQ(a.h.cache_->remove(k3), Code::kBadState);
@@ -468,8 +484,6 @@ TEST(ClusterNode, LentPinsGoBackOnlyToTheirReaderOrAfterTheLendTimeout) {
   ASSERT_TRUE(until(all, [&] { return a.node->counters().pins_expired == 2; }));
   EXPECT_TRUE(a.h.cache_->remove(k2).ok());
   EXPECT_TRUE(a.h.cache_->remove(k3).ok());
-  (void)r->stop();
-  while (r->state() != CtxState::kIdle) pe->progress();
 }
 
 TEST(ClusterNode, APeerSendingGarbageIsCountedAndOthersAreServed) {
@@ -480,33 +494,9 @@ TEST(ClusterNode, APeerSendingGarbageIsCountedAndOthersAreServed) {
   ASSERT_TRUE(a.h.store(key(2), kChunk).ok());
   ASSERT_TRUE(wait_published(b, pes, 1));
   // A rogue UCX node that learns a's address from the directory.
-  RawDirectory rd(redis.port());
-  ProgressEngine* pe = rd.pe.get();
-  std::vector<uint8_t> region(4096);
-  std::unique_ptr<UcxNode> rogue;
-  ASSERT_TRUE(UcxNode::create(pe, UcxNodeOptions{}, &rogue).ok());
-  ASSERT_TRUE(rogue->expose(region.data(), region.size()).ok());
-  ASSERT_TRUE(rogue->start().ok());
-  std::string desc_blob;
-  ASSERT_TRUE(rogue->description(&desc_blob).ok());
-  ASSERT_TRUE(rd.join(rogue->node_id(), desc_blob));
-  Directory* dir = rd.dir.get();
-  std::vector<ProgressEngine*> all = {a.h.pe_.get(), b.h.pe_.get(), pe};
-  std::pair<bool, std::string> found;
-  ASSERT_TRUE(dir->find_node(
-                     a.node->node_id(),
-                     [](void* arg, Status st, const std::string& d) {
-                       auto* p = static_cast<std::pair<bool, std::string>*>(arg);
-                       p->first = st.ok();
-                       p->second = d;
-                     },
-                     &found)
-                  .ok());
-  ASSERT_TRUE(until(all, [&] { return found.first; }));
-  const std::string& desc = found.second;
-  uint32_t peer;
-  ASSERT_TRUE(
-      rogue->connect(reinterpret_cast<const uint8_t*>(desc.data()), desc.size(), &peer).ok());
+  HandPeer rogue(redis.port());
+  ASSERT_TRUE(rogue.connect_to(a.node->node_id(), pes));
+  const std::vector<ProgressEngine*> all = {a.h.pe_.get(), b.h.pe_.get(), rogue.rd.pe.get()};
   // Garbage, a truncated PIN, a PIN claiming 1000 keys, a PLACED nobody asked for.
   std::vector<uint8_t> pin(peer::message_bytes(peer::Type::kPin, 1));
   peer::write_header(peer::Type::kPin, 7, 1, pin.data());
@@ -514,17 +504,15 @@ TEST(ClusterNode, APeerSendingGarbageIsCountedAndOthersAreServed) {
   peer::write_header(peer::Type::kPin, 7, 1000, huge.data());
   std::vector<uint8_t> placed(peer::message_bytes(peer::Type::kPlaced, 1));
   peer::write_header(peer::Type::kPlaced, 7, 1, placed.data());
-  ASSERT_TRUE(rogue->send_control(peer, "garbage!", 8).ok());
-  ASSERT_TRUE(rogue->send_control(peer, pin.data(), pin.size() - 1).ok());
-  ASSERT_TRUE(rogue->send_control(peer, huge.data(), huge.size()).ok());
-  ASSERT_TRUE(rogue->send_control(peer, placed.data(), placed.size()).ok());
+  ASSERT_TRUE(rogue.node->send_control(rogue.peer, "garbage!", 8).ok());
+  ASSERT_TRUE(rogue.node->send_control(rogue.peer, pin.data(), pin.size() - 1).ok());
+  ASSERT_TRUE(rogue.node->send_control(rogue.peer, huge.data(), huge.size()).ok());
+  ASSERT_TRUE(rogue.node->send_control(rogue.peer, placed.data(), placed.size()).ok());
   ASSERT_TRUE(until(all, [&] { return a.node->counters().bad_messages >= 4; }));
   EXPECT_EQ(a.node->counters().bad_messages, 4u);
   // a serves b as before.
   EXPECT_EQ(fetch(b, pes, 2, 1), 1u);
   EXPECT_TRUE(b.h.retrieve(key(2), kChunk).ok());
-  (void)rogue->stop();
-  while (rogue->state() != CtxState::kIdle) pe->progress();
 }
 
 }  // namespace
