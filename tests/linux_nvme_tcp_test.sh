@@ -61,10 +61,20 @@ round() {
     sleep 0.1
   done
   [ -n "\$dev" ] || { echo "DPUKV-RESULT: FAIL no block device \$2"; return; }
-  dd if=/tmp/pattern of=\$dev bs=4096 count=256 seek=\$3 oflag=direct 2>/dev/null
-  dd if=\$dev of=/tmp/back bs=4096 count=256 skip=\$3 iflag=direct 2>/dev/null
-  dd if=\$dev of=/tmp/big bs=131072 count=8 skip=0 iflag=direct 2>/dev/null
-  if cmp /tmp/pattern /tmp/back; then echo "DPUKV-RESULT: PASS \$2 (\$dev)"; else echo "DPUKV-RESULT: FAIL data \$2"; fi
+  # The node can appear before the namespace takes I/O: wait until a block reads.
+  for i in \$(seq 100); do dd if=\$dev of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null && break; sleep 0.1; done
+  echo "size \$(cat /sys/block/\${dev#/dev/}/size) ro \$(cat /sys/block/\${dev#/dev/}/ro)"
+  if ! dd if=/tmp/pattern of=\$dev bs=4096 count=256 seek=\$3 oflag=direct 2>/tmp/err; then
+    echo "DPUKV-RESULT: FAIL write \$2: \$(tr '\n' ' ' < /tmp/err)"
+  elif ! dd if=\$dev of=/tmp/back bs=4096 count=256 skip=\$3 iflag=direct 2>/tmp/err; then
+    echo "DPUKV-RESULT: FAIL read \$2: \$(tr '\n' ' ' < /tmp/err)"
+  elif ! dd if=\$dev of=/tmp/big bs=131072 count=8 skip=0 iflag=direct 2>/tmp/err; then
+    echo "DPUKV-RESULT: FAIL large read \$2: \$(tr '\n' ' ' < /tmp/err)"
+  elif cmp /tmp/pattern /tmp/back; then
+    echo "DPUKV-RESULT: PASS \$2 (\$dev)"
+  else
+    echo "DPUKV-RESULT: FAIL data \$2"
+  fi
   for c in /sys/class/nvme/nvme*; do echo 1 > \$c/delete_controller; done
   sleep 0.5
 }
@@ -87,7 +97,7 @@ echo "booting $kernel under qemu ($accel)..."
 timeout 600 qemu-system-x86_64 -accel $accel -m 512 -smp 1 -nographic -no-reboot \
   -kernel "$kernel" -initrd $tmp/initrd.gz -append "console=ttyS0 panic=-1 quiet loglevel=4" \
   -netdev user,id=n0 -device e1000,netdev=n0 > $tmp/console.log 2>&1 || true
-grep -E "DPUKV|nvme|insmod" $tmp/console.log || true
+grep -E "DPUKV|nvme|insmod|^size" $tmp/console.log || true
 kill $target; wait $target 2>/dev/null || true; target=""
 cat $tmp/target.log
 pass=$(grep -c "DPUKV-RESULT: PASS" $tmp/console.log || true)
