@@ -1,11 +1,8 @@
 #include "cluster/directory.h"
 
-#include <sys/epoll.h>
-
 #include <algorithm>
 #include <cstring>
 #include <ctime>
-#include <unordered_map>
 
 #include "cluster/directory_event.h"
 #include "runtime/clock.h"
@@ -225,12 +222,10 @@ void Directory::command(redisCallbackFn* cb, void* priv, std::vector<std::string
     ++counters_.errors;
     return;
   }
-  ++pending_replies_;
 }
 
 void Directory::on_reply(redisAsyncContext* c, void* r, void* priv) {
   auto* d = static_cast<Directory*>(RedisLink::owner_of(c));
-  --d->pending_replies_;
   auto* reply = static_cast<redisReply*>(r);
   if (priv == nullptr) {  // fire and forget: count failures
     if (reply == nullptr || reply->type == REDIS_REPLY_ERROR) ++d->counters_.errors;
@@ -286,7 +281,6 @@ void Directory::live_holders(const LookupOp& op, const std::vector<std::vector<u
 
 void Directory::on_live_nodes(redisAsyncContext* c, void* r, void*) {
   auto* d = static_cast<Directory*>(RedisLink::owner_of(c));
-  --d->pending_replies_;
   auto* reply = static_cast<redisReply*>(r);
   if (reply == nullptr || reply->type != REDIS_REPLY_ARRAY) {
     ++d->counters_.errors;
@@ -306,7 +300,6 @@ void Directory::on_live_nodes(redisAsyncContext* c, void* r, void*) {
 // restarted): others may have dropped its entries, so it publishes them again.
 void Directory::on_lease(redisAsyncContext* c, void* r, void*) {
   auto* d = static_cast<Directory*>(RedisLink::owner_of(c));
-  --d->pending_replies_;
   auto* reply = static_cast<redisReply*>(r);
   if (reply == nullptr || reply->type != REDIS_REPLY_INTEGER) {
     ++d->counters_.errors;
@@ -431,7 +424,6 @@ Status Directory::lookup(const ChunkKey* keys, uint32_t n, LookupCb cb, void* ar
     free_ops_.push_back(op);  // else back to the pool by the reply
     return Code::kConnectionReset;
   }
-  ++pending_replies_;
   return Code::kSuccess;
 }
 
@@ -460,9 +452,7 @@ Status Directory::get_values(const ChunkKey* keys, uint32_t n, ValuesCb cb, void
   }
   std::vector<std::string> argv = {"MGET"};
   for (uint32_t i = 0; i < n; ++i) argv.push_back(value_key(keys[i]));
-  auto reply_cb = [](redisAsyncContext* c, void* r, void* priv) {
-    auto* d = static_cast<Directory*>(RedisLink::owner_of(c));
-    --d->pending_replies_;
+  auto reply_cb = [](redisAsyncContext*, void* r, void* priv) {
     std::unique_ptr<ValuesOp> o(static_cast<ValuesOp*>(priv));
     auto* reply = static_cast<redisReply*>(r);
     std::vector<std::string> values(o->n);
@@ -494,9 +484,7 @@ Status Directory::find_node(uint64_t node_id, NodeCb cb, void* arg) {
   std::string key = node_key(node_id);
   const char* argv[] = {"GET", key.c_str()};
   const size_t len[] = {3, key.size()};
-  auto reply_cb = [](redisAsyncContext* c, void* r, void* priv) {
-    auto* d = static_cast<Directory*>(RedisLink::owner_of(c));
-    --d->pending_replies_;
+  auto reply_cb = [](redisAsyncContext*, void* r, void* priv) {
     std::unique_ptr<NodeOp> o(static_cast<NodeOp*>(priv));
     auto* reply = static_cast<redisReply*>(r);
     if (reply == nullptr)
@@ -510,7 +498,6 @@ Status Directory::find_node(uint64_t node_id, NodeCb cb, void* arg) {
     delete op;
     return Code::kConnectionReset;
   }
-  ++pending_replies_;
   return Code::kSuccess;
 }
 

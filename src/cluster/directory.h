@@ -165,7 +165,6 @@ class Directory final : public Context {
     size_t operator()(const ChunkKey& k) const { return k.hash(); }
   };
   std::unordered_set<ChunkKey, KeyHash> held_;  // what this node has published
-  uint32_t pending_replies_ = 0;
   // Scratch reused by every command and lookup: no allocation per lookup once warm.
   std::vector<const char*> argv_;
   std::vector<size_t> lens_;

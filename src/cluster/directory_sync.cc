@@ -100,7 +100,6 @@ struct ScanBatch {
 
 void Directory::on_scan(redisAsyncContext* c, void* r, void* priv) {
   auto* d = static_cast<Directory*>(RedisLink::owner_of(c));
-  --d->pending_replies_;
   auto* reply = static_cast<redisReply*>(r);
   if (reinterpret_cast<uintptr_t>(priv) != d->scan_epoch_) return;  // an old scan
   if (reply == nullptr || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
@@ -129,7 +128,6 @@ void Directory::on_scan(redisAsyncContext* c, void* r, void* priv) {
                        d->argv_.data(), d->lens_.data())) {
     batch.release();  // freed by its reply
     ++d->scan_batches_;
-    ++d->pending_replies_;
   }
   const std::string cursor(reply->element[0]->str, reply->element[0]->len);
   if (cursor == "0")
@@ -141,7 +139,6 @@ void Directory::on_scan(redisAsyncContext* c, void* r, void* priv) {
 
 void Directory::on_scan_values(redisAsyncContext* c, void* r, void* priv) {
   auto* d = static_cast<Directory*>(RedisLink::owner_of(c));
-  --d->pending_replies_;
   std::unique_ptr<ScanBatch> batch(static_cast<ScanBatch*>(priv));
   if (batch->epoch != d->scan_epoch_) return;
   --d->scan_batches_;
