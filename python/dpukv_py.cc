@@ -20,8 +20,20 @@ struct PyStaging {
   Staging s;
 };
 
+// The agent did not answer (gone, restarting, too slow): Python's ConnectionError,
+// so a connector can tell "recompute, the cache is away" from a bug.
+struct AgentUnavailable : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 void check(Status st, const char* what) {
-  if (!st.ok()) throw std::runtime_error(std::string(what) + ": " + std::string(st.name()));
+  if (st.ok()) return;
+  std::string msg = std::string(what) + ": " + std::string(st.name()) + " (" +
+                    std::string(st.description()) + ")";
+  if (st == Code::kConnectionReset || st == Code::kTimeout || st == Code::kNotFound ||
+      st == Code::kShutdown)
+    throw AgentUnavailable(msg);
+  throw std::runtime_error(msg);
 }
 
 // A client that close() can end before the Python object goes.
@@ -68,11 +80,36 @@ std::unique_ptr<PyPending> submit(Client& c, SubmitOp op, const PyStaging& s,
   return p;
 }
 
-using KeysOp = Status (Client::*)(const ChunkKey*, uint32_t, Status*);
-std::vector<std::string> keys_call(Client& c, KeysOp op, const std::vector<ChunkKey>& keys) {
+// Per-entry answers of the agent; raises when the call itself failed (then no
+// entry has an answer).
+using KeysOp = Status (Client::*)(const ChunkKey*, uint32_t, Status*, Status*);
+std::vector<std::string> keys_call(Client& c, KeysOp op, const std::vector<ChunkKey>& keys,
+                                   const char* what) {
   std::vector<Status> st(keys.size());
-  py::gil_scoped_release nogil;
-  (void)(c.*op)(keys.data(), static_cast<uint32_t>(keys.size()), st.data());
+  Status call;
+  {
+    py::gil_scoped_release nogil;
+    (void)(c.*op)(keys.data(), static_cast<uint32_t>(keys.size()), st.data(), &call);
+  }
+  check(call, what);
+  return names(st);
+}
+
+using IoOp = Status (Client::*)(const Staging&, const ChunkKey*, const uint64_t*, const uint64_t*,
+                                uint32_t, Status*, Status*);
+std::vector<std::string> io_call(Client& c, IoOp op, const PyStaging& s,
+                                 const std::vector<ChunkKey>& keys,
+                                 const std::vector<uint64_t>& offsets,
+                                 const std::vector<uint64_t>& lengths, const char* what) {
+  check_lengths(keys, offsets, lengths);
+  std::vector<Status> st(keys.size());
+  Status call;
+  {
+    py::gil_scoped_release nogil;
+    (void)(c.*op)(s.s, keys.data(), offsets.data(), lengths.data(),
+                  static_cast<uint32_t>(keys.size()), st.data(), &call);
+  }
+  check(call, what);
   return names(st);
 }
 
@@ -86,6 +123,7 @@ std::vector<ChunkKey> keys_from_ids(uint64_t model, const std::vector<uint64_t>&
 
 PYBIND11_MODULE(_dpukv, m) {
   m.doc() = "dpukv client: KV-cache offload through the dpukv agent";
+  py::register_exception<AgentUnavailable>(m, "AgentUnavailable", PyExc_ConnectionError);
   py::class_<ChunkKey>(m, "ChunkKey")
       .def_readonly("model", &ChunkKey::model)
       .def_readonly("prefix_hash", &ChunkKey::prefix_hash)
@@ -144,41 +182,32 @@ PYBIND11_MODULE(_dpukv, m) {
           "store",
           [](PyClient& pc, const PyStaging& s, const std::vector<ChunkKey>& keys,
              const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& lengths) {
-            Client& c = pc.get();
-            if (keys.size() != offsets.size() || keys.size() != lengths.size())
-              throw std::invalid_argument("keys, offsets and lengths differ in length");
-            std::vector<Status> st(keys.size());
-            py::gil_scoped_release nogil;
-            (void)c.store(s.s, keys.data(), offsets.data(), lengths.data(),
-                          static_cast<uint32_t>(keys.size()), st.data());
-            std::vector<std::string> names;
-            for (Status x : st) names.emplace_back(x.name());
-            return names;
+            return io_call(pc.get(), &Client::store, s, keys, offsets, lengths, "store");
           },
-          "Stores regions of a staging buffer; returns a status name per key")
-      .def("retrieve",
-           [](PyClient& pc, const PyStaging& s, const std::vector<ChunkKey>& keys,
-              const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& lengths) {
-             Client& c = pc.get();
-             if (keys.size() != offsets.size() || keys.size() != lengths.size())
-               throw std::invalid_argument("keys, offsets and lengths differ in length");
-             std::vector<Status> st(keys.size());
-             py::gil_scoped_release nogil;
-             (void)c.retrieve(s.s, keys.data(), offsets.data(), lengths.data(),
-                              static_cast<uint32_t>(keys.size()), st.data());
-             std::vector<std::string> names;
-             for (Status x : st) names.emplace_back(x.name());
-             return names;
-           })
+          "Stores regions of a staging buffer; a status name per key (raises "
+          "AgentUnavailable when the agent did not answer)")
+      .def(
+          "retrieve",
+          [](PyClient& pc, const PyStaging& s, const std::vector<ChunkKey>& keys,
+             const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& lengths) {
+            return io_call(pc.get(), &Client::retrieve, s, keys, offsets, lengths, "retrieve");
+          },
+          "Retrieves chunks into regions of a staging buffer; a status name per key")
       .def(
           "lookup",
           [](PyClient& pc, const std::vector<ChunkKey>& keys, bool pin) {
             Client& c = pc.get();
-            py::gil_scoped_release nogil;
-            return c.lookup(keys.data(), static_cast<uint32_t>(keys.size()), pin);
+            uint32_t hits = 0;
+            Status st;
+            {
+              py::gil_scoped_release nogil;
+              st = c.lookup(keys.data(), static_cast<uint32_t>(keys.size()), pin, &hits);
+            }
+            check(st, "lookup");
+            return hits;
           },
           py::arg("keys"), py::arg("pin") = false,
-          "Leading keys present (0 when the agent is away)")
+          "Leading keys present (raises AgentUnavailable when the agent is away)")
       .def("stats",
            [](PyClient& pc) {
              Client& c = pc.get();
@@ -191,21 +220,21 @@ PYBIND11_MODULE(_dpukv, m) {
           "contains",
           [](PyClient& pc, const std::vector<ChunkKey>& keys) {
             Client& c = pc.get();
-            return keys_call(c, &Client::contains, keys);
+            return keys_call(c, &Client::contains, keys, "contains");
           },
           "SUCCESS or NOT_FOUND per key")
       .def(
           "remove",
           [](PyClient& pc, const std::vector<ChunkKey>& keys) {
             Client& c = pc.get();
-            return keys_call(c, &Client::remove, keys);
+            return keys_call(c, &Client::remove, keys, "remove");
           },
           "Drops chunks (BAD_STATE for one in use); a status name per key")
       .def(
           "prefetch",
           [](PyClient& pc, const std::vector<ChunkKey>& keys) {
             Client& c = pc.get();
-            return keys_call(c, &Client::prefetch, keys);
+            return keys_call(c, &Client::prefetch, keys, "prefetch");
           },
           "Brings disk-only chunks into memory ahead of a retrieve")
       .def(

@@ -102,8 +102,11 @@ hit_c = conn.get_num_new_matched_tokens("c", prompt_b, 0)
 assert hit_c == 96, hit_c
 keys = conn._keys(prompt_b[:96], 0)
 assert client.remove(keys[:1]) == ["BAD_STATE"]  # pinned: the lease holds
-time.sleep(1.2)  # the agent's pin timeout is 1 s
-assert client.remove(keys[:1]) == ["SUCCESS"]
+# The agent's pin timeout is 1 s: the lease runs out, the chunk can go.
+deadline = time.monotonic() + 60
+while client.remove(keys[:1]) != ["SUCCESS"]:
+    assert time.monotonic() < deadline, "the lease never expired"
+    time.sleep(0.05)
 blocks_c = cache.allocate(len(prompt_b))
 conn.update_state_after_alloc("c", blocks_c, hit_c)
 conn.start_load_kv("c")
@@ -115,5 +118,86 @@ except LoadMiss:
 for l in range(1, cfg.layers):
     conn.wait_for_layer_load("c", l)  # other layers still there
 conn.request_finished("c")
+
+# ---- A batch: several requests' loads in flight at once, waited for layer by
+# layer and request by request as an engine's batch interleaves them. Each must
+# get its own prompt's KV (they once all read the same staging offsets).
+def save_prompt(c, req, tokens):
+    blocks = cache.allocate(len(tokens))
+    for kv in cache.layers:
+        kv[:, blocks] = torch.randn(kv[:, blocks].shape).to(kv.dtype)
+    for layer in range(cfg.layers):
+        c.save_kv_layer(req, layer, tokens, blocks)
+    c.wait_for_save()
+    return blocks
+
+
+def batch_loads(c, prompts, sources):
+    """Looks up and loads every prompt at once; returns the blocks each got."""
+    got = []
+    for i, p in enumerate(prompts):
+        assert c.get_num_new_matched_tokens(f"batch{i}", p, 0) == 96
+        blocks = cache.allocate(96)
+        for kv in cache.layers:
+            kv[:, blocks] = 0
+        c.update_state_after_alloc(f"batch{i}", blocks, 96)
+        got.append(blocks)
+    for i in range(len(prompts)):
+        c.start_load_kv(f"batch{i}")
+    for layer in range(cfg.layers):
+        for i in range(len(prompts)):
+            c.wait_for_layer_load(f"batch{i}", layer)
+            assert torch.equal(cache.layers[layer][:, got[i]],
+                               cache.layers[layer][:, sources[i][:6]]), (i, layer)
+    for i in range(len(prompts)):
+        c.request_finished(f"batch{i}")
+
+
+cache = PagedKVCache(cfg, num_blocks=256, block_size=BLOCK)
+client3 = dpukv.Client(sys.argv[2], model=dpukv.model_id("ref-llama-3"))
+batch = DpukvConnector(client3, "ref-llama-3", chunk_tokens=CHUNK, staging_bytes=8 << 20)
+batch.register_kv_caches(cache.layers)
+prompts = [torch.randint(0, cfg.vocab_size, (100,)).tolist() for _ in range(3)]
+sources = [save_prompt(batch, f"save{i}", p) for i, p in enumerate(prompts)]
+assert batch.counters["save_failures"] == 0, batch.counters
+batch_loads(batch, prompts, sources)
+assert all(batch.load_free), "load slots not given back"
+# A load staging too small for the whole batch (3 chunks x layers each, room for
+# two requests): the third request's start finishes the first's loads early,
+# into the first request's own blocks.
+tight = DpukvConnector(client3, "ref-llama-3", chunk_tokens=CHUNK,
+                       staging_bytes=2 * (2 * 3 * cfg.layers) * 4096)
+tight.register_kv_caches(cache.layers)
+assert tight.slots == 2 * 3 * cfg.layers, tight.slots
+batch_loads(tight, prompts, sources)
+assert all(tight.load_free), "load slots not given back"
+
+# ---- Bad input gets a clear error, before anything is stored or loaded.
+def refused(fn, *args, **kw):
+    try:
+        fn(*args, **kw)
+    except ValueError as e:
+        return str(e)
+    raise AssertionError(f"{fn.__name__}{args} was accepted")
+
+
+refused(DpukvConnector, client3, "x", chunk_tokens=0)
+refused(DpukvConnector, client3, "x", chunk_tokens=-32)
+refused(DpukvConnector, client3, "x", staging_bytes=0)
+refused(DpukvConnector, client3, "x", world_size=2, rank=2)
+refused(DpukvConnector(client3, "x", chunk_tokens=CHUNK).register_kv_caches, [])
+v = DpukvConnector(client3, "ref-llama-3", chunk_tokens=CHUNK, staging_bytes=8 << 20)
+v.register_kv_caches(cache.layers)
+assert v.get_num_new_matched_tokens("v", prompts[0], 0) == 96
+assert "not in" in refused(v.update_state_after_alloc, "v", [-1] + sources[0][1:], 96)
+assert "not in" in refused(v.update_state_after_alloc, "v", [10 ** 6] + sources[0][1:], 96)
+assert "need" in refused(v.update_state_after_alloc, "v", sources[0][:5], 96)
+assert "unknown request" in refused(v.start_load_kv, "nobody")
+before = [kv.clone() for kv in cache.layers]
+assert "not in" in refused(v.save_kv_layer, "v", 0, prompts[0], [-2] + sources[0][1:])
+assert "need" in refused(v.save_kv_layer, "v", 0, prompts[0], sources[0][:2])
+assert v.saves == [] and all(torch.equal(a, b) for a, b in zip(before, cache.layers))
+v.request_finished("v")
+
 print("connector: ok (hit %d of %d tokens, logits identical to in-memory reuse, "
       "max |diff| vs full prefill %.4f)" % (hit_b, len(prompt_b), diff))

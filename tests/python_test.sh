@@ -1,21 +1,39 @@
 #!/usr/bin/env bash
-# Runs the Python bindings' test against a real agent.
+# Runs a Python test against a real agent: python_test.sh BIN MODDIR SCRIPT [agent options]
+# starts one and passes its socket; with --own-agent the script starts (and kills)
+# its agents itself and gets the binary's path instead.
 set -euo pipefail
 bin=$1
 moddir=$2
 script=$3
 shift 3  # the rest: more agent options
 tmp=$(mktemp -d)
-sock=$tmp/agent.sock
-"$bin" --log-level warning agent --socket "$sock" --memory-bytes 64M --max-chunk-size 1M --metrics-port 0 "$@" &
-agent=$!
-trap 'kill $agent 2>/dev/null || true; rm -rf "$tmp"' EXIT
-for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+agent=""
+trap '[ -n "$agent" ] && kill $agent 2>/dev/null; rm -rf "$tmp"' EXIT
 # Under ASan the module needs the sanitizer runtime loaded first. (Not grep -q: it
 # stops reading at the first match, ldd dies of SIGPIPE, and pipefail makes the
 # whole test read as "no ASan" now and then.)
+preload=""
 if ldd "$moddir"/_dpukv*.so | grep libasan >/dev/null; then
-  export LD_PRELOAD=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)
-  export ASAN_OPTIONS=detect_leaks=0
+  preload=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)
 fi
-/usr/bin/python3 "$script" "$moddir" "$sock"
+run_python() {
+  if [ -n "$preload" ]; then
+    LD_PRELOAD=$preload ASAN_OPTIONS=detect_leaks=0 /usr/bin/python3 "$@"
+  else
+    /usr/bin/python3 "$@"
+  fi
+}
+if [ "${1:-}" = "--own-agent" ]; then
+  run_python "$script" "$moddir" "$bin"
+  exit
+fi
+sock=$tmp/agent.sock
+"$bin" --log-level warning agent --socket "$sock" --memory-bytes 64M --max-chunk-size 1M --metrics-port 0 "$@" &
+agent=$!
+# Wait for the socket (a busy machine: as long as it takes while the agent lives).
+until [ -S "$sock" ]; do
+  kill -0 $agent 2>/dev/null || { echo "the agent exited before it listened"; exit 1; }
+  sleep 0.05
+done
+run_python "$script" "$moddir" "$sock"

@@ -26,7 +26,20 @@ that writes into GPU memory directly is not built yet; see issue 14.)
 Leases: get_num_new_matched_tokens pins what it reports (lookup with pin), so a
 hit is still there when it is loaded; request_finished unpins. A pin that
 expires (the agent's pin timeout) before the load turns the load into a miss:
-wait_for_layer_load raises LoadMiss, never hands back stale bytes."""
+wait_for_layer_load raises LoadMiss, never hands back stale bytes.
+
+Loads of several requests overlap as an engine's batch makes them: each
+request's layer gets its own run of slots in the load half of staging, taken in
+start_load_kv and given back when the layer is scattered. When the slots run out,
+the oldest loads of other requests are finished early (waited for and scattered
+into their own blocks, which the engine has already allocated to them) until
+there is room: a bounded pool with a wait, never shared bytes.
+
+An agent that is away is a miss, never an error the engine has to handle: the
+lookup answers 0, a load that cannot start makes every layer of the request
+raise LoadMiss, a save that cannot start is counted as a save failure."""
+import operator
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -39,7 +52,21 @@ _MASK = (1 << 64) - 1
 
 class LoadMiss(RuntimeError):
     """A chunk reported as a hit could not be loaded (its lease expired, the agent
-    dropped it): recompute those tokens."""
+    dropped it or went away): recompute those tokens."""
+
+
+@dataclass
+class _Load:
+    """One layer's retrieve in flight: n chunks into slots [slot, slot + n)."""
+    pending: object
+    n: int
+    slot: int
+
+
+@dataclass
+class _Failed:
+    """A layer that will not load; wait_for_layer_load raises with this reason."""
+    reason: str
 
 
 @dataclass
@@ -48,7 +75,8 @@ class _Request:
     matched_chunks: int = 0
     pinned: list = field(default_factory=list)  # per layer: keys pinned by lookup
     block_ids: list = field(default_factory=list)
-    loads: list = field(default_factory=list)  # per layer: (Pending, chunks) or None
+    loads: list = field(default_factory=list)  # per layer: _Load, _Failed or None (done)
+    load_started: bool = False
 
 
 class DpukvConnector:
@@ -57,6 +85,12 @@ class DpukvConnector:
 
     def __init__(self, client, model_name: str, chunk_tokens: int = 256,
                  staging_bytes: int = 256 << 20, world_size: int = 1, rank: int = 0):
+        for name, v in (("chunk_tokens", chunk_tokens), ("staging_bytes", staging_bytes),
+                        ("world_size", world_size)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive integer, not {v!r}")
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), not {rank!r}")
         self.client = client
         self.model = native.model_id(model_name)
         self.chunk_tokens = chunk_tokens
@@ -74,14 +108,17 @@ class DpukvConnector:
 
     def register_kv_caches(self, kv_caches):
         """kv_caches: per layer a tensor [2, num_blocks, block_size, kv_heads, head_dim]."""
+        kv_caches = list(kv_caches)
+        if not kv_caches:
+            raise ValueError("register_kv_caches needs at least one layer's KV cache")
         first = kv_caches[0]
-        if first.dim() != 5 or first.shape[0] != 2:
+        if not isinstance(first, torch.Tensor) or first.dim() != 5 or first.shape[0] != 2:
             raise ValueError("KV caches must be [2, num_blocks, block_size, kv_heads, head_dim]")
         for t in kv_caches:
-            if t.shape != first.shape or t.dtype != first.dtype:
+            if not isinstance(t, torch.Tensor) or t.shape != first.shape or t.dtype != first.dtype:
                 raise ValueError("every layer's KV cache must have the same shape and dtype")
-        self.kv = list(kv_caches)
-        _, _, self.block_size, heads, dim = first.shape
+        self.kv = kv_caches
+        _, self.num_blocks, self.block_size, heads, dim = first.shape
         if self.chunk_tokens % self.block_size:
             raise ValueError("chunk_tokens must be a multiple of the block size")
         self.blocks_per_chunk = self.chunk_tokens // self.block_size
@@ -97,6 +134,24 @@ class DpukvConnector:
         self.staging = self.client.alloc_staging(2 * self.slots * self.chunk_bytes)
         self.staging_u8 = torch.frombuffer(memoryview(self.staging), dtype=torch.uint8)
         self.save_slot = 0
+        self.load_free = [True] * self.slots  # the load half's slots
+        self.inflight = deque()  # (request_id, layer) of loads in flight, oldest first
+
+    def _check_blocks(self, block_ids, chunks, what):
+        """The blocks of the first `chunks` chunks: enough of them, each a block of
+        the cache (torch would wrap a negative id onto another block)."""
+        need = chunks * self.blocks_per_chunk
+        ids = list(block_ids)
+        if len(ids) < need:
+            raise ValueError(f"{what}: {chunks} chunks need {need} block ids, got {len(ids)}")
+        for i, b in enumerate(ids):
+            try:
+                ids[i] = operator.index(b)  # ints, numpy and 0-d torch integers
+            except TypeError:
+                raise ValueError(f"{what}: block id {b!r} is not an integer") from None
+            if isinstance(b, bool) or not 0 <= ids[i] < self.num_blocks:
+                raise ValueError(f"{what}: block id {b!r} is not in [0, {self.num_blocks})")
+        return ids
 
     def _keys(self, tokens, layer, include_partial=False):
         return native.chunk_keys(self.model, list(tokens), self.chunk_tokens, include_partial,
@@ -108,11 +163,16 @@ class DpukvConnector:
         """Tokens beyond num_computed_tokens that dpukv can load, pinned until
         request_finished. A full hit still leaves the last chunk to compute (the
         engine needs at least one token to produce logits)."""
+        if self.kv is None:
+            raise ValueError("register_kv_caches first")
         req = _Request(tokens=list(tokens))
         matched = None
         for l in range(len(self.kv)):
             keys = self._keys(tokens, l)
-            n = self.client.lookup(keys, pin=True)
+            try:
+                n = self.client.lookup(keys, pin=True)
+            except native.AgentUnavailable:
+                n = 0  # the cache is away: recompute
             req.pinned.append(keys[:n])
             matched = n if matched is None else min(matched, n)
         matched = matched or 0
@@ -125,56 +185,140 @@ class DpukvConnector:
         return max(hit - num_computed_tokens, 0)
 
     def update_state_after_alloc(self, request_id, block_ids, num_external_tokens: int):
-        req = self.requests[request_id]
-        req.block_ids = list(block_ids)
+        req = self._request(request_id)
+        if num_external_tokens < 0:
+            raise ValueError(f"num_external_tokens must be >= 0, not {num_external_tokens}")
         req.matched_chunks = min(req.matched_chunks, num_external_tokens // self.chunk_tokens)
+        req.block_ids = self._check_blocks(block_ids, req.matched_chunks,
+                                           f"request {request_id!r}")
 
     def request_finished(self, request_id):
         req = self.requests.pop(request_id, None)
-        if req is not None:
-            for keys in req.pinned:
-                if keys:
+        if req is None:
+            return
+        # Loads still in flight write into their slots: wait before the slots go back.
+        for layer, load in enumerate(req.loads):
+            if isinstance(load, _Load):
+                self._settle(load)
+                req.loads[layer] = None
+        self.inflight = deque(x for x in self.inflight if x[0] != request_id)
+        for keys in req.pinned:
+            if keys:
+                try:
                     self.client.unpin(keys)
+                except native.AgentUnavailable:
+                    pass  # the agent went away, and its pins with it
+
+    def _request(self, request_id):
+        req = self.requests.get(request_id)
+        if req is None:
+            raise ValueError(f"unknown request {request_id!r}: get_num_new_matched_tokens first")
+        return req
 
     # ---- loads -----------------------------------------------------------------
 
     def start_load_kv(self, request_id):
         """Starts every layer's retrieve at once; wait_for_layer_load(l) finishes
-        layer l (the engine calls it just before the layer's attention)."""
-        req = self.requests[request_id]
+        layer l (the engine calls it just before the layer's attention). An agent
+        that is away does not raise here: every layer of the request raises
+        LoadMiss when it is waited for."""
+        req = self._request(request_id)
         n = req.matched_chunks
         if n * len(self.kv) > self.slots:
             raise ValueError("the hit is larger than the load staging; raise staging_bytes")
-        req.loads = []
-        for l in range(len(self.kv)):
-            if n == 0:
-                req.loads.append(None)
-                continue
-            keys = self._keys(req.tokens[:n * self.chunk_tokens], l)
-            offsets = [(l * n + c) * self.chunk_bytes for c in range(n)]
-            pending = self.client.submit_retrieve(self.staging, keys, offsets,
-                                                  [self.chunk_bytes] * n)
-            req.loads.append((pending, n))
-
-    def wait_for_layer_load(self, request_id, layer: int):
-        req = self.requests[request_id]
-        if not req.loads or req.loads[layer] is None:
+        if req.load_started:
+            raise ValueError(f"start_load_kv({request_id!r}) was called already")
+        req.load_started = True
+        req.loads = [None] * len(self.kv)
+        if n == 0:
             return
-        pending, n = req.loads[layer]
-        req.loads[layer] = None
-        status = self.client.wait(pending)
+        for l in range(len(self.kv)):
+            slot = self._take_slots(n, request_id)
+            keys = self._keys(req.tokens[:n * self.chunk_tokens], l)
+            offsets = [(slot + c) * self.chunk_bytes for c in range(n)]
+            try:
+                pending = self.client.submit_retrieve(self.staging, keys, offsets,
+                                                      [self.chunk_bytes] * n)
+            except (native.AgentUnavailable, RuntimeError) as e:  # away, or refused
+                self._give_slots(slot, n)
+                for m in range(l, len(self.kv)):
+                    req.loads[m] = _Failed(f"the load did not start: {e}")
+                return
+            req.loads[l] = _Load(pending, n, slot)
+            self.inflight.append((request_id, l))
+
+    def _take_slots(self, n, request_id):
+        """The first run of n free load slots; finishes other requests' oldest loads
+        until there is one."""
+        while True:
+            run = 0
+            for i, free in enumerate(self.load_free):
+                run = run + 1 if free else 0
+                if run == n:
+                    first = i - n + 1
+                    for j in range(first, first + n):
+                        self.load_free[j] = False
+                    return first
+            victim = next((x for x in self.inflight if x[0] != request_id), None)
+            if victim is None:  # cannot happen: n * layers <= slots was checked
+                raise RuntimeError("load staging exhausted by one request")
+            self._finish(*victim)
+
+    def _give_slots(self, slot, n):
+        for j in range(slot, slot + n):
+            self.load_free[j] = True
+
+    def _settle(self, load):
+        """Waits for a load and gives its slots back; its statuses, or None if the
+        agent went away meanwhile."""
+        try:
+            status = self.client.wait(load.pending)
+        except (native.AgentUnavailable, RuntimeError):
+            status = None
+        self._give_slots(load.slot, load.n)
+        return status
+
+    def _finish(self, request_id, layer):
+        """Waits for one layer's load and scatters it into the request's blocks;
+        records a failure for wait_for_layer_load to raise."""
+        req = self.requests[request_id]
+        load = req.loads[layer]
+        self.inflight.remove((request_id, layer))
+        # Scattered before the slots can be taken again (nothing runs in between).
+        try:
+            status = self.client.wait(load.pending)
+        except (native.AgentUnavailable, RuntimeError) as e:
+            status = [f"{e}"]
         if any(s != "SUCCESS" for s in status):
-            raise LoadMiss(f"layer {layer}: {status}")
-        # One scatter for the layer: staging holds its n chunks back to back, each
-        # [2, blocks_per_chunk, block_size, heads, dim].
+            self._give_slots(load.slot, load.n)
+            req.loads[layer] = _Failed(f"layer {layer}: {status}")
+            return
+        # One scatter for the layer: its n chunks lie back to back from its first
+        # slot, each [2, blocks_per_chunk, block_size, heads, dim].
+        n = load.n
         kv = self.kv[layer]
-        first = layer * n * self.chunk_bytes
+        first = load.slot * self.chunk_bytes
         src = self.staging_u8[first:first + n * self.chunk_bytes].view(kv.dtype)
         src = src.view((n, 2, self.blocks_per_chunk) + tuple(kv.shape[2:])).transpose(0, 1)
         blocks = torch.tensor(req.block_ids[:n * self.blocks_per_chunk], device=kv.device)
         kv[:, blocks] = src.reshape((2, n * self.blocks_per_chunk) + tuple(kv.shape[2:])).to(
-            kv.device, non_blocking=True)
+            kv.device)
+        self._give_slots(load.slot, n)
+        req.loads[layer] = None
         self.counters["loaded_chunks"] += n
+
+    def wait_for_layer_load(self, request_id, layer: int):
+        req = self._request(request_id)
+        if not 0 <= layer < len(self.kv):
+            raise ValueError(f"layer {layer} is not in [0, {len(self.kv)})")
+        if req.matched_chunks == 0:
+            return
+        if not req.load_started:
+            raise LoadMiss(f"request {request_id!r}: start_load_kv was not called")
+        if isinstance(req.loads[layer], _Load):
+            self._finish(request_id, layer)
+        if isinstance(req.loads[layer], _Failed):
+            raise LoadMiss(req.loads[layer].reason)
 
     # ---- saves -----------------------------------------------------------------
 
@@ -182,7 +326,13 @@ class DpukvConnector:
         """Saves the whole chunks of layer `layer` of a request after the layer has
         written its KV; returns at once (wait_for_save collects). Chunks below
         skip_chunks (loaded from dpukv) are not stored again."""
-        keys = self._keys(tokens, layer)[skip_chunks:]
+        if not 0 <= layer < len(self.kv):
+            raise ValueError(f"layer {layer} is not in [0, {len(self.kv)})")
+        if skip_chunks < 0:
+            raise ValueError(f"skip_chunks must be >= 0, not {skip_chunks}")
+        all_keys = self._keys(tokens, layer)
+        block_ids = self._check_blocks(block_ids, len(all_keys), f"save of {request_id!r}")
+        keys = all_keys[skip_chunks:]
         kv = self.kv[layer]
         # Slots of the save half are reused only once their stores have landed.
         for first in range(0, len(keys), self.slots):
@@ -210,13 +360,20 @@ class DpukvConnector:
                 done += run
             self.save_slot = (self.save_slot + len(batch)) % self.slots
             self.saving_chunks += len(batch)
-            pending = self.client.submit_store(self.staging, batch, offsets,
-                                               [self.chunk_bytes] * len(batch))
+            try:
+                pending = self.client.submit_store(self.staging, batch, offsets,
+                                                   [self.chunk_bytes] * len(batch))
+            except native.AgentUnavailable:
+                self.counters["save_failures"] += len(batch)  # the cache is away
+                continue
             self.saves.append((pending, len(batch)))
 
     def wait_for_save(self):
         for pending, n in self.saves:
-            status = self.client.wait(pending)
+            try:
+                status = self.client.wait(pending)
+            except native.AgentUnavailable:
+                status = []
             ok = sum(1 for s in status if s == "SUCCESS")
             self.counters["saved_chunks"] += ok
             self.counters["save_failures"] += n - ok

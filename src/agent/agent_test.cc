@@ -214,19 +214,43 @@ TEST_F(AgentTest, AgentDeathFailsFastThenClientReconnectsAndDiskTierIsBack) {
       s.data[offs[i] + k] = static_cast<uint8_t>(i * 31 + k);
   }
   ASSERT_TRUE(c->store(s, keys.data(), offs.data(), lens.data(), 16, nullptr).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // write-through reaches the disk
+  // Write-through reaches the disk: every chunk there, no write in flight.
+  const auto settled = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (std::string j; std::chrono::steady_clock::now() < settled;
+       std::this_thread::sleep_for(std::chrono::milliseconds(10))) {
+    ASSERT_TRUE(c->stats_json(&j).ok());
+    if (j.find("\"disk_chunks\":16,") != std::string::npos &&
+        j.find("\"disk_ios_in_flight\":0,") != std::string::npos)
+      break;
+  }
   ASSERT_TRUE(signal_child(agent_, SIGKILL));
   reap_child(agent_, nullptr);
   agent_ = -1;
-  // Gone: lookup says recompute, operations fail fast.
+  // Gone: lookup says recompute, operations fail at once (not after the op
+  // timeout), and no entry reads SUCCESS.
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(c->lookup(keys.data(), 16, false), 0u);
-  Status st = c->retrieve(s, keys.data(), offs.data(), lens.data(), 16, nullptr);
+  uint32_t hits = 99;
+  EXPECT_EQ(c->lookup(keys.data(), 16, false, &hits), Code::kConnectionReset);
+  EXPECT_EQ(hits, 99u);
+  std::vector<Status> per(16, Code::kSuccess);
+  Status call;
+  Status st = c->retrieve(s, keys.data(), offs.data(), lens.data(), 16, per.data(), &call);
   EXPECT_EQ(st, Code::kConnectionReset);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
+  EXPECT_EQ(call, Code::kConnectionReset);
+  for (Status x : per) EXPECT_EQ(x, Code::kConnectionReset);
+  for (auto op : {&Client::contains, &Client::remove, &Client::prefetch}) {
+    std::fill(per.begin(), per.end(), Status(Code::kSuccess));
+    call = Code::kSuccess;
+    EXPECT_EQ((c.get()->*op)(keys.data(), 16, per.data(), &call), Code::kConnectionReset);
+    EXPECT_EQ(call, Code::kConnectionReset);
+    for (Status x : per) EXPECT_EQ(x, Code::kConnectionReset);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));  // op timeout: 30 s
   start_agent(true);
   uint32_t found = 0;
-  for (int i = 0; i < 100 && found == 0; ++i) {
+  const auto back = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (found == 0 && std::chrono::steady_clock::now() < back) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     found = c->lookup(keys.data(), 16, false);
   }

@@ -243,6 +243,8 @@ Status Client::submit_io(Op op, const Staging& s, const ChunkKey* keys, const ui
                          const uint64_t* lengths, uint32_t n, Status* per_entry, Ticket* out) {
   std::lock_guard<std::mutex> g(mu_);
   if (per_entry == nullptr || out == nullptr || n == 0) return Code::kInvalidValue;
+  // Not answered yet: an entry never reads SUCCESS unless the agent said so.
+  for (uint32_t i = 0; i < n; ++i) per_entry[i] = Code::kInProgress;
   DPUKV_RETURN_IF_ERROR(ensure_connected());
   Pending p;
   p.ticket = next_ticket_++;
@@ -341,13 +343,15 @@ Status Client::wait(Ticket t) {
 }
 
 Status Client::batch_io(Op op, const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
-                        const uint64_t* lengths, uint32_t n, Status* per_entry) {
+                        const uint64_t* lengths, uint32_t n, Status* per_entry, Status* call) {
   std::lock_guard<std::mutex> g(mu_);
   Status first;
+  Status failed;  // the first message the agent did not answer entry by entry
   Status conn = ensure_connected();
   if (!conn.ok()) {
     for (uint32_t i = 0; i < n; ++i)
       if (per_entry) per_entry[i] = conn;
+    if (call) *call = conn;
     return conn;
   }
   const uint32_t per_msg = (ch_->connection()->max_msg() - sizeof(AgentHeader)) / sizeof(IoEntry);
@@ -355,76 +359,91 @@ Status Client::batch_io(Op op, const Staging& s, const ChunkKey* keys, const uin
   std::vector<uint8_t> resp;
   for_each_message(
       s, keys, offsets, lengths, n, per_msg, &es, [&](uint32_t base, const IoEntry* e, uint32_t k) {
-        Status st = call(op, 0, e, sizeof(IoEntry), k, &resp);
+        resp.clear();
+        Status st = this->call(op, 0, e, sizeof(IoEntry), k, &resp);
         const uint8_t* codes =
             resp.size() >= sizeof(AgentHeader) + k ? resp.data() + sizeof(AgentHeader) : nullptr;
+        // No entry-by-entry answer: every entry of the message failed with the call.
+        const Status whole = st.ok() ? Status(Code::kCorrupted) : st;
+        if (codes == nullptr && failed.ok()) failed = whole;
         for (uint32_t i = 0; i < k; ++i) {
-          Status x = codes ? Status(static_cast<Code>(codes[i])) : st;
+          Status x = codes ? Status(static_cast<Code>(codes[i])) : whole;
           if (per_entry) per_entry[base + i] = x;
           if (!x.ok() && first.ok()) first = x;
         }
-        if (!st.ok() && codes == nullptr && first.ok()) first = st;
         return true;
       });
+  if (call) *call = failed;
   return first;
 }
 
 Status Client::store(const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
-                     const uint64_t* lengths, uint32_t n, Status* per_entry) {
-  return batch_io(Op::kStore, s, keys, offsets, lengths, n, per_entry);
+                     const uint64_t* lengths, uint32_t n, Status* per_entry, Status* call) {
+  return batch_io(Op::kStore, s, keys, offsets, lengths, n, per_entry, call);
 }
 
 Status Client::retrieve(const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
-                        const uint64_t* lengths, uint32_t n, Status* per_entry) {
-  return batch_io(Op::kRetrieve, s, keys, offsets, lengths, n, per_entry);
+                        const uint64_t* lengths, uint32_t n, Status* per_entry, Status* call) {
+  return batch_io(Op::kRetrieve, s, keys, offsets, lengths, n, per_entry, call);
 }
 
 uint32_t Client::lookup(const ChunkKey* keys, uint32_t n, bool pin) {
+  uint32_t hits = 0;
+  return lookup(keys, n, pin, &hits).ok() ? hits : 0;  // unreachable or refused: recompute
+}
+
+Status Client::lookup(const ChunkKey* keys, uint32_t n, bool pin, uint32_t* hits) {
   std::lock_guard<std::mutex> g(mu_);
-  if (!ensure_connected().ok()) return 0;
+  DPUKV_RETURN_IF_ERROR(ensure_connected());
   const uint32_t per_msg = (ch_->connection()->max_msg() - sizeof(AgentHeader)) / sizeof(ChunkKey);
   uint32_t total = 0;
   std::vector<uint8_t> resp;
   for (uint32_t base = 0; base < n; base += per_msg) {
     const uint32_t k = std::min(per_msg, n - base);
-    if (!call(Op::kLookup, pin ? agent::kPin : 0, keys + base, sizeof(ChunkKey), k, &resp).ok() ||
-        resp.size() < sizeof(AgentHeader) + 4)
-      return 0;  // unreachable or refused: recompute
-    uint32_t hits;
-    std::memcpy(&hits, resp.data() + sizeof(AgentHeader), 4);
-    total += hits;
-    if (hits < k) break;
+    DPUKV_RETURN_IF_ERROR(
+        call(Op::kLookup, pin ? agent::kPin : 0, keys + base, sizeof(ChunkKey), k, &resp));
+    if (resp.size() < sizeof(AgentHeader) + 4) return Code::kCorrupted;
+    uint32_t got;
+    std::memcpy(&got, resp.data() + sizeof(AgentHeader), 4);
+    if (got > k) return Code::kCorrupted;
+    total += got;
+    if (got < k) break;
   }
-  return total;
+  *hits = total;
+  return Code::kSuccess;
 }
 
-Status Client::keys_op(Op op, const ChunkKey* keys, uint32_t n, Status* per_entry) {
+Status Client::keys_op(Op op, const ChunkKey* keys, uint32_t n, Status* per_entry, Status* call) {
   std::lock_guard<std::mutex> g(mu_);
-  DPUKV_RETURN_IF_ERROR(ensure_connected());
+  Status st = ensure_connected();
   std::vector<uint8_t> resp;
-  Status st = call(op, 0, keys, sizeof(ChunkKey), n, &resp);
-  Status first = st;
-  if (resp.size() >= sizeof(AgentHeader) + n) {
-    for (uint32_t i = 0; i < n; ++i) {
-      Status e = static_cast<Code>(resp[sizeof(AgentHeader) + i]);
-      if (per_entry) per_entry[i] = e;
-      if (!e.ok() && first.ok()) first = e;
-    }
+  if (st.ok()) st = this->call(op, 0, keys, sizeof(ChunkKey), n, &resp);
+  if (st.ok() && resp.size() < sizeof(AgentHeader) + (per_entry ? n : 0)) st = Code::kCorrupted;
+  if (call) *call = st;
+  if (!st.ok()) {  // no answer per entry: each entry failed with the call
+    for (uint32_t i = 0; per_entry && i < n; ++i) per_entry[i] = st;
+    return st;
+  }
+  Status first;
+  for (uint32_t i = 0; per_entry && i < n; ++i) {
+    Status e = static_cast<Code>(resp[sizeof(AgentHeader) + i]);
+    per_entry[i] = e;
+    if (!e.ok() && first.ok()) first = e;
   }
   return first;
 }
 
 Status Client::unpin(const ChunkKey* keys, uint32_t n) {
-  return keys_op(Op::kUnpin, keys, n, nullptr);
+  return keys_op(Op::kUnpin, keys, n, nullptr, nullptr);
 }
-Status Client::contains(const ChunkKey* keys, uint32_t n, Status* p) {
-  return keys_op(Op::kContains, keys, n, p);
+Status Client::contains(const ChunkKey* keys, uint32_t n, Status* p, Status* call) {
+  return keys_op(Op::kContains, keys, n, p, call);
 }
-Status Client::remove(const ChunkKey* keys, uint32_t n, Status* p) {
-  return keys_op(Op::kRemove, keys, n, p);
+Status Client::remove(const ChunkKey* keys, uint32_t n, Status* p, Status* call) {
+  return keys_op(Op::kRemove, keys, n, p, call);
 }
-Status Client::prefetch(const ChunkKey* keys, uint32_t n, Status* p) {
-  return keys_op(Op::kPrefetch, keys, n, p);
+Status Client::prefetch(const ChunkKey* keys, uint32_t n, Status* p, Status* call) {
+  return keys_op(Op::kPrefetch, keys, n, p, call);
 }
 
 Status Client::push(uint64_t node, const ChunkKey* keys, uint32_t n, Status* per_entry) {

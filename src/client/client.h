@@ -57,17 +57,23 @@ class Client {
   uint64_t max_staging_bytes() const { return max_staging_; }
 
   // Batch operations over regions of one staging buffer. per_entry (may be null)
-  // gets each entry's status; the return value is the first error, if any.
+  // gets each entry's status; the return value is the first error, if any. An
+  // entry the agent did not answer (no agent, a lost connection, a malformed
+  // reply) gets the call's failure, never SUCCESS. call (may be null) tells the
+  // two apart: SUCCESS when every entry holds the agent's own answer, else why
+  // the call failed (CONNECTION_RESET, TIMEOUT, CORRUPTED, ...).
   Status store(const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
-               const uint64_t* lengths, uint32_t n, Status* per_entry);
+               const uint64_t* lengths, uint32_t n, Status* per_entry, Status* call = nullptr);
   Status retrieve(const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
-                  const uint64_t* lengths, uint32_t n, Status* per_entry);
+                  const uint64_t* lengths, uint32_t n, Status* per_entry, Status* call = nullptr);
   // Leading keys present; 0 when the agent is unreachable.
   uint32_t lookup(const ChunkKey* keys, uint32_t n, bool pin);
+  // The same, saying why there is no answer: *hits is set only on SUCCESS.
+  Status lookup(const ChunkKey* keys, uint32_t n, bool pin, uint32_t* hits);
   Status unpin(const ChunkKey* keys, uint32_t n);
-  Status contains(const ChunkKey* keys, uint32_t n, Status* per_entry);
-  Status remove(const ChunkKey* keys, uint32_t n, Status* per_entry);
-  Status prefetch(const ChunkKey* keys, uint32_t n, Status* per_entry);
+  Status contains(const ChunkKey* keys, uint32_t n, Status* per_entry, Status* call = nullptr);
+  Status remove(const ChunkKey* keys, uint32_t n, Status* per_entry, Status* call = nullptr);
+  Status prefetch(const ChunkKey* keys, uint32_t n, Status* per_entry, Status* call = nullptr);
   Status stats_json(std::string* out);
   // Prefill to decode: the agent offers these chunks (it must hold them) to the
   // agent whose cluster node id is node, which reads them into its own cache.
@@ -100,8 +106,8 @@ class Client {
   Status call(agent::Op op, uint16_t flags, const void* entries, uint32_t entry_size, uint32_t n,
               std::vector<uint8_t>* response);
   Status batch_io(agent::Op op, const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
-                  const uint64_t* lengths, uint32_t n, Status* per_entry);
-  Status keys_op(agent::Op op, const ChunkKey* keys, uint32_t n, Status* per_entry);
+                  const uint64_t* lengths, uint32_t n, Status* per_entry, Status* call);
+  Status keys_op(agent::Op op, const ChunkKey* keys, uint32_t n, Status* per_entry, Status* call);
   Status wait_response(uint64_t id, std::vector<uint8_t>* out);
   Status send_request(agent::Op op, uint16_t flags, const void* entries, uint32_t entry_size,
                       uint32_t n, uint64_t* id, uint32_t count = UINT32_MAX);

@@ -1,0 +1,154 @@
+"""The Python client and the connector when the agent goes away and comes back,
+against real agent processes this test starts and kills: no call may answer
+SUCCESS (or a hit) for an agent that is not there; the client reconnects once an
+agent is back; a load whose agent went away between lookup and load raises
+LoadMiss on every layer, never leaves blocks unfilled behind a normal return.
+Usage: test_agent_gone.py BUILD_DIR DPUKV_BINARY"""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, os.path.dirname(__file__))
+import torch  # noqa: E402
+
+import dpukv  # noqa: E402
+from dpukv.connector import DpukvConnector, LoadMiss  # noqa: E402
+from dpukv.model import LlamaConfig, PagedKVCache  # noqa: E402
+
+BIN = sys.argv[2]
+tmp = tempfile.mkdtemp()
+SOCK = os.path.join(tmp, "agent.sock")
+
+
+def start_agent():
+    p = subprocess.Popen([BIN, "--log-level", "warning", "agent", "--socket", SOCK,
+                          "--memory-bytes", "64M", "--max-chunk-size", "1M",
+                          "--metrics-port", "0"])
+    deadline = time.monotonic() + 120  # a busy machine: wait for the socket, not a time
+    while not os.path.exists(SOCK):
+        assert p.poll() is None, f"the agent exited with {p.returncode}"
+        assert time.monotonic() < deadline, "the agent never listened"
+        time.sleep(0.02)
+    return p
+
+
+def stop_agent(p):
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    if os.path.exists(SOCK):
+        os.unlink(SOCK)  # a killed agent leaves its socket file
+
+
+def raises_unavailable(fn, *args):
+    try:
+        r = fn(*args)
+    except dpukv.AgentUnavailable:
+        return
+    raise AssertionError(f"{fn.__name__} answered {r!r} with no agent")
+
+
+def eventually(fn, what):
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return fn()
+        except dpukv.AgentUnavailable:
+            assert time.monotonic() < deadline, f"{what}: never reconnected"
+            time.sleep(0.05)
+
+
+agent = start_agent()
+model = dpukv.model_id("gone-model")
+c = dpukv.Client(SOCK, model=model)
+buf = c.alloc_staging(1 << 20)
+keys = dpukv.chunk_keys(model, list(range(768)), 256)
+assert c.store(buf, keys, [0, 4096, 8192], [4096] * 3) == ["SUCCESS"] * 3
+assert c.contains(keys) == ["SUCCESS"] * 3
+
+# ---- The agent dies: every call says so; none answers SUCCESS or a hit.
+stop_agent(agent)
+raises_unavailable(c.contains, keys)
+raises_unavailable(c.remove, keys)
+raises_unavailable(c.prefetch, keys)
+raises_unavailable(c.lookup, keys)
+raises_unavailable(c.store, buf, keys, [0, 4096, 8192], [4096] * 3)
+raises_unavailable(c.retrieve, buf, keys, [0, 4096, 8192], [4096] * 3)
+raises_unavailable(c.stats)
+assert not c.connected()
+
+# ---- A new agent: the same client object reconnects (and exports its staging
+# again), and answers for the new agent's (empty) cache.
+agent = start_agent()
+assert eventually(lambda: c.lookup(keys), "lookup") == 0
+assert c.contains(keys) == ["NOT_FOUND"] * 3
+assert c.store(buf, keys, [0, 4096, 8192], [4096] * 3) == ["SUCCESS"] * 3
+assert c.retrieve(buf, keys, [0, 4096, 8192], [4096] * 3) == ["SUCCESS"] * 3
+assert c.lookup(keys) == 3
+
+# ---- The connector: a hit looked up, then the agent goes before the load.
+torch.manual_seed(1)
+cfg = LlamaConfig(dtype=torch.bfloat16)
+cache = PagedKVCache(cfg, num_blocks=64, block_size=16)
+conn = DpukvConnector(dpukv.Client(SOCK, model=dpukv.model_id("gone-llama")), "gone-llama",
+                      chunk_tokens=32, staging_bytes=4 << 20)
+conn.register_kv_caches(cache.layers)
+prompt = torch.randint(0, cfg.vocab_size, (100,)).tolist()
+src = cache.allocate(len(prompt))
+for kv in cache.layers:
+    kv[:, src] = torch.randn(kv[:, src].shape).to(kv.dtype)
+for layer in range(cfg.layers):
+    conn.save_kv_layer("save", layer, prompt, src)
+conn.wait_for_save()
+assert conn.counters["saved_chunks"] == 3 * cfg.layers, conn.counters
+assert conn.get_num_new_matched_tokens("r", prompt, 0) == 96
+dst = cache.allocate(96)
+conn.update_state_after_alloc("r", dst, 96)
+stop_agent(agent)
+conn.start_load_kv("r")  # does not raise: the failure is the layers' to report
+for layer in range(cfg.layers):
+    try:
+        conn.wait_for_layer_load("r", layer)
+        raise AssertionError(f"layer {layer} loaded with no agent")
+    except LoadMiss:
+        pass
+    try:  # and again: a failed layer never turns into a success
+        conn.wait_for_layer_load("r", layer)
+        raise AssertionError(f"layer {layer} loaded on the second wait")
+    except LoadMiss:
+        pass
+conn.request_finished("r")
+assert all(conn.load_free)
+# With no agent: a lookup is a miss, a save a counted failure; nothing raises.
+assert conn.get_num_new_matched_tokens("m", prompt, 0) == 0
+failures = conn.counters["save_failures"]
+conn.save_kv_layer("m", 0, prompt, src)
+conn.wait_for_save()
+assert conn.counters["save_failures"] == failures + 3, conn.counters
+conn.request_finished("m")
+
+# The agent goes while loads are in flight: whatever the timing, each layer
+# either holds the saved bytes or raises LoadMiss.
+agent = start_agent()
+eventually(lambda: conn.client.lookup(conn._keys(prompt, 0)), "connector lookup")
+for layer in range(cfg.layers):
+    conn.save_kv_layer("save2", layer, prompt, src)
+conn.wait_for_save()
+assert conn.get_num_new_matched_tokens("q", prompt, 0) == 96
+dst = cache.allocate(96)
+for kv in cache.layers:
+    kv[:, dst] = 0
+conn.update_state_after_alloc("q", dst, 96)
+conn.start_load_kv("q")
+stop_agent(agent)
+for layer in range(cfg.layers):
+    try:
+        conn.wait_for_layer_load("q", layer)
+        assert torch.equal(cache.layers[layer][:, dst], cache.layers[layer][:, src[:6]]), layer
+    except LoadMiss:
+        pass
+conn.request_finished("q")
+print("agent gone: ok")
