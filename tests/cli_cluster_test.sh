@@ -28,7 +28,13 @@ py=/usr/bin/python3
 # Refused settings.
 set +e
 msg=$("$bin" agent --socket "$tmp/x.sock" --cluster bogus://x 2>&1); rc=$?
-[ $rc -eq 2 ] && grep -q "is not redis://HOST:PORT" <<<"$msg" || fail "bad --cluster: rc $rc: $msg"
+[ $rc -eq 2 ] && grep -q "is not redis://" <<<"$msg" || fail "bad --cluster: rc $rc: $msg"
+msg=$("$bin" agent --socket "$tmp/x.sock" --cluster redis://127.0.0.1:0 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "port of 1-65535" <<<"$msg" || fail "port 0: rc $rc: $msg"
+msg=$("$bin" agent --socket "$tmp/x.sock" --cluster "" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "is empty" <<<"$msg" || fail "--cluster '': rc $rc: $msg"
+msg=$("$bin" agent --socket "$tmp/x.sock" --cluster redis://u:hunter2@127.0.0.1:0 2>&1); rc=$?
+[ $rc -eq 2 ] && ! grep -q hunter2 <<<"$msg" || fail "a password in an error: rc $rc: $msg"
 msg=$("$bin" agent --socket "$tmp/x.sock" --advertise 127.0.0.1 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "cluster is not" <<<"$msg" || fail "--advertise alone: rc $rc: $msg"
 msg=$("$bin" agent --socket "$tmp/x.sock" --remote-tier redis 2>&1); rc=$?
@@ -37,10 +43,27 @@ msg=$("$bin" agent --socket "$tmp/x.sock" --cluster redis://127.0.0.1:1 --advert
 [ $rc -eq 2 ] && grep -q "no interface of this host" <<<"$msg" || fail "foreign --advertise: rc $rc: $msg"
 set -e
 
-port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --logfile /dev/null &
-pids+=($!)
-for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.05; done
+# Waits (however busy the machine) for a condition while process $1 lives.
+until_alive() {  # pid what command...
+  local pid=$1 what=$2
+  shift 2
+  until "$@"; do
+    kill -0 "$pid" 2>/dev/null || fail "$what: the process exited"
+    sleep 0.05
+  done
+}
+start_redis() {  # port [options]
+  local p=$1
+  shift
+  redis-server --port "$p" --bind 127.0.0.1 --save "" --appendonly no --logfile /dev/null "$@" &
+  pids+=($!)
+  until_alive $! "redis-server on $p" eval "(exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null"
+}
+free_port() {
+  "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+port=$(free_port)
+start_redis "$port"
 
 agent() {  # name [extra arguments]
   local name=$1
@@ -49,13 +72,22 @@ agent() {  # name [extra arguments]
     --max-chunk-size 64K --metrics-port 0 --cluster "redis://127.0.0.1:$port" \
     --cluster-prefix "t$$" --advertise 127.0.0.1 "$@" 2>"$tmp/$name.log" &
   pids+=($!)
-  for _ in $(seq 200); do [ -S "$tmp/$name.sock" ] && return; sleep 0.05; done
-  fail "agent $name did not start: $(cat "$tmp/$name.log")"
+  local pid=$!
+  until [ -S "$tmp/$name.sock" ]; do
+    kill -0 $pid 2>/dev/null || fail "agent $name did not start: $(cat "$tmp/$name.log")"
+    sleep 0.05
+  done
 }
 agent a --directory-replica-keys 0  # a asks Redis; b answers from its replica
 agent b
 "$bin" replay "$trace" --agent "$tmp/a.sock" --max-requests 200 --json >"$tmp/a.json"
-sleep 1.2  # B re-reads the live agents every second
+# B sees A live once it re-reads the live agents (every second).
+b_sees_a() {
+  "$bin" stat --socket "$tmp/b.sock" --json | "$py" -c '
+import json, sys
+sys.exit(0 if json.load(sys.stdin).get("cluster_live_nodes", 0) >= 2 else 1)'
+}
+until_alive "${pids[-1]}" "agent b sees a" b_sees_a
 "$bin" replay "$trace" --agent "$tmp/b.sock" --max-requests 200 --json >"$tmp/b.json"
 "$py" - "$tmp/a.json" "$tmp/b.json" <<'PYEOF'
 import json, sys
@@ -99,6 +131,22 @@ import os
 # As root the agents run each in a network namespace of its own.
 assert d["network"] == ("namespaces" if os.geteuid() == 0 else "loopback"), d["network"]
 PYEOF
-sleep 1
 [ -z "$(ip netns list 2>/dev/null | grep '^dkr')" ] || fail "replay --nodes left network namespaces behind"
+
+# A Redis that wants a password: the agent gives it from a file (never on its
+# command line); a wrong one is reported in Redis' words and the agent serves
+# locally.
+port=$(free_port)
+start_redis "$port" --requirepass "s3cret-$$"
+echo "s3cret-$$" >"$tmp/pw"
+agent p --cluster-password-file "$tmp/pw"
+connected() {
+  "$bin" stat --socket "$tmp/$1.sock" >"$tmp/$1-stat.txt" && grep -q "directory connected" "$tmp/$1-stat.txt"
+}
+until_alive "${pids[-1]}" "agent with the password" connected p
+! grep -q "s3cret" "/proc/${pids[-1]}/cmdline" || fail "the password is on the command line"
+DPUKV_CLUSTER_PASSWORD=wrong agent w
+until_alive "${pids[-1]}" "agent with a wrong password" grep -q WRONGPASS "$tmp/w.log"
+"$bin" stat --socket "$tmp/w.sock" | grep -q "UNREACHABLE" || fail "wrong password: $(cat "$tmp/w.log")"
+echo "cli cluster: ok"
 echo "cli cluster: ok"

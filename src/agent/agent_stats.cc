@@ -87,6 +87,9 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
   const std::vector<MetricRow> cluster_rows = {
       {"cluster_directory_connected", "dpukv_cluster_directory_connected", "gauge",
        "1 while the Redis directory is reachable.", cluster_->directory_connected() ? 1u : 0u},
+      {"cluster_live_nodes", "dpukv_cluster_live_nodes", "gauge",
+       "Agents whose directory lease is live, this one included.",
+       cluster_->directory_live_nodes()},
       {"cluster_peers", "dpukv_cluster_peers", "gauge", "Other agents this one has talked to.",
        cluster_->peer_stats().size()},
       {"lookup_remote_hits", "dpukv_lookup_remote_hit_keys_total", "counter",

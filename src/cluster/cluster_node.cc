@@ -26,6 +26,8 @@ Status ClusterNode::create(ProgressEngine* pe, CacheEngine* cache, const Cluster
   DirectoryOptions d;
   d.host = o.redis_host;
   d.port = o.redis_port;
+  d.user = o.redis_user;
+  d.password = o.redis_password;
   d.prefix = o.prefix;
   d.node_id = c->ucx_->node_id();
   d.lease_ms = o.lease_ms;
@@ -101,8 +103,8 @@ void ClusterNode::upload_some() {
     void* base;
     uint64_t len;
     cache_->arena(&base, &len);
-    const TierValue h{kTierMagic, static_cast<uint8_t>(p.encoded), {}, p.size, p.stored,
-                      p.checksum};
+    const TierValue h{kTierMagic, static_cast<uint8_t>(p.encoded), {}, p.size, p.stored, p.checksum,
+                      k};
     std::string v(reinterpret_cast<const char*>(&h), sizeof(h));
     v.append(static_cast<const char*>(base) + p.offset, p.stored);
     cache_->unpin(&k, 1);

@@ -42,8 +42,9 @@ namespace dpukv {
 struct ClusterOptions {
   std::string redis_host = "127.0.0.1";
   uint16_t redis_port = 6379;
-  std::string prefix = "dpukv";  // Redis keys of this cluster
-  uint32_t lease_ms = 10000;     // a dead agent's entries age out after this
+  std::string redis_user, redis_password;  // AUTH; empty: none (default user)
+  std::string prefix = "dpukv";            // Redis keys of this cluster
+  uint32_t lease_ms = 10000;               // a dead agent's entries age out after this
   uint32_t live_refresh_ms = 1000;
   uint32_t request_timeout_ms = 2000;  // a holder's answer to a pin request
   // Chunks pinned for a reader (PLACED) stay pinned until its UNPIN or this long.
@@ -114,6 +115,7 @@ class ClusterNode final : public Context {
   bool directory_connected() const { return dir_->connected(); }
   const Directory::Counters& directory_counters() const { return dir_->counters(); }
   size_t directory_replica_keys() const { return dir_->replica_keys(); }
+  size_t directory_live_nodes() const { return dir_->live_nodes(); }
   bool directory_replica_ready() const { return dir_->replica_ready(); }
 
  private:

@@ -12,14 +12,19 @@
 namespace dpukv {
 
 // A chunk as a remote-tier value: this header, then the stored bytes.
+// The chunk's own key is in the header and checked on ingest: the checksum covers
+// the bytes only, and a value copied onto another chunk's Redis key (anyone who
+// can write to the Redis can) would otherwise pass it as that chunk. Values of
+// the first layout (magic "DKVT", no key) are refused as malformed.
 struct TierValue {
-  uint32_t magic;  // "DKVT"
+  uint32_t magic;  // "DKV2"
   uint8_t encoded;
   uint8_t reserved[3];
   uint64_t size, stored, checksum;
+  ChunkKey key;  // model, prefix hash, world size and rank, KV layout
 };
-static_assert(sizeof(TierValue) == 32, "a value stays in Redis across versions");
-constexpr uint32_t kTierMagic = 0x54564b44;
+static_assert(sizeof(TierValue) == 64, "a value stays in Redis across versions");
+constexpr uint32_t kTierMagic = 0x32564b44;
 
 // Another node, as this one knows it: resolved through the directory on first
 // use, then a UcxNode peer. Messages wait here while it is being resolved.

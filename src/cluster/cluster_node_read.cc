@@ -146,7 +146,8 @@ void ClusterNode::on_values(void* arg, Status st, const std::vector<std::string>
     const ChunkKey& k = f->keys[f->tier[j]];
     const ChunkPlacement p{0, h.stored, h.size, h.checksum, h.encoded != 0};
     uint8_t* dst = nullptr;
-    if (h.magic != kTierMagic || h.encoded > 1 || v.size() - sizeof(h) != h.stored) {
+    if (h.magic != kTierMagic || h.encoded > 1 || v.size() - sizeof(h) != h.stored ||
+        !(h.key == k)) {  // another chunk's value under this key
       ++self->counters_.tier_rejects;
       break;
     }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cache/cache_test_harness.h"
+#include "cluster/cluster_node_parts.h"
 #include "cluster/redis_test_server.h"
 
 namespace dpukv {
@@ -287,17 +288,37 @@ TEST(ClusterNode, TheRemoteTierServesChunksNoLiveAgentHolds) {
   // A value that is not the chunk (a checksum of other bytes): refused, nothing kept.
   RawDirectory w(redis.port());
   ASSERT_TRUE(w.join(0x77, "x"));
-  std::string v(32 + 4096, '\x5a');
-  const uint32_t magic = 0x54564b44;
-  const uint64_t sizes[3] = {4096, 4096, 12345};  // size, stored, checksum
-  std::memcpy(v.data(), &magic, 4);
-  std::memcpy(v.data() + 8, sizes, sizeof(sizes));
+  const TierValue forged{kTierMagic, 0, {}, 4096, 4096, 12345, key(9)};
+  std::string v(reinterpret_cast<const char*>(&forged), sizeof(forged));
+  v.append(4096, '\x5a');
   w.dir->put_value(key(9), v);
-  ASSERT_TRUE(until({w.pe.get()}, [&] { return w.dir->counters().values_put == 1; }));
+  // Key 1's value, bytes and checksum intact, copied onto key 5 (anyone who can
+  // write to the Redis can): refused as not key 5's, never served as key 5.
+  struct Got {
+    bool done = false;
+    std::string value;
+    static void cb(void* arg, Status st, const std::vector<std::string>& values) {
+      auto* g = static_cast<Got*>(arg);
+      if (st.ok() && values.size() == 1) g->value = values[0];
+      g->done = true;
+    }
+  } got;
+  const ChunkKey k1 = key(1);
+  ASSERT_TRUE(w.dir->get_values(&k1, 1, &Got::cb, &got).ok());
+  ASSERT_TRUE(until({w.pe.get()}, [&] { return got.done; }));
+  ASSERT_EQ(got.value.size(), sizeof(TierValue) + kChunk);
+  w.dir->put_value(key(5), got.value);
+  ASSERT_TRUE(until({w.pe.get()}, [&] { return w.dir->counters().values_put == 2; }));
   w.serve(50);
+  EXPECT_TRUE(b.h.cache_->remove(key(1)).ok());
   EXPECT_EQ(fetch(b, pes, 9, 1), 0u);
   EXPECT_EQ(b.node->counters().tier_rejects, 1u);
   EXPECT_FALSE(b.h.cache_->contains(key(9)));
+  EXPECT_EQ(fetch(b, pes, 5, 1), 0u);
+  EXPECT_EQ(b.node->counters().tier_rejects, 2u);
+  EXPECT_FALSE(b.h.cache_->contains(key(5)));
+  EXPECT_EQ(fetch(b, pes, 1, 1), 1u);  // the original is still good
+  EXPECT_TRUE(b.h.retrieve(key(1), kChunk).ok());
 }
 
 // With the remote tier on, a key whose listed holder fails it (a stale entry, a

@@ -505,8 +505,9 @@ Status Directory::find_node(uint64_t node_id, NodeCb cb, void* arg) {
 
 Status Directory::do_start() {
   // An unreachable Redis is retried; the agent runs meanwhile.
-  if (!link_.connect(opts_.host, opts_.port)) retry_at_ms_ = monotonic_ms() + opts_.retry_ms;
-  if (opts_.replicate && !feed_.connect(opts_.host, opts_.port))
+  if (!link_.connect(opts_.host, opts_.port, opts_.user, opts_.password))
+    retry_at_ms_ = monotonic_ms() + opts_.retry_ms;
+  if (opts_.replicate && !feed_.connect(opts_.host, opts_.port, opts_.user, opts_.password))
     feed_retry_at_ms_ = monotonic_ms() + opts_.retry_ms;
   return Code::kSuccess;
 }
@@ -544,14 +545,18 @@ size_t Directory::poll() {
   }
   const uint64_t now = monotonic_ms();
   if (opts_.replicate && !replica_off_ && !feed_.open() && now >= feed_retry_at_ms_ &&
-      !feed_.connect(opts_.host, opts_.port))
+      !feed_.connect(opts_.host, opts_.port, opts_.user, opts_.password))
     feed_retry_at_ms_ = now + opts_.retry_ms;
   if (!link_.open()) {
-    if (now >= retry_at_ms_ && !link_.connect(opts_.host, opts_.port))
+    if (now >= retry_at_ms_ && !link_.connect(opts_.host, opts_.port, opts_.user, opts_.password))
       retry_at_ms_ = now + opts_.retry_ms;
     return n;
   }
-  if (!link_.up()) return n;
+  if (!link_.up()) {  // connecting, or waiting for AUTH's answer
+    link_.service();
+    feed_.service();
+    return n;
+  }
   n += adds_.size() + removes_.size();
   if (now >= renew_at_ms_) {
     renew_lease();

@@ -45,6 +45,8 @@ namespace dpukv {
 struct DirectoryOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 6379;
+  // Credentials (AUTH): user empty for Redis' default user, password empty for none.
+  std::string user, password;
   std::string prefix = "dpukv";
   uint64_t node_id = 0;
   std::string description;  // published under PREFIX:n:NODE
@@ -101,6 +103,8 @@ class Directory final : public Context {
   bool connected() const { return link_.up(); }
   bool replica_ready() const { return replica_ready_; }
   size_t replica_keys() const { return replica_.size(); }
+  // Nodes whose lease was live at the last refresh, this one included.
+  size_t live_nodes() const { return live_.size(); }
   const Counters& counters() const { return counters_; }
 
  private:

@@ -31,8 +31,11 @@ namespace {
 struct Node {
   std::unique_ptr<ProgressEngine> pe;
   std::unique_ptr<Directory> dir;
-  Node(uint16_t port, uint64_t id, uint32_t lease_ms = 5000, bool replicate = true) {
+  Node(uint16_t port, uint64_t id, uint32_t lease_ms = 5000, bool replicate = true,
+       std::string user = "", std::string password = "") {
     DirectoryOptions o;
+    o.user = std::move(user);
+    o.password = std::move(password);
     o.replicate = replicate;
     o.port = port;
     o.node_id = id;
@@ -309,6 +312,42 @@ TEST(Directory, UnreachableAtStartIsRetriedNotFatal) {
   Redis redis(port);
   ASSERT_TRUE(redis.running());
   EXPECT_TRUE(serve({&a}, [&] { return a.dir->connected(); }));
+}
+
+// A Redis that wants a password (requirepass, and an ACL user): nodes that give
+// the right one work as ever; one with none or a wrong one never comes up, and is
+// counted as unable to reach Redis (its log says Redis' words: NOAUTH, WRONGPASS).
+TEST(Directory, UsesARedisWithAPasswordAndAnAclUser) {
+  Redis redis(free_port(),
+              {"--requirepass", "s3cret", "--user", "agent", "on", ">pw2", "~*", "&*", "+@all"});
+  ASSERT_TRUE(redis.running());
+  Node a(redis.port(), 1, 5000, true, "", "s3cret");  // the default user
+  Node b(redis.port(), 2, 5000, true, "agent", "pw2");
+  ASSERT_TRUE(serve(
+      {&a, &b}, [&] { return a.dir->connected() && b.dir->connected(); }, 60000));
+  a.dir->add(key(1));
+  const ChunkKey k = key(1);
+  ASSERT_TRUE(serve(
+      {&a, &b},
+      [&] {
+        Answer ans;
+        if (!b.dir->lookup(&k, 1, &Answer::cb, &ans).ok()) return false;
+        (void)serve({&a, &b}, [&] { return ans.done; });
+        return ans.st.ok() && ans.holders.size() == 1 && ans.holders[0].size() == 1;
+      },
+      60000));
+  Node none(redis.port(), 3);
+  Node wrong(redis.port(), 4, 5000, true, "agent", "nope");
+  ASSERT_TRUE(serve(
+      {&none, &wrong},
+      [&] {
+        return none.dir->counters().unreachable >= 2 && wrong.dir->counters().unreachable >= 2;
+      },
+      60000));
+  EXPECT_FALSE(none.dir->connected());
+  EXPECT_FALSE(wrong.dir->connected());
+  EXPECT_EQ(none.dir->counters().connects, 0u);
+  EXPECT_EQ(wrong.dir->counters().connects, 0u);
 }
 
 }  // namespace

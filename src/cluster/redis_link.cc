@@ -16,7 +16,8 @@ void* RedisLink::owner_of(const redisAsyncContext* c) {
   return static_cast<RedisLink*>(c->data)->events_.owner;
 }
 
-bool RedisLink::connect(const std::string& host, uint16_t port) {
+bool RedisLink::connect(const std::string& host, uint16_t port, const std::string& user,
+                        const std::string& password) {
   redisAsyncContext* c = redisAsyncConnect(host.c_str(), port);
   if (c == nullptr || c->err) {
     const std::string why = c != nullptr ? c->errstr : "out of memory";
@@ -35,6 +36,29 @@ bool RedisLink::connect(const std::string& host, uint16_t port) {
   c->ev.cleanup = &RedisLink::cleanup;
   redisAsyncSetConnectCallback(c, &RedisLink::on_connect);
   redisAsyncSetDisconnectCallback(c, &RedisLink::on_disconnect);
+  // The first command, sent when the socket connects; its answer brings the link up.
+  with_password_ = !password.empty();
+  const char* argv[3];
+  size_t lens[3];
+  int argc = 0;
+  auto arg = [&](const std::string& a) {
+    argv[argc] = a.data();
+    lens[argc++] = a.size();
+  };
+  static const std::string kPing = "PING", kAuth = "AUTH";
+  if (!with_password_) {
+    arg(kPing);
+  } else {
+    arg(kAuth);
+    if (!user.empty()) arg(user);  // else the default user
+    arg(password);
+  }
+  const int rc = redisAsyncCommandArgv(c, &RedisLink::on_hello, this, argc, argv, lens);
+  if (rc != REDIS_OK) {
+    drop();
+    if (events_.down != nullptr) events_.down(events_.owner, "cannot queue the first command");
+    return false;
+  }
   writing_ = true;  // the connection completes when the socket becomes writable
   update_watch();
   return true;
@@ -80,6 +104,21 @@ void RedisLink::on_connect(const redisAsyncContext* c, int status) {
     l->ctx_ = nullptr;
     cleanup(l);
     if (l->events_.down != nullptr) l->events_.down(l->events_.owner, c->errstr);
+    return;
+  }
+  // Up when the first command is answered (on_hello).
+}
+
+void RedisLink::on_hello(redisAsyncContext* c, void* r, void*) {
+  auto* l = static_cast<RedisLink*>(c->data);
+  auto* reply = static_cast<redisReply*>(r);
+  if (reply == nullptr || l->ctx_ != c) return;  // gone meanwhile: down() says so
+  if (reply->type == REDIS_REPLY_ERROR) {
+    std::string why = "Redis refused this agent: " + std::string(reply->str, reply->len);
+    if (!l->with_password_)
+      why += " (give the password with cluster_password_file or DPUKV_CLUSTER_PASSWORD)";
+    l->drop();
+    if (l->events_.down != nullptr) l->events_.down(l->events_.owner, why.c_str());
     return;
   }
   l->up_ = true;

@@ -29,8 +29,13 @@ class RedisLink {
   RedisLink& operator=(const RedisLink&) = delete;
   ~RedisLink();  // pending callbacks run with no reply
 
-  // Starts connecting; false (and down() told) if it cannot even start.
-  bool connect(const std::string& host, uint16_t port);
+  // Starts connecting; false (and down() told) if it cannot even start. The link
+  // is up once Redis has answered its first command: AUTH (user may be empty: the
+  // default user) when there is a password, else PING, so that a Redis that wants
+  // a password, or refuses this one, is reported as such (down(), with Redis'
+  // words) instead of failing every command later.
+  bool connect(const std::string& host, uint16_t port, const std::string& user = "",
+               const std::string& password = "");
   // After the replies to what was sent; down() is not told of a close asked for.
   void close();
   // Now, without waiting for replies.
@@ -54,6 +59,7 @@ class RedisLink {
     void on_fd_ready(uint32_t events) override;
   };
   static void on_connect(const redisAsyncContext* c, int status);
+  static void on_hello(redisAsyncContext* c, void* reply, void* priv);
   static void on_disconnect(const redisAsyncContext* c, int status);
   static void add_read(void* p);
   static void del_read(void* p);
@@ -66,6 +72,7 @@ class RedisLink {
   Events events_;
   redisAsyncContext* ctx_ = nullptr;
   bool up_ = false, closing_ = false;
+  bool with_password_ = false;
   bool reading_ = false, writing_ = false, watched_ = false;
   uint32_t watched_events_ = 0;  // what the epoll set has for fd_
   int fd_ = -1;

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>
@@ -33,12 +34,17 @@ inline uint16_t free_port() {
 
 class Redis {
  public:
-  explicit Redis(uint16_t port) : port_(port) { start(); }
+  // extra: more server options, e.g. {"--requirepass", "secret"}.
+  explicit Redis(uint16_t port, std::vector<std::string> extra = {})
+      : port_(port), extra_(std::move(extra)) {
+    start();
+  }
   ~Redis() { stop(); }
   bool start() {
     std::vector<std::string> args = {
         "redis-server", "--port", std::to_string(port_), "--bind",   "127.0.0.1", "--save", "",
         "--appendonly", "no",     "--logfile",           "/dev/null"};
+    args.insert(args.end(), extra_.begin(), extra_.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -54,7 +60,13 @@ class Redis {
       pid_ = -1;
       return false;
     }
-    for (int i = 0; i < 200; ++i) {  // until it accepts connections
+    // Until it accepts connections, however busy the machine, while it runs.
+    for (int i = 0; i < 6000; ++i) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {  // it exited (a port taken, a bad option)
+        pid_ = -1;
+        return false;
+      }
       int s = socket(AF_INET, SOCK_STREAM, 0);
       sockaddr_in a{};
       a.sin_family = AF_INET;
@@ -79,6 +91,7 @@ class Redis {
 
  private:
   uint16_t port_;
+  std::vector<std::string> extra_;
   pid_t pid_ = -1;
 };
 

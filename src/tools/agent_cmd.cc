@@ -91,6 +91,7 @@ struct Settings {
       {"max_staging_size", "DPUKV_MAX_STAGING_SIZE", Kind::kGib, 0, nullptr, "", ""},
       {"cluster", "DPUKV_CLUSTER", Kind::kText, 0, nullptr, "", ""},
       {"cluster_prefix", "DPUKV_CLUSTER_PREFIX", Kind::kText, 0, nullptr, "dpukv", ""},
+      {"cluster_password_file", "DPUKV_CLUSTER_PASSWORD_FILE", Kind::kText, 0, nullptr, "", ""},
       {"advertise", "DPUKV_ADVERTISE", Kind::kText, 0, nullptr, "", ""},
       {"remote_tier", nullptr, Kind::kChoice, 0, "none|redis", "none", ""},
       {"directory_replica_keys", nullptr, Kind::kCount, 1u << 28, nullptr, "1048576", ""},
@@ -277,9 +278,25 @@ std::string interface_of(const std::string& addr) {
   return name;
 }
 
-// cluster (redis://HOST:PORT), cluster_prefix, advertise.
+// A redis:// URL with its password (if any) replaced by ***, for logs and errors.
+std::string masked_url(const std::string& url) {
+  const size_t at = url.rfind('@');
+  const size_t scheme = url.rfind("redis://", 0) == 0 ? 8 : 0;
+  if (at == std::string::npos) return url;
+  const size_t colon = url.find(':', scheme);
+  if (colon == std::string::npos || colon > at) return url;
+  return url.substr(0, colon + 1) + "***" + url.substr(at);
+}
+
+// cluster (redis://[USER[:PASSWORD]@]HOST:PORT), cluster_password_file,
+// cluster_prefix, advertise.
 bool cluster_settings(Settings* st, AgentOptions* o) {
   std::string url = st->at("cluster").value;
+  if (url.empty() && st->given("cluster")) {
+    std::cerr << "dpukv agent: " << where(st->at("cluster"))
+              << " is empty: give redis://HOST:PORT, or leave it out to run without a cluster\n";
+    return false;
+  }
   if (url.empty()) {
     if (st->at("remote_tier").value != "none") {
       std::cerr << "dpukv agent: " << where(st->at("remote_tier"))
@@ -298,12 +315,49 @@ bool cluster_settings(Settings* st, AgentOptions* o) {
   if (!url.empty() && url.back() == '/') url.pop_back();
   o->cluster = true;
   ClusterOptions& c = o->cluster_options;
-  if (url.empty() || url.find('/') != std::string::npos || url.find('@') != std::string::npos ||
-      !parse_host_port(url, &c.redis_host, &c.redis_port, 6379) || c.redis_host.empty()) {
-    std::cerr << "dpukv agent: " << where(st->at("cluster")) << ": '" << st->at("cluster").value
-              << "' is not redis://HOST:PORT\n";
+  // redis://[USER[:PASSWORD]@]HOST:PORT (Redis ACL users; no user: the default one).
+  std::string user, password;
+  bool url_password = false;
+  if (const size_t at = url.rfind('@'); at != std::string::npos) {
+    const std::string info = url.substr(0, at);
+    url = url.substr(at + 1);
+    const size_t colon = info.find(':');
+    user = info.substr(0, colon);
+    if (colon != std::string::npos) {
+      password = info.substr(colon + 1);
+      url_password = true;
+    }
+  }
+  if (url.empty() || url.find('/') != std::string::npos ||
+      !parse_host_port(url, &c.redis_host, &c.redis_port, 6379) || c.redis_host.empty() ||
+      c.redis_port == 0) {
+    std::cerr << "dpukv agent: " << where(st->at("cluster")) << ": '"
+              << masked_url(st->at("cluster").value)
+              << "' is not redis://[USER[:PASSWORD]@]HOST:PORT with a port of 1-65535\n";
     return false;
   }
+  // The password: from a file or the environment, which other users cannot read in
+  // /proc/PID/cmdline as they can a flag.
+  const Setting& file = st->at("cluster_password_file");
+  const char* env_password = std::getenv("DPUKV_CLUSTER_PASSWORD");
+  if (!file.value.empty()) {
+    std::ifstream f(file.value);
+    if (!f || !std::getline(f, password) || password.empty()) {
+      std::cerr << "dpukv agent: " << where(file) << ": cannot read a password from '" << file.value
+                << "'" << (f ? " (the file is empty)" : "") << "\n";
+      return false;
+    }
+    if (!password.empty() && password.back() == '\r') password.pop_back();
+  } else if (env_password != nullptr && *env_password != '\0') {
+    password = env_password;
+  } else if (url_password && st->at("cluster").origin.rfind("--", 0) == 0) {
+    APP_LOG_WARN(
+        "agent: the Redis password is on the command line, where every user of this host "
+        "can read it (/proc/%d/cmdline); use cluster_password_file or DPUKV_CLUSTER_PASSWORD",
+        static_cast<int>(::getpid()));
+  }
+  c.redis_user = user;
+  c.redis_password = password;
   c.prefix = st->at("cluster_prefix").value;
   c.remote_tier = st->at("remote_tier").value == "redis";
   c.replica_max_keys = as_u64(st, "directory_replica_keys");
@@ -415,7 +469,9 @@ int run_agent(Settings st, const std::string& config) {
   APP_LOG_INFO("dpukv agent %s starting (pid %d)", kDpukvVersion, static_cast<int>(::getpid()));
   for (const Setting& s : st.all)
     if (!s.value.empty())
-      APP_LOG_INFO("  %-20s %s%s%s", s.name, s.value.c_str(), s.origin.empty() ? "" : "  (from ",
+      APP_LOG_INFO("  %-20s %s%s%s", s.name,
+                   std::string(s.name) == "cluster" ? masked_url(s.value).c_str() : s.value.c_str(),
+                   s.origin.empty() ? "" : "  (from ",
                    s.origin.empty() ? "" : (s.origin + ")").c_str());
 
   std::unique_ptr<Agent> agent;
@@ -593,7 +649,12 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
        "Staging memory one client may export, GiB or bytes with a unit (default: half the "
        "available RAM)"},
       {"--cluster", "cluster",
-       "Join the cluster whose directory is this Redis: redis://HOST:PORT (default: no cluster)"},
+       "Join the cluster whose directory is this Redis: redis://[USER@]HOST:PORT (default: no "
+       "cluster). The Redis must be private to the cluster: whoever can write to it can "
+       "withdraw or misdirect chunks"},
+      {"--cluster-password-file", "cluster_password_file",
+       "File whose first line is the Redis password (AUTH; also DPUKV_CLUSTER_PASSWORD); not "
+       "given on the command line, where other users can read it"},
       {"--cluster-prefix", "cluster_prefix", "Redis key prefix of the cluster (default dpukv)"},
       {"--remote-tier", "remote_tier",
        "none, or redis: also keep every stored chunk as a value in the cluster's Redis and look "
