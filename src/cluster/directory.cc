@@ -42,13 +42,22 @@ bool parse_hex16(const char* s, size_t n, uint64_t* out) {
 
 }  // namespace
 
-// ",ID,ID,": 16 hex and a comma each.
-void Directory::parse_holders(const char* s, size_t len, std::vector<uint64_t>* out) {
+// ",ID,ID,": 16 hex and a comma each, at most kMaxHolders of them, each once. A
+// value that is longer or not of this form (anyone who can write to the Redis can
+// put anything there) gives no holders: false, and the caller counts it.
+bool Directory::parse_holders(const char* s, size_t len, std::vector<uint64_t>* out) {
+  const size_t first = out->size();
+  if (len > 1 + kMaxHolders * 17 || len == 0 || s[0] != ',' || (len - 1) % 17 != 0) return false;
   for (size_t i = 1; i + 17 <= len; i += 17) {
     uint64_t node;
-    if (!parse_hex16(s + i, 16, &node)) break;
-    out->push_back(node);
+    if (!parse_hex16(s + i, 16, &node) || s[i + 16] != ',') {
+      out->resize(first);
+      return false;
+    }
+    if (std::find(out->begin() + static_cast<long>(first), out->end(), node) == out->end())
+      out->push_back(node);
   }
+  return true;
 }
 
 // A chunk's holders are one string, ",ID,ID,", so that a lookup of any number of
@@ -73,15 +82,23 @@ constexpr const char* kLeaseScript =
     "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[2]) - 60000) "
     "if not old or tonumber(old) <= tonumber(ARGV[2]) then return 1 end return 0";
 
-// A holder is dropped from a chunk only if its lease has really run out: this
-// node's view of the live set may be older than the holder's (re)joining.
+// One clean-up per chunk, whatever its value holds: holders whose lease has
+// really run out are dropped (this node's view of the live set may be older than a
+// holder's rejoining), each holder is kept once, and a value longer than ARGV[2]
+// bytes, or not a holder list, is deleted (live holders publish again as they
+// store). Bounded work on the server: a poisoned value costs one pass.
 constexpr const char* kDropDeadScript =
-    "local s = redis.call('ZSCORE', KEYS[2], ARGV[1]) "
-    "if s and tonumber(s) > tonumber(ARGV[2]) then return 0 end "
     "local v = redis.call('GET', KEYS[1]) if not v then return 0 end "
-    "local b, e = string.find(v, ',' .. ARGV[1] .. ',', 1, true) if not b then return 0 end "
-    "v = string.sub(v, 1, b) .. string.sub(v, e + 1) "
-    "if v == ',' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], v, 'KEEPTTL') end "
+    "if #v > tonumber(ARGV[2]) or not string.match(v, '^,[%x,]*$') then "
+    "redis.call('DEL', KEYS[1]) return -1 end "
+    "local keep, seen = ',', {} "
+    "for id in string.gmatch(v, '(%x+),') do "
+    "if #id == 16 and not seen[id] then seen[id] = true "
+    "local s = redis.call('ZSCORE', KEYS[2], id) "
+    "if s and tonumber(s) > tonumber(ARGV[1]) then keep = keep .. id .. ',' end end end "
+    "if keep == v then return 0 end "
+    "if keep == ',' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], keep, "
+    "'KEEPTTL') end "
     "return 1";
 
 Directory::Directory(ProgressEngine* pe, const DirectoryOptions& o)
@@ -243,7 +260,10 @@ void Directory::on_reply(redisAsyncContext* c, void* r, void* priv) {
   const bool ok = reply != nullptr && reply->type == REDIS_REPLY_ARRAY && reply->elements == n;
   for (size_t k = 0; ok && k < n; ++k) {
     const redisReply* e = reply->element[k];
-    if (e->type == REDIS_REPLY_STRING) parse_holders(e->str, e->len, &listed[k]);
+    if (e->type == REDIS_REPLY_STRING && !parse_holders(e->str, e->len, &listed[k])) {
+      ++d->counters_.bad_entries;
+      d->drop_dead(op->keys[k]);  // removes it
+    }
   }
   d->live_holders(*op, listed);
   d->free_ops_.push_back(op);  // reusable by a lookup the callback makes, not before
@@ -262,21 +282,27 @@ void Directory::live_holders(const LookupOp& op, const std::vector<std::vector<u
   for (size_t k = 0; k < n; ++k) holders_[k].clear();
   holders_.resize(n);
   for (size_t k = 0; k < n; ++k) {
+    bool dead = false;
     for (uint64_t node : listed[k]) {
       if (std::binary_search(live_.begin(), live_.end(), node)) {
         holders_[k].push_back(node);
         continue;
       }
-      if (link_.up())
-        command(&Directory::on_reply, nullptr,
-                {"EVAL", kDropDeadScript, "2", chunk_key(op.keys[k]), opts_.prefix + ":nodes",
-                 hex16(node), std::to_string(wall_ms())});
       // Not dropped from the replica: this node's view of the live set may be older
       // than the holder's rejoining, whose events said it holds the chunk.
       ++counters_.stale_dropped;
+      dead = true;
     }
+    if (dead) drop_dead(op.keys[k]);  // once per key, however many are dead
     if (!holders_[k].empty()) ++counters_.lookup_hits;
   }
+}
+
+void Directory::drop_dead(const ChunkKey& k) {
+  if (!link_.up()) return;
+  command(&Directory::on_reply, nullptr,
+          {"EVAL", kDropDeadScript, "2", chunk_key(k), opts_.prefix + ":nodes",
+           std::to_string(wall_ms()), std::to_string(1 + kMaxHolders * 17)});
 }
 
 void Directory::on_live_nodes(redisAsyncContext* c, void* r, void*) {

@@ -75,7 +75,10 @@ class Directory final : public Context {
     uint64_t events_published = 0;        // event messages sent
     uint64_t events = 0, bad_events = 0;  // event messages received; malformed ones
     uint64_t syncs = 0;                   // scans that made the replica complete
+    uint64_t bad_entries = 0;             // holder lists that were not one (too long, malformed)
   };
+  // Holders one chunk may list; a longer list is not one this code wrote.
+  static constexpr size_t kMaxHolders = 256;
 
   static Status create(ProgressEngine* pe, const DirectoryOptions& o,
                        std::unique_ptr<Directory>* out);
@@ -137,7 +140,8 @@ class Directory final : public Context {
   std::string value_key(const ChunkKey& k) const;
   std::string node_key(uint64_t node) const;
   static std::string hex16(uint64_t v);
-  static void parse_holders(const char* s, size_t len, std::vector<uint64_t>* out);
+  static bool parse_holders(const char* s, size_t len, std::vector<uint64_t>* out);
+  void drop_dead(const ChunkKey& k);
 
   static void on_link_up(void* owner);
   static void on_link_down(void* owner, const char* why);

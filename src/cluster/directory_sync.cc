@@ -156,7 +156,7 @@ void Directory::on_scan_values(redisAsyncContext* c, void* r, void* priv) {
     const redisReply* e = reply->element[i];
     if (e->type != REDIS_REPLY_STRING) continue;
     nodes.clear();
-    parse_holders(e->str, e->len, &nodes);
+    if (!parse_holders(e->str, e->len, &nodes)) ++d->counters_.bad_entries;
     for (uint64_t n : nodes) d->replica_.add(batch->keys[i], n);
   }
   if (d->replica_.overflow()) {

@@ -193,7 +193,35 @@ struct RawRedis {
     if (r != nullptr) freeReplyObject(r);
     return v;
   }
+  // A string value, or "(none)".
+  std::string get(const std::string& key) {
+    auto* r = static_cast<redisReply*>(redisCommand(c, "GET %b", key.data(), key.size()));
+    std::string v = r != nullptr && r->type == REDIS_REPLY_STRING ? std::string(r->str, r->len)
+                                                                  : std::string("(none)");
+    if (r != nullptr) freeReplyObject(r);
+    return v;
+  }
+  bool set(const std::string& key, const std::string& value) {
+    auto* r = static_cast<redisReply*>(
+        redisCommand(c, "SET %b %b", key.data(), key.size(), value.data(), value.size()));
+    const bool ok = r != nullptr && r->type == REDIS_REPLY_STATUS;
+    if (r != nullptr) freeReplyObject(r);
+    return ok;
+  }
 };
+
+// The Redis key of a chunk's holder list (docs/protocols.md).
+std::string holders_key(const ChunkKey& k) {
+  const uint64_t w[4] = {k.model, k.prefix_hash, (uint64_t{k.world_size} << 32) | k.rank, k.layout};
+  return "dpukv-test-" + std::to_string(getpid()) +
+         ":c:" + std::string(reinterpret_cast<const char*>(w), sizeof(w));
+}
+
+std::string hex16(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof(b), "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
 
 // b answers lookups from its replica once it has scanned the entries a published
 // before b came; events keep it current; when its subscription is cut it asks
@@ -348,6 +376,64 @@ TEST(Directory, UsesARedisWithAPasswordAndAnAclUser) {
   EXPECT_FALSE(wrong.dir->connected());
   EXPECT_EQ(none.dir->counters().connects, 0u);
   EXPECT_EQ(wrong.dir->counters().connects, 0u);
+}
+
+// Anyone who can write to the Redis can put anything under a chunk's key: a
+// holder list of 50,000 entries (850 KB) once made an agent run one clean-up script
+// per entry (30 s a lookup, and no stop). Now a list that is too long or malformed
+// gives no holders, is counted and deleted in one script; a list with many dead
+// and repeated holders costs one clean-up for the key and keeps the live ones.
+void poisoned_values(bool replicate) {
+  log_set_level(LogSource::kLib, LogLevel::kDisable);
+  const uint16_t port = free_port();
+  Redis redis(port);
+  ASSERT_TRUE(redis.running());
+  RawRedis raw(port);
+  std::string huge = ",";
+  for (uint64_t i = 0; i < 50000; ++i) huge += hex16(0x5000000 + i) + ",";
+  ASSERT_EQ(huge.size(), 850001u);
+  ASSERT_TRUE(raw.set(holders_key(key(1)), huge));
+  ASSERT_TRUE(raw.set(holders_key(key(2)), ",zzzz,not a list"));
+  Node a(port, 0xa1, 5000, replicate);
+  ASSERT_TRUE(
+      serve({&a}, [&] { return a.dir->connected() && a.dir->replica_ready() == replicate; }));
+  a.dir->add(key(3));
+  ASSERT_TRUE(serve({&a}, [&] { return raw.get(holders_key(key(3))) == "," + hex16(0xa1) + ","; }));
+  // Key 3: a's entry among 200 entries of dead nodes, each listed twice.
+  std::string many = ",";
+  for (uint64_t i = 0; i < 100; ++i) many += hex16(0x7000 + i) + "," + hex16(0x7000 + i) + ",";
+  many += hex16(0xa1) + ",";
+  ASSERT_TRUE(raw.set(holders_key(key(3)), many));
+  Node b(port, 0xb2, 5000, false);  // asks Redis
+  ASSERT_TRUE(serve({&a, &b}, [&] { return b.dir->connected(); }));
+  const auto t0 = std::chrono::steady_clock::now();
+  Answer r = ask({&a, &b}, b, {key(1), key(2), key(3)});
+  ASSERT_TRUE(r.st.ok()) << r.st.name();
+  EXPECT_TRUE(r.holders[0].empty());
+  EXPECT_TRUE(r.holders[1].empty());
+  EXPECT_EQ(r.holders[2], std::vector<uint64_t>{0xa1});
+  EXPECT_EQ(b.dir->counters().bad_entries, 2u);
+  // Cleaned up once per key: the poisoned values deleted, key 3 down to its live holder.
+  ASSERT_TRUE(serve({&a, &b}, [&] {
+    return raw.get(holders_key(key(1))) == "(none)" && raw.get(holders_key(key(2))) == "(none)" &&
+           raw.get(holders_key(key(3))) == "," + hex16(0xa1) + ",";
+  }));
+  // One lookup and its clean-up: well inside one lease, not one script per entry.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  r = ask({&a, &b}, b, {key(1), key(3)});
+  ASSERT_TRUE(r.st.ok());
+  EXPECT_EQ(r.holders[1], std::vector<uint64_t>{0xa1});
+  if (replicate) {
+    EXPECT_GE(a.dir->counters().bad_entries, 2u);  // its scan met them too
+  }
+}
+
+TEST(Directory, APoisonedHolderListIsCountedAndDeletedInOneStep) {
+  poisoned_values(true);
+}
+
+TEST(Directory, APoisonedHolderListIsCountedAndDeletedInOneStepWithoutReplica) {
+  poisoned_values(false);
 }
 
 }  // namespace
