@@ -536,5 +536,23 @@ TEST(ClusterNode, APeerSendingGarbageIsCountedAndOthersAreServed) {
   EXPECT_TRUE(b.h.retrieve(key(2), kChunk).ok());
 }
 
+// Redis refusing writes (maxmemory with noeviction): a remote-tier value is counted
+// as put only when Redis accepted it; the others are counted as failures (they were
+// once all counted as written, with nothing in Redis and nothing said).
+TEST(ClusterNode, RemoteTierWritesRedisRefusesAreCountedAsFailures) {
+  Redis redis(free_port(), {"--maxmemory", "3mb", "--maxmemory-policy", "noeviction"});
+  ASSERT_TRUE(redis.running());
+  Agent a(redis.port(), 2000, true);
+  const std::vector<ProgressEngine*> pes = {a.h.pe_.get()};
+  ASSERT_TRUE(until(pes, [&] { return a.node->directory_connected(); }));
+  for (uint64_t k = 1; k <= 16; ++k) ASSERT_TRUE(a.h.store(key(k), kChunk).ok());
+  const Directory::Counters& d = a.node->directory_counters();
+  ASSERT_TRUE(until(pes, [&] { return d.values_put + d.value_put_failures == 16; }))
+      << d.values_put << " put, " << d.value_put_failures << " failed";
+  EXPECT_GE(d.value_put_failures, 1u);  // 16 x 256 KiB do not fit in 3 MB
+  EXPECT_LT(d.values_put, 16u);
+  EXPECT_EQ(d.value_bytes_put, d.values_put * (kChunk + 64));
+}
+
 }  // namespace
 }  // namespace dpukv

@@ -246,6 +246,8 @@ void Directory::on_reply(redisAsyncContext* c, void* r, void* priv) {
   auto* reply = static_cast<redisReply*>(r);
   if (priv == nullptr) {  // fire and forget: count failures
     if (reply == nullptr || reply->type == REDIS_REPLY_ERROR) ++d->counters_.errors;
+    if (reply != nullptr && reply->type == REDIS_REPLY_ERROR)
+      d->warn_refused("a directory edit", std::string(reply->str, reply->len));
     return;
   }
   auto* op = static_cast<LookupOp*>(priv);
@@ -454,11 +456,46 @@ Status Directory::lookup(const ChunkKey* keys, uint32_t n, LookupCb cb, void* ar
 }
 
 void Directory::put_value(const ChunkKey& k, std::string value) {
-  if (!connected()) return;
-  ++counters_.values_put;
-  counters_.value_bytes_put += value.size();
-  command(&Directory::on_reply, nullptr,
+  if (!connected()) {
+    ++counters_.value_put_failures;
+    return;
+  }
+  // The size rides in the callback's pointer: counted as put only when Redis says OK.
+  void* size = reinterpret_cast<void*>(static_cast<uintptr_t>(value.size()));
+  const uint64_t before = counters_.errors;
+  command(&Directory::on_put, size,
           {"SET", value_key(k), std::move(value), "PX", std::to_string(kChunkExpiryMs)});
+  if (counters_.errors != before) ++counters_.value_put_failures;  // not even sent
+}
+
+void Directory::on_put(redisAsyncContext* c, void* r, void* priv) {
+  auto* d = static_cast<Directory*>(RedisLink::owner_of(c));
+  auto* reply = static_cast<redisReply*>(r);
+  if (reply != nullptr && reply->type == REDIS_REPLY_STATUS) {
+    ++d->counters_.values_put;
+    d->counters_.value_bytes_put += reinterpret_cast<uintptr_t>(priv);
+    return;
+  }
+  ++d->counters_.value_put_failures;
+  if (reply != nullptr && reply->type == REDIS_REPLY_ERROR) {
+    ++d->counters_.errors;
+    d->warn_refused("a remote-tier value", std::string(reply->str, reply->len));
+  }
+}
+
+// Redis refusing writes (maxmemory with noeviction, a read-only replica, an ACL
+// that forbids the command): said when it starts, then at most once a minute with
+// how many more there were.
+void Directory::warn_refused(const char* what, const std::string& why) {
+  const uint64_t now = monotonic_ms();
+  ++refusals_unlogged_;
+  if (last_refusal_log_ms_ != 0 && now - last_refusal_log_ms_ < 60000) return;
+  LOG_WARN(
+      "cluster directory: Redis refused %s: %s (%llu refusals since the last report; "
+      "see remote_tier_put_failures and directory_errors)",
+      what, why.c_str(), static_cast<unsigned long long>(refusals_unlogged_));
+  refusals_unlogged_ = 0;
+  last_refusal_log_ms_ = now;
 }
 
 namespace {

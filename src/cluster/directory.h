@@ -70,7 +70,8 @@ class Directory final : public Context {
     uint64_t published = 0, unpublished = 0, lookups = 0, lookup_keys = 0, lookup_hits = 0;
     uint64_t unreachable = 0, connects = 0, errors = 0, stale_dropped = 0;
     uint64_t rejoined = 0;  // the lease had run out while connected: published again
-    uint64_t values_put = 0, value_bytes_put = 0, value_gets = 0;
+    uint64_t values_put = 0, value_bytes_put = 0, value_gets = 0;  // puts Redis accepted
+    uint64_t value_put_failures = 0;      // refused (e.g. maxmemory), lost or not sent
     uint64_t lookups_local = 0;           // answered from the replica
     uint64_t events_published = 0;        // event messages sent
     uint64_t events = 0, bad_events = 0;  // event messages received; malformed ones
@@ -148,6 +149,8 @@ class Directory final : public Context {
   static void on_reply(redisAsyncContext* c, void* reply, void* priv);
   static void on_live_nodes(redisAsyncContext* c, void* reply, void* priv);
   static void on_lease(redisAsyncContext* c, void* reply, void* priv);
+  static void on_put(redisAsyncContext* c, void* reply, void* priv);
+  void warn_refused(const char* what, const std::string& why);
 
   // The replica (directory_sync.cc).
   static void on_feed_up(void* owner);
@@ -168,6 +171,7 @@ class Directory final : public Context {
   bool leased_ = false;  // a lease was taken on this connection
   uint64_t retry_at_ms_ = 0, renew_at_ms_ = 0, live_at_ms_ = 0;
   uint64_t down_since_ms_ = 0, last_down_log_ms_ = 0;  // Redis unreachable since (0: it is not)
+  uint64_t last_refusal_log_ms_ = 0, refusals_unlogged_ = 0;
   std::vector<ChunkKey> adds_, removes_, published_now_;
   struct KeyHash {
     size_t operator()(const ChunkKey& k) const { return k.hash(); }

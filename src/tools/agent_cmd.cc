@@ -585,13 +585,19 @@ int run_stat(const std::string& socket, bool json) {
       mib(u("remote_bytes")).c_str(), (unsigned long long)u("remote_stale"),
       (unsigned long long)u("remote_read_errors"),
       (unsigned long long)u("remote_checksum_failures"), (unsigned long long)u("remote_timeouts"));
-  if (u("remote_tier_puts") || u("remote_tier_hits") || u("remote_tier_rejects"))
+  if (u("remote_tier_puts") || u("remote_tier_hits") || u("remote_tier_rejects") ||
+      u("remote_tier_put_failures"))
     std::printf(
-        "remote tier    %llu chunks written, %llu read (%s), %llu refused, %llu lookups after a "
-        "holder failed\n",
-        (unsigned long long)u("remote_tier_puts"), (unsigned long long)u("remote_tier_hits"),
-        mib(u("remote_tier_bytes")).c_str(), (unsigned long long)u("remote_tier_rejects"),
+        "remote tier    %llu chunks written, %llu writes FAILED, %llu read (%s), %llu refused, "
+        "%llu lookups after a holder failed\n",
+        (unsigned long long)u("remote_tier_puts"),
+        (unsigned long long)u("remote_tier_put_failures"),
+        (unsigned long long)u("remote_tier_hits"), mib(u("remote_tier_bytes")).c_str(),
+        (unsigned long long)u("remote_tier_rejects"),
         (unsigned long long)u("remote_tier_fallbacks"));
+  if (u("directory_errors"))
+    std::printf("directory      %llu commands refused by Redis or unanswered (see the log)\n",
+                (unsigned long long)u("directory_errors"));
   std::printf("served         %llu chunks (%s) to peers; %llu bad messages from peers\n",
               (unsigned long long)u("served_chunks"), mib(u("served_bytes")).c_str(),
               (unsigned long long)u("bad_peer_messages"));
