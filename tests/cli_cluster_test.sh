@@ -148,5 +148,13 @@ until_alive "${pids[-1]}" "agent with the password" connected p
 DPUKV_CLUSTER_PASSWORD=wrong agent w
 until_alive "${pids[-1]}" "agent with a wrong password" grep -q WRONGPASS "$tmp/w.log"
 "$bin" stat --socket "$tmp/w.sock" | grep -q "UNREACHABLE" || fail "wrong password: $(cat "$tmp/w.log")"
-echo "cli cluster: ok"
+
+# Redis hangs (SIGSTOP): a stop of the agent is bounded all the same (systemd
+# kills a service that takes 30 s).
+kill -STOP "${pids[0]}"
+apid=${pids[1]}
+kill -TERM "$apid"
+for _ in $(seq 400); do kill -0 "$apid" 2>/dev/null || break; sleep 0.05; done
+kill -CONT "${pids[0]}"
+! kill -0 "$apid" 2>/dev/null || fail "agent a still runs 20 s after SIGTERM with Redis hung"
 echo "cli cluster: ok"

@@ -150,6 +150,9 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
        "Remote tier writes Redis refused (maxmemory, ACL) or that were lost with the "
        "connection.",
        d.value_put_failures},
+      {"directory_lookup_timeouts", "dpukv_cluster_directory_lookup_timeouts_total", "counter",
+       "Directory lookups Redis did not answer within cluster_lookup_timeout_ms (misses).",
+       d.lookup_timeouts},
       {"directory_errors", "dpukv_cluster_directory_errors_total", "counter",
        "Directory commands Redis refused or that got no reply.", d.errors},
       {"remote_tier_hits", "dpukv_remote_tier_hits_total", "counter",

@@ -33,6 +33,7 @@ Status ClusterNode::create(ProgressEngine* pe, CacheEngine* cache, const Cluster
   d.lease_ms = o.lease_ms;
   d.live_refresh_ms = o.live_refresh_ms;
   d.retry_ms = o.retry_ms;
+  d.lookup_timeout_ms = o.lookup_timeout_ms;
   d.replicate = o.replica_max_keys > 0;
   d.replica_max_keys = o.replica_max_keys > 0 ? o.replica_max_keys : 1;
   DPUKV_RETURN_IF_ERROR(c->ucx_->description(&d.description));

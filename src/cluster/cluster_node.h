@@ -47,6 +47,7 @@ struct ClusterOptions {
   uint32_t lease_ms = 10000;               // a dead agent's entries age out after this
   uint32_t live_refresh_ms = 1000;
   uint32_t request_timeout_ms = 2000;  // a holder's answer to a pin request
+  uint32_t lookup_timeout_ms = 500;    // Redis' answer to a lookup (then a miss)
   // Chunks pinned for a reader (PLACED) stay pinned until its UNPIN or this long.
   uint32_t lend_timeout_ms = 16000;
   uint32_t retry_ms = 1000;         // before a failed peer is tried again

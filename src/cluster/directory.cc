@@ -208,6 +208,27 @@ void Directory::lost(const char* why) {
   }
 }
 
+// Lookups Redis has not answered in time are misses now; Redis is taken for hung
+// (stopped, swapping, a script running long) and the connection is made again.
+void Directory::expire_lookups(uint64_t now) {
+  if (sent_ops_.empty() || sent_ops_.front()->deadline_ms > now) return;
+  std::vector<LookupOp*> late;
+  for (LookupOp* op : sent_ops_)
+    if (!op->abandoned && op->deadline_ms <= now) late.push_back(op);
+  for (LookupOp* op : late) {
+    op->abandoned = true;
+    ++counters_.lookup_timeouts;
+    for (auto& h : holders_) h.clear();
+    holders_.resize(op->keys.size());
+    op->cb(op->arg, Code::kTimeout, holders_);
+  }
+  char why[96];
+  std::snprintf(why, sizeof(why), "no answer to a lookup within %u ms", opts_.lookup_timeout_ms);
+  link_.drop();  // the abandoned ops come back to the pool through on_reply
+  sent_ops_.clear();
+  lost(why);
+}
+
 void Directory::on_link_up(void* owner) {
   auto* d = static_cast<Directory*>(owner);
   d->leased_ = false;  // everything is published now anyway
@@ -251,6 +272,13 @@ void Directory::on_reply(redisAsyncContext* c, void* r, void* priv) {
     return;
   }
   auto* op = static_cast<LookupOp*>(priv);
+  auto sent = std::find(d->sent_ops_.begin(), d->sent_ops_.end(), op);
+  if (sent != d->sent_ops_.end()) d->sent_ops_.erase(sent);
+  if (op->abandoned) {  // answered TIMEOUT already
+    op->abandoned = false;
+    d->free_ops_.push_back(op);
+    return;
+  }
   const LookupCb cb = op->cb;
   void* const arg = op->arg;
   const size_t n = op->keys.size();
@@ -452,6 +480,8 @@ Status Directory::lookup(const ChunkKey* keys, uint32_t n, LookupCb cb, void* ar
     free_ops_.push_back(op);  // else back to the pool by the reply
     return Code::kConnectionReset;
   }
+  op->deadline_ms = monotonic_ms() + opts_.lookup_timeout_ms;
+  sent_ops_.push_back(op);
   return Code::kSuccess;
 }
 
@@ -568,6 +598,7 @@ Status Directory::find_node(uint64_t node_id, NodeCb cb, void* arg) {
 
 Status Directory::do_start() {
   // An unreachable Redis is retried; the agent runs meanwhile.
+  link_started_ms_ = feed_started_ms_ = monotonic_ms();
   if (!link_.connect(opts_.host, opts_.port, opts_.user, opts_.password))
     retry_at_ms_ = monotonic_ms() + opts_.retry_ms;
   if (opts_.replicate && !feed_.connect(opts_.host, opts_.port, opts_.user, opts_.password))
@@ -576,6 +607,7 @@ Status Directory::do_start() {
 }
 
 void Directory::do_stop() {
+  stop_deadline_ms_ = monotonic_ms() + opts_.stop_timeout_ms;
   feed_.close();
   if (!connected()) return;
   // Leave at once: peers stop asking this node; its chunk fields age out with it.
@@ -587,9 +619,18 @@ void Directory::do_stop() {
 
 bool Directory::drained() {
   answer_local();
-  // Still connecting: give up.
+  // Still connecting: give up. A Redis that does not answer the goodbye in time
+  // (hung, stopped) does not hold the agent's stop.
   if (link_.open() && !link_.up()) link_.drop();
   if (feed_.open() && !feed_.up()) feed_.drop();
+  if (monotonic_ms() >= stop_deadline_ms_ && (link_.open() || feed_.open())) {
+    LOG_WARN(
+        "cluster directory: Redis at %s:%u did not answer within %u ms; leaving without "
+        "its answer (this node's lease runs out on its own)",
+        opts_.host.c_str(), opts_.port, opts_.stop_timeout_ms);
+    link_.drop();
+    feed_.drop();
+  }
   return !link_.open() && !feed_.open() && local_ops_.empty();
 }
 
@@ -607,15 +648,30 @@ size_t Directory::poll() {
     return n;
   }
   const uint64_t now = monotonic_ms();
-  if (opts_.replicate && !replica_off_ && !feed_.open() && now >= feed_retry_at_ms_ &&
-      !feed_.connect(opts_.host, opts_.port, opts_.user, opts_.password))
+  expire_lookups(now);
+  if (opts_.replicate && !replica_off_ && !feed_.open() && now >= feed_retry_at_ms_) {
+    feed_started_ms_ = now;
+    if (!feed_.connect(opts_.host, opts_.port, opts_.user, opts_.password))
+      feed_retry_at_ms_ = now + opts_.retry_ms;
+  }
+  if (feed_.open() && !feed_.up() && now - feed_started_ms_ >= opts_.connect_timeout_ms) {
+    feed_.drop();  // no answer to AUTH/PING: Redis hung
     feed_retry_at_ms_ = now + opts_.retry_ms;
+  }
   if (!link_.open()) {
-    if (now >= retry_at_ms_ && !link_.connect(opts_.host, opts_.port, opts_.user, opts_.password))
-      retry_at_ms_ = now + opts_.retry_ms;
+    if (now >= retry_at_ms_) {
+      link_started_ms_ = now;
+      if (!link_.connect(opts_.host, opts_.port, opts_.user, opts_.password))
+        retry_at_ms_ = now + opts_.retry_ms;
+    }
     return n;
   }
   if (!link_.up()) {  // connecting, or waiting for AUTH's answer
+    if (now - link_started_ms_ >= opts_.connect_timeout_ms) {
+      link_.drop();
+      lost("no answer to the connection's first command (Redis hung?)");
+      return n;
+    }
     link_.service();
     feed_.service();
     return n;

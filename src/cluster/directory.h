@@ -57,6 +57,14 @@ struct DirectoryOptions {
   uint32_t live_refresh_ms = 1000;
   bool replicate = true;               // keep a replica: lookups without a round trip
   size_t replica_max_keys = 1u << 20;  // past this, lookups go back to Redis
+  // A lookup Redis has not answered by then is a miss (TIMEOUT), and Redis is taken
+  // for hung: the connection is dropped and made again (lookups meanwhile fail at
+  // once). A connection whose AUTH/PING is not answered within connect_timeout_ms
+  // is dropped too.
+  uint32_t lookup_timeout_ms = 500;
+  uint32_t connect_timeout_ms = 2000;
+  // stop(): what is queued for Redis (leaving the live set) is given this long.
+  uint32_t stop_timeout_ms = 1000;
 };
 
 class Directory final : public Context {
@@ -77,6 +85,7 @@ class Directory final : public Context {
     uint64_t events = 0, bad_events = 0;  // event messages received; malformed ones
     uint64_t syncs = 0;                   // scans that made the replica complete
     uint64_t bad_entries = 0;             // holder lists that were not one (too long, malformed)
+    uint64_t lookup_timeouts = 0;         // lookups Redis did not answer within lookup_timeout_ms
   };
   // Holders one chunk may list; a longer list is not one this code wrote.
   static constexpr size_t kMaxHolders = 256;
@@ -118,6 +127,8 @@ class Directory final : public Context {
     LookupCb cb = nullptr;
     void* arg = nullptr;
     std::vector<ChunkKey> keys;
+    uint64_t deadline_ms = 0;
+    bool abandoned = false;  // answered TIMEOUT; Redis' late reply is dropped
   };
 
   Directory(ProgressEngine* pe, const DirectoryOptions& o);
@@ -128,6 +139,7 @@ class Directory final : public Context {
   bool arm_notification() override;
 
   void lost(const char* why);
+  void expire_lookups(uint64_t now);
   void flush();
   void publish_events();
   void renew_lease();
@@ -191,6 +203,8 @@ class Directory final : public Context {
   uint32_t scan_batches_ = 0;  // MGETs of scanned keys not answered yet
   uint64_t feed_retry_at_ms_ = 0, scan_retry_at_ms_ = 0;
   std::vector<LookupOp*> local_ops_, answering_;
+  std::vector<LookupOp*> sent_ops_;  // MGETs waiting for Redis, oldest first
+  uint64_t link_started_ms_ = 0, feed_started_ms_ = 0, stop_deadline_ms_ = 0;
   std::vector<std::vector<uint64_t>> listed_;
   // Last: destroyed first, while what their callbacks touch still exists.
   RedisLink link_;              // commands

@@ -50,7 +50,9 @@ struct Node {
   }
   ~Node() {
     (void)dir->stop();
-    for (int i = 0; i < 100000 && dir->state() != CtxState::kIdle; ++i) pe->progress();
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (dir->state() != CtxState::kIdle && std::chrono::steady_clock::now() < end)
+      if (!pe->progress()) usleep(100);
   }
 };
 
@@ -434,6 +436,55 @@ TEST(Directory, APoisonedHolderListIsCountedAndDeletedInOneStep) {
 
 TEST(Directory, APoisonedHolderListIsCountedAndDeletedInOneStepWithoutReplica) {
   poisoned_values(false);
+}
+
+// Redis hangs (SIGSTOP: its connections stay open, nothing answers): a lookup is a
+// miss after lookup_timeout_ms, not a wait as long as Redis hangs; later lookups
+// fail at once while the node reconnects; stop() ends within stop_timeout_ms;
+// and when Redis is back the node works again.
+TEST(Directory, AHungRedisMakesLookupsMissSoonAndDoesNotHoldTheStop) {
+  log_set_level(LogSource::kLib, LogLevel::kDisable);
+  const uint16_t port = free_port();
+  Redis redis(port);
+  ASSERT_TRUE(redis.running());
+  auto a = std::make_unique<Node>(port, 0xa1, 5000, false);
+  ASSERT_TRUE(serve(
+      {a.get()}, [&] { return a->dir->connected(); }, 60000));
+  a->dir->add(key(1));
+  ASSERT_TRUE(serve(
+      {a.get()},
+      [&] {
+        Answer r = ask({a.get()}, *a, {key(1)});
+        return r.st.ok() && r.holders[0].size() == 1;
+      },
+      60000));
+  ASSERT_TRUE(redis.pause());
+  Answer r;
+  ASSERT_TRUE(a->dir->lookup(std::vector<ChunkKey>{key(1)}.data(), 1, &Answer::cb, &r).ok());
+  ASSERT_TRUE(serve(
+      {a.get()}, [&] { return r.done; }, 60000));
+  EXPECT_EQ(r.st, Code::kTimeout);
+  EXPECT_EQ(a->dir->counters().lookup_timeouts, 1u);
+  EXPECT_FALSE(a->dir->connected());  // taken for hung: reconnecting
+  r = ask({a.get()}, *a, {key(1)});
+  EXPECT_EQ(r.st, Code::kConnectionReset);  // at once
+  ASSERT_TRUE(redis.resume());
+  ASSERT_TRUE(serve(
+      {a.get()},
+      [&] {
+        Answer x = ask({a.get()}, *a, {key(1)});
+        return x.st.ok() && x.holders[0].size() == 1;
+      },
+      60000));
+  // Hung again, and the node is stopped: it leaves without Redis' answer.
+  ASSERT_TRUE(redis.pause());
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(a->dir->stop().ok() || a->dir->state() == CtxState::kStopping);
+  ASSERT_TRUE(serve(
+      {a.get()}, [&] { return a->dir->state() == CtxState::kIdle; }, 60000));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));  // 1 s + scheduling
+  a.reset();
+  ASSERT_TRUE(redis.resume());
 }
 
 }  // namespace

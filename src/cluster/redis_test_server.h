@@ -86,6 +86,9 @@ class Redis {
     }
     pid_ = -1;
   }
+  // SIGSTOP / SIGCONT: a Redis that hangs with its connections open.
+  bool pause() { return signal_child(pid_, SIGSTOP); }
+  bool resume() { return signal_child(pid_, SIGCONT); }
   bool running() const { return pid_ > 0; }
   uint16_t port() const { return port_; }
 

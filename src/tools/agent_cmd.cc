@@ -92,6 +92,7 @@ struct Settings {
       {"cluster", "DPUKV_CLUSTER", Kind::kText, 0, nullptr, "", ""},
       {"cluster_prefix", "DPUKV_CLUSTER_PREFIX", Kind::kText, 0, nullptr, "dpukv", ""},
       {"cluster_password_file", "DPUKV_CLUSTER_PASSWORD_FILE", Kind::kText, 0, nullptr, "", ""},
+      {"cluster_lookup_timeout_ms", nullptr, Kind::kCount, 60000, nullptr, "500", ""},
       {"advertise", "DPUKV_ADVERTISE", Kind::kText, 0, nullptr, "", ""},
       {"remote_tier", nullptr, Kind::kChoice, 0, "none|redis", "none", ""},
       {"directory_replica_keys", nullptr, Kind::kCount, 1u << 28, nullptr, "1048576", ""},
@@ -358,6 +359,12 @@ bool cluster_settings(Settings* st, AgentOptions* o) {
   }
   c.redis_user = user;
   c.redis_password = password;
+  c.lookup_timeout_ms = static_cast<uint32_t>(as_u64(st, "cluster_lookup_timeout_ms"));
+  if (c.lookup_timeout_ms == 0) {
+    std::cerr << "dpukv agent: " << where(st->at("cluster_lookup_timeout_ms"))
+              << ": must be at least 1 (ms)\n";
+    return false;
+  }
   c.prefix = st->at("cluster_prefix").value;
   c.remote_tier = st->at("remote_tier").value == "redis";
   c.replica_max_keys = as_u64(st, "directory_replica_keys");
@@ -662,6 +669,9 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
        "File whose first line is the Redis password (AUTH; also DPUKV_CLUSTER_PASSWORD); not "
        "given on the command line, where other users can read it"},
       {"--cluster-prefix", "cluster_prefix", "Redis key prefix of the cluster (default dpukv)"},
+      {"--cluster-lookup-timeout-ms", "cluster_lookup_timeout_ms",
+       "A directory lookup Redis has not answered by then is a miss, and Redis is taken for "
+       "hung and reconnected (1-60000, default 500)"},
       {"--remote-tier", "remote_tier",
        "none, or redis: also keep every stored chunk as a value in the cluster's Redis and look "
        "there for chunks no live agent holds (needs --cluster; default none)"},
