@@ -20,11 +20,12 @@ py=/usr/bin/python3
 fail() { echo "FAIL: $*"; exit 1; }
 expect_exit() {  # expect_exit CODE PATTERN -- command...
   local want=$1 pat=$2; shift 3
-  set +e; timeout 20 "$@" >"$tmp/out" 2>&1; local rc=$?; set -e
+  set +e; timeout 120 "$@" >"$tmp/out" 2>&1; local rc=$?; set -e
   [ "$rc" -eq "$want" ] || { cat "$tmp/out"; fail "exit $rc, not $want: $*"; }
   grep -q -- "$pat" "$tmp/out" || { cat "$tmp/out"; fail "no '$pat' from: $*"; }
 }
-wait_socket() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; fail "no socket $1"; }
+# A busy machine makes an agent slow to start, not absent: two minutes.
+wait_socket() { for _ in $(seq 2400); do [ -S "$1" ] && return 0; sleep 0.05; done; fail "no socket $1"; }
 
 # Numbers: one parser, exit 2, the setting named.
 a="$bin --log-level error agent --socket $tmp/n.sock"
@@ -43,8 +44,13 @@ expect_exit 2 "unknown setting" -- $a --config "$tmp/unknown.yaml"
 expect_exit 2 "not a regular file" -- $a --config "$tmp"
 expect_exit 2 "" -- "$bin" agent --no-such-flag
 
-# Errors name their cause.
-expect_exit 1 "too long" -- "$bin" agent --socket "/tmp/$(printf 'x%.0s' $(seq 120))" --metrics-port 0
+expect_exit 2 "must be 1-64" -- $a --dma-threads 0
+expect_exit 2 "worst case" -- $a --compress --memory-bytes 64M
+
+# Errors name their cause, and settings are checked before the memory tier is
+# made: a 4 GiB tier would take seconds to pre-fault on a busy machine.
+expect_exit 2 "too long for a UNIX socket" -- "$bin" agent --socket "/tmp/$(printf 'x%.0s' $(seq 120))" --metrics-port 0 --memory-bytes 4G
+expect_exit 2 "does not exist" -- "$bin" agent --socket "$tmp/no/such/dir/a.sock" --metrics-port 0 --memory-bytes 4G
 # The example config documents every setting, and the agent takes it as it is.
 src=$(dirname "$(realpath "$0")")/..
 "$bin" --log-level error agent --config "$src/examples/agent.yaml" --socket "$tmp/ex.sock" \
@@ -89,8 +95,15 @@ grep -qE '^\[[0-9]{4}-[0-9]{2}-[0-9]{2} ' "$tmp/a.log" || fail "log lines carry 
 expect_exit 1 "in use by another agent (pid $agent)" -- "$bin" agent --socket "$tmp/b.sock" \
   --memory-bytes 64M --max-chunk-size 1M --local-disk "$tmp/disk" --max-local-disk-size 64M \
   --metrics-port 0
-expect_exit 1 "Address already in use" -- "$bin" agent --socket "$tmp/c.sock" --memory-bytes 64M \
-  --max-chunk-size 1M --metrics-port "$port"
+expect_exit 1 "cannot start: metrics: cannot listen on 127.0.0.1:$port: Address already in use" -- \
+  "$bin" agent --socket "$tmp/c.sock" --memory-bytes 64M --max-chunk-size 1M --metrics-port "$port"
+# stat says why it reached no agent: nothing there, or no permission.
+expect_exit 1 "no agent at $tmp/none.sock (No such file" -- "$bin" stat --socket "$tmp/none.sock"
+if [ "$(id -u)" -eq 0 ] && id nobody >/dev/null 2>&1 && command -v setpriv >/dev/null; then
+  chmod 755 "$tmp"
+  expect_exit 1 "permission denied on $tmp/a.sock" -- \
+    setpriv --reuid=nobody --regid=nogroup --clear-groups "$bin" stat --socket "$tmp/a.sock"
+fi
 
 # SIGHUP does not end it; stat shows the version, tiers in MiB, and not itself.
 kill -HUP "$agent"

@@ -17,10 +17,18 @@ CacheEngine::CacheEngine(ProgressEngine* pe, const CacheOptions& o) : Context(pe
   disk_watch_.owner = this;
 }
 
+uint64_t CacheEngine::slot_bytes(const CacheOptions& o) {
+  if (!o.compress) return o.max_chunk_bytes;
+  return std::max<uint64_t>(
+      o.max_chunk_bytes,
+      kv_encode_bound(KvCodecParams{KvCodec::kLossless, KvDtype::kBf16, {1, 1, 0}, 0},
+                      o.max_chunk_bytes));
+}
+
 Status CacheEngine::create(ProgressEngine* pe, const CacheOptions& o,
                            std::unique_ptr<CacheEngine>* out) {
   if (pe == nullptr || out == nullptr || o.memory_bytes == 0 || o.max_chunk_bytes == 0 ||
-      o.max_chunk_bytes > o.memory_bytes || o.max_chunks == 0 || o.max_requests == 0 ||
+      slot_bytes(o) > o.memory_bytes || o.max_chunks == 0 || o.max_requests == 0 ||
       (!o.disk_dir.empty() && o.disk_bytes < o.max_chunk_bytes))
     return Code::kInvalidValue;
   std::unique_ptr<CacheEngine> c(new CacheEngine(pe, o));
@@ -39,13 +47,7 @@ Status CacheEngine::init() {
   DPUKV_RETURN_IF_ERROR(arena_map_->start());
   // With compression a chunk first takes a slot of the codec's worst case, which is a
   // little above its raw size: pages must hold that.
-  page_bytes_ =
-      opts_.compress
-          ? std::max<uint64_t>(
-                opts_.max_chunk_bytes,
-                kv_encode_bound(KvCodecParams{KvCodec::kLossless, KvDtype::kBf16, {1, 1, 0}, 0},
-                                opts_.max_chunk_bytes))
-          : opts_.max_chunk_bytes;
+  page_bytes_ = slot_bytes(opts_);
   DPUKV_RETURN_IF_ERROR(mem_alloc_.init(arena_->size(), page_bytes_));
   DPUKV_RETURN_IF_ERROR(BufInventory::create(2 * opts_.max_requests + 16, &inv_));
   DmaOptions dopt = opts_.dma;

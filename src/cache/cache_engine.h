@@ -101,6 +101,9 @@ class CacheEngine final : public Context {
  public:
   using DoneCb = void (*)(void* arg, Status st);
 
+  // The memory tier's slot size for these options: max_chunk_bytes, or with
+  // compress the codec's worst case for it (a little more). The tier must hold one.
+  static uint64_t slot_bytes(const CacheOptions& o);
   static Status create(ProgressEngine* pe, const CacheOptions& o,
                        std::unique_ptr<CacheEngine>* out);
   ~CacheEngine() override;

@@ -135,7 +135,7 @@ TEST(CacheSharing, LocatePinsAndSaysWhenOnlyTheDiskHasIt) {
   // Pinned by locate: new stores wait or spill around it, never over it.
   ASSERT_TRUE(a.store(key(2), 1 << 20).ok());
   ASSERT_TRUE(a.store(key(3), 1 << 20).ok());
-  a.settle(200);
+  a.settle();
   void* base;
   uint64_t len;
   a.cache_->arena(&base, &len);
@@ -144,7 +144,7 @@ TEST(CacheSharing, LocatePinsAndSaysWhenOnlyTheDiskHasIt) {
   a.cache_->unpin(&k1, 1);
   ASSERT_TRUE(a.store(key(4), 1 << 20).ok());
   ASSERT_TRUE(a.store(key(5), 1 << 20).ok());
-  a.settle(200);
+  a.settle();
   // key(1) is on disk only now: AGAIN until prefetched.
   ASSERT_TRUE(a.cache_->contains(key(1)));
   EXPECT_EQ(a.cache_->locate(key(1), &p), Code::kAgain);

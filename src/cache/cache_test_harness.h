@@ -87,11 +87,21 @@ class CacheHarness {
     (void)b->dec_refcount();
     return st;
   }
-  // Serves completions for ms milliseconds (writes in flight land).
-  void settle(int ms) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-    while (std::chrono::steady_clock::now() < end)
-      if (!pe_->progress()) usleep(200);
+  // Serves completions until the engine is idle: no request in any state, no disk
+  // I/O in flight, and a progress round that found nothing to do (writes in
+  // flight have landed, write-back it started has finished). A condition, not a
+  // time: a busy machine only makes it take longer (failing after 60 s).
+  void settle() {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < end) {
+      const size_t work = pe_->progress();
+      const CacheStats s = cache_->stats();
+      bool idle = work == 0 && s.disk_ios_in_flight == 0;
+      for (uint64_t c : s.requests_in_state) idle = idle && c == 0;
+      if (idle) return;
+      if (work == 0) usleep(200);
+    }
+    ADD_FAILURE() << "the cache engine did not settle in 60 s";
   }
   // Stores of n chunks of len bytes submitted at once (as one batch of the agent
   // does), each from its own piece of staging; wait() collects every completion.

@@ -154,7 +154,7 @@ TEST(CacheEngine, DiskFullKeepsServingFromMemory) {
       if (!h.store(key(i), chunk).ok()) _exit(11);
     // The first failure stops writing back for a while; the chunks stay in memory.
     while (h.cache_->stats().io_errors == 0) h.pe_->progress();
-    h.settle(200);
+    h.settle();
     const CacheStats s = h.cache_->stats();
     if (s.io_errors == 0 || s.spills == 0) _exit(12);
     if (s.memory_chunks != 12) _exit(15);
@@ -233,7 +233,7 @@ TEST(CacheEngine, DiskTierEvictsItsLeastRecentChunks) {
     Status st = h.store(key(i), chunk);
     ASSERT_TRUE(st.ok()) << i << " " << st.name();
   }
-  h.settle(100);
+  h.settle();
   const CacheStats s = h.cache_->stats();
   EXPECT_GT(s.disk_evictions, 60u);
   EXPECT_EQ(s.memory_chunks, 4u);
@@ -254,12 +254,12 @@ TEST(CacheEngine, RedundantDiskCopiesGoBeforeDiskOnlyChunks) {
   const uint64_t chunk = 64 << 10;
   CacheHarness h(with_disk(dir, 4, 16, chunk));
   for (uint64_t i = 0; i < 19; ++i) ASSERT_TRUE(h.store(key(i), chunk).ok());
-  h.settle(100);
+  h.settle();
   // Memory: 15..18 (15 also written ahead to disk); disk: 0..15, full. Reload 0..3:
   // their disk copies become redundant, and 16..18 leaving memory must displace
   // those copies, not the disk-only chunks 4..7.
   for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(h.retrieve(key(i), chunk).ok()) << i;
-  h.settle(100);
+  h.settle();
   for (uint64_t i = 0; i < 19; ++i) EXPECT_TRUE(h.cache_->contains(key(i))) << i;
   EXPECT_EQ(h.cache_->stats().disk_evictions, 0u);
   std::filesystem::remove_all(dir);
@@ -276,7 +276,7 @@ TEST(CacheEngine, WriteBackIsPacedAndLosesNothing) {
   CacheHarness h(o);
   std::vector<Status> st = h.store_batch(0, 300, chunk);
   for (uint64_t i = 0; i < st.size(); ++i) ASSERT_TRUE(st[i].ok()) << i << " " << st[i].name();
-  h.settle(100);
+  h.settle();
   const CacheStats s = h.cache_->stats();
   EXPECT_GE(s.memory_chunks, 56u) << "memory drained by write-back";
   EXPECT_EQ(s.io_errors, 0u);
@@ -299,7 +299,7 @@ TEST(CacheEngine, EachStoreWaitingForRoomHasItsOwnWriteBack) {
   CacheHarness h(o);
   std::vector<Status> st = h.store_batch(0, 64, chunk);
   for (uint64_t i = 0; i < st.size(); ++i) ASSERT_TRUE(st[i].ok()) << i;
-  h.settle(100);  // the write-ahead reserve (an eighth of memory) is on disk now
+  h.settle();  // the write-ahead reserve (an eighth of memory) is on disk now
   ASSERT_EQ(h.cache_->stats().disk_ios_in_flight, 0u);
   const uint64_t n = 24;
   CacheHarness::Batch batch;
@@ -313,7 +313,7 @@ TEST(CacheEngine, EachStoreWaitingForRoomHasItsOwnWriteBack) {
   EXPECT_EQ(busy.requests_in_state[3], busy.disk_ios_in_flight);        // disk_write
   const std::vector<Status> st2 = h.wait(&batch);
   for (uint64_t i = 0; i < n; ++i) EXPECT_TRUE(st2[i].ok()) << i;
-  h.settle(100);
+  h.settle();
   for (uint64_t c : h.cache_->stats().requests_in_state) EXPECT_EQ(c, 0u);
   for (uint64_t i = 0; i < n; ++i) EXPECT_TRUE(h.retrieve(key(100 + i), chunk).ok()) << i;
   std::filesystem::remove_all(dir);
@@ -335,7 +335,7 @@ TEST(CacheEngine, FailingDiskLogDoesNotDrainMemory) {
   {
     CacheHarness h(with_disk(mnt + "/tier", 8, 32, chunk));
     for (uint64_t i = 0; i < 100; ++i) ASSERT_TRUE(h.store(key(i), chunk).ok()) << i;
-    h.settle(100);
+    h.settle();
     const CacheStats s = h.cache_->stats();
     EXPECT_GT(s.disk_log_errors, 0u);
     EXPECT_GT(s.io_errors, 0u);

@@ -4,6 +4,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdarg>
 #include <cstdio>
@@ -16,6 +17,7 @@ std::atomic<uint8_t> g_levels[2] = {static_cast<uint8_t>(LogLevel::kInfo),
                                     static_cast<uint8_t>(LogLevel::kWarning)};
 namespace {
 std::atomic<int> g_fd{STDERR_FILENO};
+thread_local char g_last_error[512];
 
 constexpr std::array<const char*, 7> kLevelNames = {"DISABLE", "CRIT",  "ERROR", "WARN",
                                                     "INFO",    "DEBUG", "TRACE"};
@@ -47,11 +49,21 @@ void write(LogSource src, LogLevel lvl, const char* file, int line, const char* 
     used += static_cast<size_t>(m) < sizeof(buf) - used ? static_cast<size_t>(m)
                                                         : sizeof(buf) - used - 1;
   if (used >= sizeof(buf) - 1) used = sizeof(buf) - 2;
+  if (lvl <= LogLevel::kError && lvl != LogLevel::kDisable) {
+    const size_t msg = static_cast<size_t>(n) < used ? static_cast<size_t>(n) : used;
+    const size_t len = std::min(used - msg, sizeof(g_last_error) - 1);
+    std::memcpy(g_last_error, buf + msg, len);
+    g_last_error[len] = '\0';
+  }
   buf[used++] = '\n';
   ssize_t ignored = ::write(g_fd.load(std::memory_order_relaxed), buf, used);
   (void)ignored;
 }
 }  // namespace log_internal
+
+const char* log_last_error() {
+  return log_internal::g_last_error;
+}
 
 void log_set_level(LogSource src, LogLevel lvl) {
   log_internal::g_levels[static_cast<int>(src)].store(static_cast<uint8_t>(lvl),

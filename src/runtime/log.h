@@ -28,6 +28,9 @@ void log_set_level(LogSource src, LogLevel lvl);
 LogLevel log_level(LogSource src);
 // Parses "critical", "error", "warning", "info", "debug", "trace", "disable".
 Status log_level_from_string(std::string_view s, LogLevel* out);
+// The text of the last ERROR or CRITICAL line this thread wrote ("" if none): what
+// a command line tool repeats as its last word when a start fails.
+const char* log_last_error();
 // Sends log lines to PATH (appending); an empty path restores stderr.
 Status log_set_file(const char* path);
 

@@ -409,6 +409,28 @@ int run_agent(Settings st, const std::string& config) {
 
   AgentOptions o;
   o.socket_path = st.at("socket").value;
+  // Checked before anything costly (the memory tier is pre-faulted at start).
+  {
+    const std::string path = o.socket_path.empty() ? default_socket_path() : o.socket_path;
+    const size_t room = sizeof(sockaddr_un::sun_path) - 1;
+    if (path.size() > room) {
+      std::cerr << "dpukv agent: " << where(st.at("socket")) << ": '" << path << "' is "
+                << path.size() << " bytes, too long for a UNIX socket (at most " << room << ")\n";
+      return 2;
+    }
+    const size_t slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+    struct stat sb {};
+    if (::stat(dir.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+      std::cerr << "dpukv agent: " << where(st.at("socket")) << ": the directory '" << dir
+                << "' of '" << path << "' does not exist\n";
+      return 2;
+    }
+  }
+  if (as_u64(&st, "dma_threads") == 0) {
+    std::cerr << "dpukv agent: " << where(st.at("dma_threads")) << ": must be 1-64\n";
+    return 2;
+  }
   const uint64_t max_chunk = as_u64(&st, "max_chunk_size");
   if (max_chunk == 0) {
     std::cerr << "dpukv agent: " << where(st.at("max_chunk_size")) << ": must be above 0\n";
@@ -460,6 +482,21 @@ int run_agent(Settings st, const std::string& config) {
   o.cache.dma.num_threads =
       std::max<uint32_t>(1, static_cast<uint32_t>(as_u64(&st, "dma_threads")));
   o.cache.compress = as_bool(&st, "compress");
+  if (CacheEngine::slot_bytes(o.cache) > mem) {
+    std::cerr << "dpukv agent: with compress, a chunk of max_chunk_size (" << mib(max_chunk)
+              << ") first takes a slot of the codec's worst case ("
+              << CacheEngine::slot_bytes(o.cache) << " bytes), more than the memory tier (" << mem
+              << " bytes, from " << mem_from
+              << "): raise the memory tier or lower max_chunk_size\n";
+    return 2;
+  }
+  // The embedded default is a whole number of slots: no "holds less than asked"
+  // warning for a size nobody asked for.
+  if (st.at("memory_bytes").value.empty() && st.at("max_local_cpu_size").value.empty()) {
+    const uint64_t slot = CacheEngine::slot_bytes(o.cache);
+    mem = mem / slot * slot;
+    o.cache.memory_bytes = mem;
+  }
   o.cache.policy = st.at("eviction").value == "s3fifo" ? CacheOptions::Policy::kS3Fifo
                                                        : CacheOptions::Policy::kLru;
   o.cache.disk_admit_hits = static_cast<uint32_t>(as_u64(&st, "disk_admit_hits"));
@@ -484,8 +521,11 @@ int run_agent(Settings st, const std::string& config) {
   std::unique_ptr<Agent> agent;
   Status rc = Agent::create(o, &agent);
   if (!rc.ok()) {
-    std::cerr << "dpukv agent: cannot start: " << rc.name() << ": " << rc.description()
-              << " (the reason is logged above)\n";
+    // The logged cause ("metrics: cannot listen on ...: Address already in use"), not
+    // only the code it became.
+    const std::string why = log_last_error();
+    std::cerr << "dpukv agent: cannot start: "
+              << (why.empty() ? std::string(rc.description()) : why) << "\n";
     return 1;
   }
   const CacheStats cs = agent->cache_stats();
@@ -519,6 +559,28 @@ int run_agent(Settings st, const std::string& config) {
   return 0;
 }
 
+// Why no agent answered at path: said as a user can act on it.
+std::string no_agent_at(const std::string& socket) {
+  const std::string path = socket.empty() ? default_socket_path() : socket;
+  struct stat sb {};
+  if (::stat(path.c_str(), &sb) != 0)
+    return "no agent at " + path + " (" + std::strerror(errno) + ")";
+  if (!S_ISSOCK(sb.st_mode)) return path + " is not a socket";
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strncpy(sa.sun_path, path.c_str(), sizeof(sa.sun_path) - 1);
+  const int rc = fd < 0 ? -1 : ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (rc != 0 && (err == EACCES || err == EPERM))
+    return "permission denied on " + path +
+           " (the agent's socket is mode 0660: run as its user or join its group)";
+  if (rc != 0 && err == ECONNREFUSED)
+    return "no agent listens on " + path + " (a socket left by an agent that is gone)";
+  return "the agent at " + path + " did not answer";
+}
+
 int run_stat(const std::string& socket, bool json) {
   ClientOptions o;
   o.socket_path = socket;
@@ -526,8 +588,7 @@ int run_stat(const std::string& socket, bool json) {
   std::unique_ptr<Client> c;
   std::string text;
   if (!Client::connect(o, &c).ok() || !c->stats_json(&text).ok()) {
-    std::cerr << "dpukv stat: no agent at " << (socket.empty() ? default_socket_path() : socket)
-              << "\n";
+    std::cerr << "dpukv stat: " << no_agent_at(socket) << "\n";
     return 1;
   }
   if (json) {
@@ -745,8 +806,7 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
     std::unique_ptr<Client> c;
     uint64_t removed = 0;
     if (!Client::connect(o, &c).ok() || !c->clear(&removed).ok()) {
-      std::cerr << "dpukv cache clear: no agent at "
-                << (csock->empty() ? default_socket_path() : *csock) << "\n";
+      std::cerr << "dpukv cache clear: " << no_agent_at(*csock) << "\n";
       *exit_code = 1;
       return;
     }
