@@ -45,6 +45,9 @@ expect_exit 2 "not a regular file" -- $a --config "$tmp"
 expect_exit 2 "" -- "$bin" agent --no-such-flag
 
 expect_exit 2 "must be 1-64" -- $a --dma-threads 0
+for v in -1 nan inf; do expect_exit 2 "speedup" -- "$bin" replay "$trace" --speedup "$v"; done
+expect_exit 2 "timeout" -- "$bin" rpc -t -1 nvmf_get_subsystems
+expect_exit 2 "not a size of whole blocks" -- "$bin" nvme target --socket "$tmp/nv.sock" --size abc
 expect_exit 2 "worst case" -- $a --compress --memory-bytes 64M
 
 # Errors name their cause, and settings are checked before the memory tier is

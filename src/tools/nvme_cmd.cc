@@ -146,6 +146,13 @@ int run_target(const TargetConfig& c) {
     std::cerr << "dpukv nvme target: --bdev file needs --file PATH\n";
     return 2;
   }
+  if (uint64_t bytes = 0;
+      !bench::parse_size(c.size, &bytes).ok() || bytes == 0 || bytes % c.block_size != 0) {
+    std::cerr << "dpukv nvme target: --size '" << c.size
+              << "' is not a size of whole blocks (4K, 64M, 1G, ...; block size " << c.block_size
+              << ")\n";
+    return 2;
+  }
   FunctionSpec spec;
   spec.socket_path = c.socket;
   spec.config.controller.serial = c.serial;

@@ -716,7 +716,18 @@ void add_replay_command(CLI::App* app, int* exit_code) {
       ->check(CLI::Range(1u, 64u));
   cmd->add_option("--speedup", c->speedup,
                   "Honour arrival times compressed by this factor (0: as fast as possible)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check([](const std::string& v) {
+        double x = 0;
+        try {
+          x = std::stod(v);
+        } catch (...) {
+          return std::string("not a number");
+        }
+        // !(x >= 0) also refuses nan, which every comparison lets through.
+        return !(x >= 0) || !std::isfinite(x) ? std::string("must be a finite number >= 0")
+                                              : std::string();
+      });
   cmd->add_option("--max-requests", c->max_requests, "Replay only the first N requests");
   cmd->add_option(
          "--eviction", c->eviction,

@@ -148,7 +148,9 @@ void add_rpc_command(CLI::App* app, int* exit_code) {
   CLI::App* r = app->add_subcommand(
       "rpc", "Call a JSON-RPC method of `dpukv nvme` (params: JSON or key=value)");
   r->add_option("-s,--server", socket_path, "JSON-RPC socket")->capture_default_str();
-  r->add_option("-t,--timeout", timeout, "Seconds to wait for the answer")->capture_default_str();
+  r->add_option("-t,--timeout", timeout, "Seconds to wait for the answer")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400));
   r->add_option("method", method, "Method name (rpc_get_methods lists them)")->required();
   r->add_option("params", args, "One JSON object, or key=value pairs (a.b=v nests)");
   r->callback([exit_code] { *exit_code = run_rpc(socket_path, method, args, timeout); });
