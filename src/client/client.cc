@@ -16,7 +16,7 @@ using agent::Op;
 Status Client::connect(const ClientOptions& o, std::unique_ptr<Client>* out) {
   std::unique_ptr<Client> c(new Client());
   c->opts_ = o;
-  if (c->opts_.socket_path.empty()) c->opts_.socket_path = default_socket_path();
+  if (c->opts_.socket_path.empty()) c->opts_.socket_path = find_agent_socket();
   DPUKV_RETURN_IF_ERROR(ProgressEngine::create(&c->pe_));
   DPUKV_RETURN_IF_ERROR(c->open_channel(o.connect_timeout_ms));
   Client* raw = c.get();

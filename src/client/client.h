@@ -29,7 +29,7 @@
 namespace dpukv {
 
 struct ClientOptions {
-  std::string socket_path;  // default_socket_path() if empty
+  std::string socket_path;  // find_agent_socket() if empty
   uint32_t connect_timeout_ms = 2000;
   uint32_t op_timeout_ms = 30000;
   uint32_t reconnect_interval_ms = 1000;

@@ -561,7 +561,7 @@ int run_agent(Settings st, const std::string& config) {
 
 // Why no agent answered at path: said as a user can act on it.
 std::string no_agent_at(const std::string& socket) {
-  const std::string path = socket.empty() ? default_socket_path() : socket;
+  const std::string path = socket.empty() ? find_agent_socket() : socket;
   struct stat sb {};
   if (::stat(path.c_str(), &sb) != 0)
     return "no agent at " + path + " (" + std::strerror(errno) + ")";
