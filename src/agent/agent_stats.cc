@@ -123,6 +123,8 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
        k.pins_expired},
       {"peers_failed", "dpukv_cluster_peers_failed_total", "counter",
        "Connections to other agents that failed.", k.peers_failed},
+      {"peers_forgotten", "dpukv_cluster_peers_forgotten_total", "counter",
+       "Peers dropped from the peer list after they left the cluster.", k.peers_forgotten},
       {"directory_published", "dpukv_cluster_published_total", "counter",
        "Chunk entries written to the directory.", d.published},
       {"directory_replica_keys", "dpukv_cluster_directory_replica_keys", "gauge",

@@ -267,6 +267,10 @@ size_t ClusterNode::poll() {
     n += expire_lent(now);
     lent_check_ms_ = now + 100;
   }
+  if (now >= forget_check_ms_) {  // at most once a second
+    n += forget_gone_peers(now);
+    forget_check_ms_ = now + 1000;
+  }
   for (auto& [node, l] : links_)
     if (l->state == Link::State::kReady && !ucx_->peer_ok(l->peer)) {
       link_failed(l.get(), "connection lost");
@@ -298,6 +302,37 @@ size_t ClusterNode::poll() {
     ++n;
   }
   return n;
+}
+
+// Agents come and go (restarts take a new node id): a peer no longer live in the
+// directory, with nothing of ours in flight to it, is dropped after forget_peer_ms,
+// so peer_stats() and the per-peer metrics do not grow with every restart.
+size_t ClusterNode::forget_gone_peers(uint64_t now) {
+  if (!dir_->connected()) return 0;  // its live set may be stale
+  size_t forgotten = 0;
+  for (auto it = links_.begin(); it != links_.end();) {
+    Link* l = it->second.get();
+    bool busy = l->state == Link::State::kResolving || !l->queued.empty() || l->reads != 0;
+    for (auto& [id, a] : asks_) busy = busy || a->link == l;
+    for (auto& [id, o] : offers_) busy = busy || o->link == l;
+    auto lent = lent_.lower_bound({l->node, 0});
+    busy = busy || (lent != lent_.end() && lent->first.first == l->node);
+    if (busy || dir_->is_live(l->node)) {
+      l->gone_since_ms = 0;
+      ++it;
+      continue;
+    }
+    if (l->gone_since_ms == 0) l->gone_since_ms = now;
+    if (now - l->gone_since_ms < opts_.forget_peer_ms) {
+      ++it;
+      continue;
+    }
+    if (l->state == Link::State::kReady) ucx_->disconnect(l->peer);
+    ++counters_.peers_forgotten;
+    ++forgotten;
+    it = links_.erase(it);
+  }
+  return forgotten;
 }
 
 std::vector<ClusterNode::PeerStats> ClusterNode::peer_stats() const {

@@ -50,7 +50,10 @@ struct ClusterOptions {
   uint32_t lookup_timeout_ms = 500;    // Redis' answer to a lookup (then a miss)
   // Chunks pinned for a reader (PLACED) stay pinned until its UNPIN or this long.
   uint32_t lend_timeout_ms = 16000;
-  uint32_t retry_ms = 1000;         // before a failed peer is tried again
+  uint32_t retry_ms = 1000;  // before a failed peer is tried again
+  // A peer that has left the directory's live set, with nothing of ours in flight
+  // to it, is forgotten (its connection, its stats and metrics) after this long.
+  uint32_t forget_peer_ms = 60000;
   bool detect_peer_failure = true;  // see UcxNodeOptions
   // The remote tier: every chunk this node stores is also written to Redis as a
   // value, and keys no live agent holds are looked for there (LMCache's Redis
@@ -83,6 +86,7 @@ class ClusterNode final : public Context {
     uint64_t bad_messages = 0;  // malformed control messages (sender disconnected)
     uint64_t pins_expired = 0;  // chunks pinned for a reader that never unpinned them
     uint64_t peers_failed = 0;
+    uint64_t peers_forgotten = 0;             // left the cluster and were dropped from peer_stats()
     uint64_t pushes = 0, pushed_chunks = 0;   // prefill side: offers made, chunks taken
     uint64_t offers = 0, offered_chunks = 0;  // decode side: offers received, chunks taken
     uint64_t tier_puts = 0, tier_hits = 0, tier_bytes = 0;  // the remote tier
@@ -162,6 +166,7 @@ class ClusterNode final : public Context {
   void send(Link* l, std::vector<uint8_t> msg, std::vector<ChunkKey> pinned);
   static void on_node(void* arg, Status st, const std::string& description);
   void link_failed(Link* l, const char* why);
+  size_t forget_gone_peers(uint64_t now);
   static void on_control(void* arg, uint64_t sender, uint32_t peer, const uint8_t* msg, size_t len);
   static void on_residency(void* arg, const ChunkKey& k, bool present);
 
@@ -182,6 +187,7 @@ class ClusterNode final : public Context {
   };
   std::map<std::pair<uint64_t, uint64_t>, Lent> lent_;
   uint64_t lent_check_ms_ = 0;
+  uint64_t forget_check_ms_ = 0;
   void lend(uint64_t node, const std::vector<uint8_t>& placed, std::vector<ChunkKey> keys);
   void give_back(std::map<std::pair<uint64_t, uint64_t>, Lent>::iterator it);
   size_t expire_lent(uint64_t now);

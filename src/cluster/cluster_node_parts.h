@@ -34,7 +34,8 @@ struct ClusterNode::Link {
   State state = State::kNew;
   uint32_t peer = UcxNode::kUnknownPeer;
   uint64_t retry_at_ms = 0;
-  uint32_t reads = 0;  // reads in flight from it: placement picks the least loaded
+  uint32_t reads = 0;          // reads in flight from it: placement picks the least loaded
+  uint64_t gone_since_ms = 0;  // not live in the directory since (0: it is, or busy)
   struct Queued {
     std::vector<uint8_t> msg;
     std::vector<ChunkKey> pinned;  // pins this message hands over (PLACED)

@@ -27,6 +27,7 @@
 // and on reconnection the node publishes again everything it holds.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -118,6 +119,7 @@ class Directory final : public Context {
   size_t replica_keys() const { return replica_.size(); }
   // Nodes whose lease was live at the last refresh, this one included.
   size_t live_nodes() const { return live_.size(); }
+  bool is_live(uint64_t node) const { return std::binary_search(live_.begin(), live_.end(), node); }
   const Counters& counters() const { return counters_; }
 
  private:
