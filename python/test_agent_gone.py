@@ -151,4 +151,37 @@ for layer in range(cfg.layers):
     except LoadMiss:
         pass
 conn.request_finished("q")
+
+# ---- Starvation: an inference host's CPUs are often saturated. A side that gets
+# no CPU for 5 s (here: stopped with SIGSTOP, the extreme of starvation) is slow,
+# not gone: the session survives on both sides, with no reconnection.
+import json  # noqa: E402
+agent = start_agent()
+s = dpukv.Client(SOCK, model=model)
+opened = json.loads(eventually(s.stats, "stats"))["sessions_opened"]
+agent.send_signal(signal.SIGSTOP)
+time.sleep(5)  # the stimulus: 5 s without CPU
+agent.send_signal(signal.SIGCONT)
+assert s.lookup(keys) == 0 and s.connected()
+assert json.loads(s.stats())["sessions_opened"] == opened, "the client reconnected"
+child = subprocess.Popen(
+    [sys.executable, "-c", """
+import sys
+sys.path.insert(0, sys.argv[1])
+import _dpukv as d
+c = d.Client(sys.argv[2])
+print("ready", flush=True)
+sys.stdin.readline()
+print(c.connected(), c.lookup([]), flush=True)
+""", sys.argv[1], SOCK], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline().strip() == "ready"
+opened = json.loads(s.stats())["sessions_opened"]
+child.send_signal(signal.SIGSTOP)
+time.sleep(5)
+child.send_signal(signal.SIGCONT)
+out, _ = child.communicate("go\n", timeout=120)
+assert out.strip() == "True 0", out
+stats = json.loads(s.stats())
+assert stats["sessions_opened"] == opened, "the starved client was dropped and reconnected"
+stop_agent(agent)
 print("agent gone: ok")

@@ -1,6 +1,7 @@
 #include "comch/channel.h"
 
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -420,6 +421,13 @@ void ComchBase::heartbeat_tick(ComchConnection* c, uint64_t now) {
   const uint64_t ms = 1000000ull;
   if (now - c->last_recv_ns_ >
       static_cast<uint64_t>(c->peer_heartbeat_ms_) * opts_.heartbeat_misses * ms) {
+    // This side may be the one that was starved: the peer's heartbeats then wait
+    // unread in the socket. Silence is judged on what arrived, not on what was read.
+    int unread = 0;
+    if (::ioctl(c->fd(), FIONREAD, &unread) == 0 && unread > 0) {
+      c->last_recv_ns_ = now;
+      return;
+    }
     close_connection(c, Code::kTimeout, "heartbeat timeout");
     return;
   }

@@ -44,7 +44,12 @@ struct ComchOptions {
   uint32_t send_queue_depth = 64;  // per connection: messages waiting for socket room
   uint32_t recv_budget = 64;       // messages handled per connection per progress()
   uint32_t heartbeat_interval_ms = 1000;
-  uint32_t heartbeat_misses = 3;  // silence of interval x misses = peer gone
+  // Silence of interval x misses = peer gone. A peer that exits closes the socket
+  // and is seen at once; heartbeats only find a peer that hangs, so the bound is
+  // generous: an inference host's CPUs are often saturated, and a peer starved of
+  // CPU for a few seconds is slow, not gone (docs/architecture.md: what each side
+  // survives).
+  uint32_t heartbeat_misses = 10;
   uint32_t max_imports_per_connection = 64;
   // Bytes of exported memory one peer may map here, over all its exports (the
   // agent's per-client staging cap); an export past it closes the connection.
