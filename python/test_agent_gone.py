@@ -4,6 +4,7 @@ SUCCESS (or a hit) for an agent that is not there; the client reconnects once an
 agent is back; a load whose agent went away between lookup and load raises
 LoadMiss on every layer, never leaves blocks unfilled behind a normal return.
 Usage: test_agent_gone.py BUILD_DIR DPUKV_BINARY"""
+import atexit
 import os
 import signal
 import subprocess
@@ -22,12 +23,22 @@ from dpukv.model import LlamaConfig, PagedKVCache  # noqa: E402
 BIN = sys.argv[2]
 tmp = tempfile.mkdtemp()
 SOCK = os.path.join(tmp, "agent.sock")
+started = []  # every agent, killed at exit however the test ends (a live one holds ctest's pipe)
+
+
+@atexit.register
+def _kill_agents():
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def start_agent():
     p = subprocess.Popen([BIN, "--log-level", "warning", "agent", "--socket", SOCK,
                           "--memory-bytes", "64M", "--max-chunk-size", "1M",
                           "--metrics-port", "0"])
+    started.append(p)
     deadline = time.monotonic() + 120  # a busy machine: wait for the socket, not a time
     while not os.path.exists(SOCK):
         assert p.poll() is None, f"the agent exited with {p.returncode}"
@@ -174,6 +185,7 @@ print("ready", flush=True)
 sys.stdin.readline()
 print(c.connected(), c.lookup([]), flush=True)
 """, sys.argv[1], SOCK], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+started.append(child)
 assert child.stdout.readline().strip() == "ready"
 opened = json.loads(s.stats())["sessions_opened"]
 child.send_signal(signal.SIGSTOP)
