@@ -132,6 +132,15 @@ import os
 assert d["network"] == ("namespaces" if os.geteuid() == 0 else "loopback"), d["network"]
 PYEOF
 [ -z "$(ip netns list 2>/dev/null | grep '^dkr')" ] || fail "replay --nodes left network namespaces behind"
+# The simulation it is compared with sees the trace in order, whatever the agents'
+# interleaving: the same as one agent's replay with the combined capacity.
+"$bin" replay "$trace" --max-requests 600 --capacity-blocks 8000 --json >"$tmp/one.json"
+"$py" - "$tmp/n.json" "$tmp/one.json" <<'PYEOF'
+import json, sys
+n, one = (json.load(open(p)) for p in sys.argv[1:3])
+assert n["lru_sim_block_hit_ratio"] == one["lru_sim_block_hit_ratio"], (
+    n["lru_sim_block_hit_ratio"], one["lru_sim_block_hit_ratio"])
+PYEOF
 
 # A Redis that wants a password: the agent gives it from a file (never on its
 # command line); a wrong one is reported in Redis' words and the agent serves
