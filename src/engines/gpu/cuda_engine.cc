@@ -1,0 +1,225 @@
+#include "engines/gpu/cuda_engine.h"
+
+#include <cstring>
+
+#include "runtime/log.h"
+
+namespace dpukv {
+
+using namespace cuda;  // NOLINT(google-build-using-namespace): the driver's names
+
+CudaEngine::CudaEngine(ProgressEngine* pe, const CudaEngineOptions& o) : Context(pe), opts_(o) {}
+
+Status CudaEngine::create(ProgressEngine* pe, const CudaEngineOptions& o,
+                          std::unique_ptr<CudaEngine>* out, std::string* why) {
+  if (pe == nullptr || out == nullptr || o.streams == 0 || o.max_inflight == 0)
+    return Code::kInvalidValue;
+  std::unique_ptr<CudaEngine> e(new CudaEngine(pe, o));
+  DPUKV_RETURN_IF_ERROR(o.driver_library.empty()
+                            ? Driver::open(&e->drv_, why)
+                            : Driver::open_library(o.driver_library, &e->drv_, why));
+  Driver& d = *e->drv_;
+  int count = 0;
+  CUresult r = d.device_get_count(&count);
+  if (r == kCudaSuccess && count == 0) r = kCudaErrorNoDevice;
+  // One GPU per agent for now: device 0 (multi-GPU hosts: one agent per GPU, or
+  // CUDA_VISIBLE_DEVICES).
+  if (r == kCudaSuccess) r = d.device_get(&e->dev_, 0);
+  CUuuid u;
+  if (r == kCudaSuccess) r = d.device_get_uuid(&u, e->dev_);
+  if (r == kCudaSuccess) r = d.primary_ctx_retain(&e->ctx_, e->dev_);
+  if (r != kCudaSuccess) {
+    *why = "CUDA device 0: " + d.error_name(r);
+    e->ctx_ = nullptr;
+    return Code::kNotSupported;
+  }
+  std::memcpy(e->uuid_, u.bytes, 16);
+  *out = std::move(e);
+  return Code::kSuccess;
+}
+
+CudaEngine::~CudaEngine() {
+  if (!drv_) return;
+  (void)drv_->ctx_set_current(ctx_);
+  for (Stream& s : streams_) {
+    if (s.s != nullptr) (void)drv_->stream_synchronize(s.s);
+    for (Copy& c : s.copies) (void)drv_->event_destroy(c.event);
+    if (s.s != nullptr) (void)drv_->stream_destroy(s.s);
+  }
+  for (CUevent e : free_events_) (void)drv_->event_destroy(e);
+  for (auto& [id, r] : regions_) (void)drv_->ipc_close_mem_handle(r.base);
+  if (host_ != nullptr) (void)drv_->mem_host_unregister(host_);
+  if (ctx_ != nullptr) (void)drv_->primary_ctx_release(dev_);
+}
+
+Status CudaEngine::do_start() {
+  if (drv_->ctx_set_current(ctx_) != kCudaSuccess) return Code::kDriver;
+  streams_.resize(opts_.streams);
+  for (Stream& s : streams_)
+    if (drv_->stream_create(&s.s, kStreamNonBlocking) != kCudaSuccess) return Code::kDriver;
+  free_events_.resize(opts_.max_inflight);
+  for (CUevent& e : free_events_)
+    if (drv_->event_create(&e, kEventDisableTiming) != kCudaSuccess) return Code::kDriver;
+  return Code::kSuccess;
+}
+
+void CudaEngine::do_stop() {}
+
+bool CudaEngine::drained() {
+  poll();
+  return inflight_ == 0;
+}
+
+bool CudaEngine::arm_notification() {
+  return inflight_ != 0;  // events are polled: keep the engine turning while copies run
+}
+
+Status CudaEngine::register_host(void* p, uint64_t bytes, std::string* why) {
+  if (p == nullptr || bytes == 0 || host_ != nullptr) return Code::kInvalidValue;
+  (void)drv_->ctx_set_current(ctx_);
+  const CUresult r = drv_->mem_host_register(p, bytes, kMemHostRegisterPortable);
+  if (r != kCudaSuccess) {
+    *why = "cannot pin " + std::to_string(bytes) +
+           " bytes of host memory for GPU copies: " + drv_->error_name(r) +
+           (r == kCudaErrorOutOfMemory ? " (the locked-memory limit? LimitMEMLOCK=infinity)" : "");
+    return Driver::to_status(r);
+  }
+  host_ = p;
+  host_bytes_ = bytes;
+  return Code::kSuccess;
+}
+
+Status CudaEngine::import(const GpuRegionDesc& d, uint64_t* id, std::string* why) {
+  if (id == nullptr) return Code::kInvalidValue;
+  if (std::memcmp(d.device_uuid, uuid_, 16) != 0) {
+    ++counters_.refused;
+    *why = "the region is on a GPU this agent's driver does not see (another device UUID)";
+    return Code::kNotPermitted;
+  }
+  if (d.bytes == 0 || d.offset + d.bytes < d.offset) {
+    ++counters_.refused;
+    *why = "an empty or wrapping range";
+    return Code::kInvalidValue;
+  }
+  (void)drv_->ctx_set_current(ctx_);
+  CUdeviceptr base = 0;
+  CUresult r = drv_->ipc_open_mem_handle(&base, d.handle, kIpcMemLazyEnablePeerAccess);
+  if (r != kCudaSuccess) {
+    ++counters_.refused;
+    *why = "the IPC handle does not open: " + drv_->error_name(r);
+    return r == kCudaErrorInvalidDevice ? Status(Code::kNotPermitted) : Status(Code::kInvalidValue);
+  }
+  CUdeviceptr alloc = 0;
+  size_t alloc_bytes = 0;
+  r = drv_->mem_get_address_range(&alloc, &alloc_bytes, base);
+  if (r != kCudaSuccess || alloc != base || d.offset > alloc_bytes ||
+      d.bytes > alloc_bytes - d.offset) {
+    (void)drv_->ipc_close_mem_handle(base);
+    ++counters_.refused;
+    *why = "the range [" + std::to_string(d.offset) + ", +" + std::to_string(d.bytes) +
+           ") is outside its allocation of " + std::to_string(alloc_bytes) + " bytes";
+    return Code::kInvalidValue;
+  }
+  *id = next_region_++;
+  regions_[*id] = Region{base, d.offset, d.bytes, 0, false};
+  ++counters_.imports;
+  return Code::kSuccess;
+}
+
+void CudaEngine::close_region(uint64_t id) {
+  auto it = regions_.find(id);
+  if (it == regions_.end()) return;
+  (void)drv_->ctx_set_current(ctx_);
+  (void)drv_->ipc_close_mem_handle(it->second.base);
+  regions_.erase(it);
+}
+
+Status CudaEngine::release(uint64_t id) {
+  auto it = regions_.find(id);
+  if (it == regions_.end() || it->second.closing) return Code::kNotFound;
+  if (it->second.inflight == 0)
+    close_region(id);
+  else
+    it->second.closing = true;  // closed when its last copy finishes
+  return Code::kSuccess;
+}
+
+Status CudaEngine::copy(uint64_t region, uint64_t offset, void* host, uint64_t bytes, bool to_gpu,
+                        CopyCb cb, void* arg) {
+  if (state() != CtxState::kRunning) return Code::kBadState;
+  if (!broken_.empty()) return Code::kNotSupported;
+  auto it = regions_.find(region);
+  if (it == regions_.end() || it->second.closing || cb == nullptr) return Code::kInvalidValue;
+  const Region& r = it->second;
+  const auto h = reinterpret_cast<uintptr_t>(host), h0 = reinterpret_cast<uintptr_t>(host_);
+  if (bytes == 0 || offset > r.bytes || bytes > r.bytes - offset || host_ == nullptr || h < h0 ||
+      h - h0 > host_bytes_ || bytes > host_bytes_ - (h - h0))
+    return Code::kInvalidValue;
+  if (free_events_.empty()) return Code::kAgain;
+  (void)drv_->ctx_set_current(ctx_);
+  Stream& s = streams_[next_stream_++ % streams_.size()];
+  const CUdeviceptr dev = r.base + r.offset + offset;
+  CUresult res = to_gpu ? drv_->memcpy_htod_async(dev, host, bytes, s.s)
+                        : drv_->memcpy_dtoh_async(host, dev, bytes, s.s);
+  CUevent ev = free_events_.back();
+  if (res == kCudaSuccess) res = drv_->event_record(ev, s.s);
+  if (res != kCudaSuccess) {
+    ++counters_.failed;
+    return Driver::to_status(res);
+  }
+  free_events_.pop_back();
+  s.copies.push_back(Copy{ev, region, cb, arg});
+  ++it->second.inflight;
+  ++inflight_;
+  ++counters_.copies;
+  counters_.bytes += bytes;
+  return Code::kSuccess;
+}
+
+// The front copy of s is done with st: its region, its event, its callback.
+void CudaEngine::finish(Stream& s, Status st) {
+  Copy c = s.copies.front();
+  s.copies.pop_front();
+  free_events_.push_back(c.event);
+  --inflight_;
+  auto it = regions_.find(c.region);
+  if (it != regions_.end() && --it->second.inflight == 0 && it->second.closing)
+    close_region(c.region);
+  if (!st.ok()) ++counters_.failed;
+  c.cb(c.arg, st);
+}
+
+size_t CudaEngine::poll() {
+  if (inflight_ == 0) return 0;
+  size_t n = 0;
+  (void)drv_->ctx_set_current(ctx_);
+  for (Stream& s : streams_) {
+    while (!s.copies.empty()) {
+      const CUresult r = drv_->event_query(s.copies.front().event);
+      if (r == kCudaErrorNotReady) break;
+      ++n;
+      if (r == kCudaSuccess) {
+        finish(s, Code::kSuccess);
+        continue;
+      }
+      // The GPU failed a copy: it and everything after it on this stream fail; the
+      // stream is replaced (CUDA's errors stick to it), or the engine stops.
+      LOG_ERR("cuda engine: a copy failed: %s", drv_->error_name(r).c_str());
+      while (!s.copies.empty()) finish(s, Driver::to_status(r));
+      (void)drv_->stream_destroy(s.s);
+      s.s = nullptr;
+      const CUresult again = drv_->stream_create(&s.s, kStreamNonBlocking);
+      ++counters_.streams_replaced;
+      if (again != kCudaSuccess && broken_.empty()) {
+        broken_ = "the GPU failed a copy (" + drv_->error_name(r) +
+                  ") and the driver refuses new streams (" + drv_->error_name(again) +
+                  "): GPU copies are off until the agent restarts";
+        LOG_ERR("cuda engine: %s", broken_.c_str());
+      }
+      break;
+    }
+  }
+  return n;
+}
+
+}  // namespace dpukv

@@ -1,0 +1,123 @@
+// The agent's CUDA copy engine: copies between host memory the agent owns (its
+// arena, registered with the driver once) and GPU memory a client exported to it
+// (a CUDA IPC handle of the allocation and a range inside it), as a BlueField's DMA
+// engine writes into GPU memory the host exposed. A Context on the progress
+// engine, as the DMA engine is: copies go on a few streams, each followed by an
+// event, and complete when poll() finds their event done; no thread of the agent
+// ever blocks on the GPU.
+//
+// Everything a client sends is checked: the device (by UUID) must be one this
+// driver sees (else NOT_PERMITTED), the handle must open, and the range must lie
+// inside the allocation the handle names (else INVALID_VALUE); a copy must lie
+// inside its region and the registered host memory. A copy the GPU fails
+// (CUDA_ERROR_ILLEGAL_ADDRESS) fails its request with IO_FAILED; the engine makes
+// a new stream for the next ones, and if the driver refuses that (a context the
+// error poisoned, as CUDA's sticky errors do), it stops taking GPU copies and says
+// why, while the agent goes on serving host memory.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engines/gpu/cuda_driver.h"
+#include "runtime/context.h"
+
+namespace dpukv {
+
+struct CudaEngineOptions {
+  std::string driver_library;  // empty: DPUKV_CUDA_DRIVER, else libcuda.so.1
+  uint32_t streams = 4;
+  uint32_t max_inflight = 256;  // copies in flight over all streams
+};
+
+// A GPU range a client exports: the IPC handle of its allocation, the device's
+// UUID, and [offset, offset + bytes) inside the allocation.
+struct GpuRegionDesc {
+  cuda::CUipcMemHandle handle;
+  uint8_t device_uuid[16];
+  uint64_t offset;
+  uint64_t bytes;
+};
+
+class CudaEngine final : public Context {
+ public:
+  using CopyCb = void (*)(void* arg, Status st);
+
+  // NOT_SUPPORTED with *why when there is no driver or no device.
+  static Status create(ProgressEngine* pe, const CudaEngineOptions& o,
+                       std::unique_ptr<CudaEngine>* out, std::string* why);
+  ~CudaEngine() override;
+
+  // Host memory copies may use (the agent's arena): pinned with the driver once.
+  Status register_host(void* p, uint64_t bytes, std::string* why);
+  // Opens a client's region; *id names it in copies. NOT_PERMITTED: a device this
+  // driver does not see; INVALID_VALUE: a handle that does not open or a range
+  // outside its allocation (why says which).
+  Status import(const GpuRegionDesc& d, uint64_t* id, std::string* why);
+  // Closes a region (its session ended, or its client died): at once, or when its
+  // copies in flight have finished.
+  Status release(uint64_t id);
+
+  // host -> region (to_gpu) or region -> host; cb(arg, status) from poll().
+  // INVALID_VALUE: outside the region or the registered host memory; AGAIN: too
+  // many copies in flight; NOT_SUPPORTED: the engine stopped taking copies.
+  Status copy(uint64_t region, uint64_t offset, void* host, uint64_t bytes, bool to_gpu, CopyCb cb,
+              void* arg);
+
+  size_t regions() const { return regions_.size(); }
+  uint32_t inflight() const { return inflight_; }
+  // Empty while the engine takes copies; else why it stopped.
+  const std::string& broken() const { return broken_; }
+  struct Counters {
+    uint64_t copies = 0, bytes = 0, failed = 0, imports = 0, refused = 0, streams_replaced = 0;
+  };
+  const Counters& counters() const { return counters_; }
+
+ private:
+  struct Region {
+    cuda::CUdeviceptr base = 0;  // the opened allocation
+    uint64_t offset = 0, bytes = 0;
+    uint32_t inflight = 0;
+    bool closing = false;
+  };
+  struct Copy {
+    cuda::CUevent event;
+    uint64_t region;
+    CopyCb cb;
+    void* arg;
+  };
+  struct Stream {
+    cuda::CUstream s = nullptr;
+    std::deque<Copy> copies;  // in issue order: each one's event finishes after the last's
+  };
+
+  CudaEngine(ProgressEngine* pe, const CudaEngineOptions& o);
+  Status do_start() override;
+  void do_stop() override;
+  bool drained() override;
+  size_t poll() override;
+  bool arm_notification() override;
+  void finish(Stream& s, Status st);
+  void close_region(uint64_t id);
+
+  CudaEngineOptions opts_;
+  std::unique_ptr<cuda::Driver> drv_;
+  cuda::CUdevice dev_ = 0;
+  cuda::CUcontext ctx_ = nullptr;
+  uint8_t uuid_[16] = {};
+  std::vector<Stream> streams_;
+  std::vector<cuda::CUevent> free_events_;
+  uint32_t next_stream_ = 0, inflight_ = 0;
+  void* host_ = nullptr;
+  uint64_t host_bytes_ = 0;
+  std::unordered_map<uint64_t, Region> regions_;
+  uint64_t next_region_ = 1;
+  std::string broken_;
+  Counters counters_;
+};
+
+}  // namespace dpukv

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh as a GPU machine would use it, with the driver test double
+# standing in for NVIDIA's driver: the bundle carries what the tests load, and the
+# run prints one JSON object in which every test passed or skipped.
+set -euo pipefail
+src=$1
+build=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+BUILD=$build "$src/scripts/gpu_check.sh" --bundle "$tmp/bundle" >/dev/null
+DPUKV_CUDA_DRIVER=$build/cuda_double/libcuda.so.1 "$tmp/bundle/gpu_check.sh" "$tmp/bundle" >"$tmp/out.json"
+/usr/bin/python3 - "$tmp/out.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+tests = d["tests"]
+assert len(tests) >= 8, tests
+assert all(t.get("result") in ("passed", "skipped") for t in tests.values()), tests
+assert tests["CudaEngineTest.CopiesIntoAndOutOfAClientsGpuMemoryByteForByte"]["result"] == "passed"
+PY
+echo "gpu_check: ok"
