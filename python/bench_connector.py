@@ -9,10 +9,16 @@ retrieve and scatter of every layer, no compute) next to a same-run copy of the
 same bytes (torch clone on the same device). Prints one JSON object,
 {"bench": "connector", "results": [...]}, each row with its baseline and ratio.
 
-On a GPU (cuda available) the KV cache and compute are on the GPU and the loads
-go host staging -> GPU; without one it says so and measures the CPU path with a
-small shape. Usage:
-  bench_connector.py BUILD_DIR SOCKET [--shape small|llama-8b] [--prefixes 512,2048]"""
+On a GPU (cuda available) the KV cache and compute are on the GPU, and the
+connector takes the GPU path when the agent has one (the agent's CUDA engine
+copies into exported GPU staging) or the pinned-host fallback; each row says which
+(`path`). There it also measures the agent's retrieve into GPU memory alone next
+to a same-run pinned host-to-GPU copy of the same bytes. Without a GPU it says so
+and measures the CPU path with a small shape; --device cuda-double runs the GPU
+path's code through the CUDA driver test double (its figures are not GPU figures).
+Usage:
+  bench_connector.py BUILD_DIR SOCKET [--shape small|llama-8b] [--prefixes 512,2048]
+                     [--device cuda-double]"""
 import argparse
 import json
 import os
@@ -38,6 +44,42 @@ def median(xs):
     return xs[len(xs) // 2]
 
 
+def agent_retrieve_row(client, conn, prompt, hit_tokens, cfg, shape, n):
+    """The agent's copies into GPU staging alone (every layer's chunks, one retrieve
+    per layer submitted at once) next to a pinned host -> GPU copy of as many bytes."""
+    chunks = hit_tokens // conn.chunk_tokens
+    per_layer = chunks * conn.chunk_bytes
+    if chunks == 0 or chunks * cfg.layers > conn.slots:
+        return {"op": "agent_retrieve_gpu", "skipped": "the hit does not fit the load staging"}
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        pend = []
+        for l in range(cfg.layers):
+            keys = conn._keys(prompt[:hit_tokens], l)
+            offs = [(l * chunks + c) * conn.chunk_bytes for c in range(chunks)]
+            pend.append(client.submit_retrieve(conn.staging, keys, offs,
+                                               [conn.chunk_bytes] * chunks))
+        ok = all(all(s == "SUCCESS" for s in client.wait(p)) for p in pend)
+        times.append(time.perf_counter() - t0)
+        if not ok:
+            return {"op": "agent_retrieve_gpu", "skipped": "a retrieve failed"}
+    total = per_layer * cfg.layers
+    host = torch.empty(total, dtype=torch.uint8).pin_memory()
+    dst = torch.empty(total, dtype=torch.uint8, device="cuda")
+    base = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        base.append(time.perf_counter() - t0)
+    gbps, base_gbps = total / median(times) / 1e9, total / median(base) / 1e9
+    return {"op": "agent_retrieve_gpu", "device": "cuda", "shape": shape, "prefix_tokens": n,
+            "bytes": total, "gbps": gbps, "baseline": "pinned host -> GPU copy, same bytes",
+            "baseline_gbps": base_gbps, "ratio": gbps / base_gbps}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build_dir")
@@ -46,8 +88,15 @@ def main():
     ap.add_argument("--prefixes", default=None, help="prefix lengths in tokens")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--layers", type=int, default=0, help="override the layer count")
+    ap.add_argument("--device", default=None,
+                    help="cuda-double: the connector's device calls through the CUDA driver "
+                         "test double ($DPUKV_CUDA_DRIVER)")
     a = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    conn_device = None
+    if a.device == "cuda-double":
+        from dpukv.device import CudaDouble
+        conn_device = CudaDouble()
     shape = a.shape or ("llama-8b" if device == "cuda" else "small")
     if shape == "llama-8b":
         cfg = LlamaConfig.llama_3_1_8b()
@@ -73,8 +122,11 @@ def main():
     kv_bytes_per_token = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * 2
     staging = 2 * (max(prefixes) // chunk + 1) * cfg.layers * (kv_bytes_per_token // cfg.layers) * chunk
     conn = DpukvConnector(client, "bench-llama-%s" % shape, chunk_tokens=chunk,
-                          staging_bytes=staging + (64 << 20))
+                          staging_bytes=staging + (64 << 20), device=conn_device)
     conn.register_kv_caches(cache.layers)
+    path = conn.path + (" (CUDA driver test double: not GPU figures)" if conn_device else "")
+    print("bench connector: %s path%s" % (conn.path, (": " + conn.path_reason)
+                                         if conn.path_reason else ""), file=sys.stderr)
     rows = []
     g = torch.Generator().manual_seed(7)
     for n in prefixes:
@@ -145,8 +197,10 @@ def main():
             reps.append(time.perf_counter() - t0)
         copy_gbps = loaded / median(reps) / 1e9 if loaded else 0.0
         load_gbps = loaded / median([x for x, _ in load_t]) / 1e9 if loaded else 0.0
+        if device == "cuda" and conn.path == "gpu" and loaded:
+            rows.append(agent_retrieve_row(client, conn, prompt, hit_tokens, cfg, shape, n))
         rows.append({"op": "ttft", "device": device, "shape": shape, "prefix_tokens": n,
-                     "hit_tokens": hit_tokens, "seconds": median(hit_t),
+                     "hit_tokens": hit_tokens, "seconds": median(hit_t), "path": path,
                      "baseline": "full prefill", "baseline_seconds": median(full),
                      "ratio": median(full) / median(hit_t)})
         rows.append({"op": "save_overhead", "device": device, "shape": shape,
@@ -156,6 +210,7 @@ def main():
                      "ratio": median(saved) / median(plain)})
         rows.append({"op": "load", "device": device, "shape": shape, "prefix_tokens": n,
                      "bytes": loaded, "gbps": load_gbps,
+                     "path": path,
                      "baseline": "same-device copy of the same bytes",
                      "baseline_gbps": copy_gbps,
                      "ratio": load_gbps / copy_gbps if copy_gbps else 0.0})

@@ -16,8 +16,18 @@ using namespace dpukv;
 
 namespace {
 
+// Host staging (a writable buffer), or GPU memory exported to the agent (gpu:
+// no host bytes; store and retrieve take it the same way).
 struct PyStaging {
   Staging s;
+  bool gpu = false;
+  GpuStaging g;
+};
+
+// The GPU path is not there (no CUDA driver here, none in the agent, a GPU the
+// agent does not see): the caller uses host staging instead.
+struct GpuPathUnavailable : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 // The agent did not answer (gone, restarting, too slow): Python's ConnectionError,
@@ -124,6 +134,7 @@ std::vector<ChunkKey> keys_from_ids(uint64_t model, const std::vector<uint64_t>&
 PYBIND11_MODULE(_dpukv, m) {
   m.doc() = "dpukv client: KV-cache offload through the dpukv agent";
   py::register_exception<AgentUnavailable>(m, "AgentUnavailable", PyExc_ConnectionError);
+  py::register_exception<GpuPathUnavailable>(m, "GpuPathUnavailable", PyExc_RuntimeError);
   py::class_<ChunkKey>(m, "ChunkKey")
       .def_readonly("model", &ChunkKey::model)
       .def_readonly("prefix_hash", &ChunkKey::prefix_hash)
@@ -153,7 +164,10 @@ PYBIND11_MODULE(_dpukv, m) {
 
   py::class_<PyStaging>(m, "Staging", py::buffer_protocol())
       .def_property_readonly("size", [](const PyStaging& s) { return s.s.size; })
+      .def_property_readonly("gpu", [](const PyStaging& s) { return s.gpu; })
+      .def_property_readonly("device_ptr", [](const PyStaging& s) { return s.g.device_ptr; })
       .def_buffer([](PyStaging& s) -> py::buffer_info {
+        if (s.gpu) throw std::invalid_argument("GPU staging has no host buffer");
         return py::buffer_info(s.s.data, 1, py::format_descriptor<uint8_t>::format(), 1, {s.s.size},
                                {1});
       });
@@ -178,6 +192,37 @@ PYBIND11_MODULE(_dpukv, m) {
              check(c.alloc_staging(bytes, &s.s), "alloc_staging");
              return s;
            })
+      .def(
+          "export_gpu",
+          [](PyClient& pc, uint64_t ptr, size_t bytes, int device) {
+            Client& c = pc.get();
+            PyStaging s;
+            std::string why;
+            Status st;
+            {
+              py::gil_scoped_release nogil;
+              st = c.export_gpu(ptr, bytes, device, &s.g, &why);
+            }
+            if (st == Code::kNotSupported || st == Code::kNotPermitted)
+              throw GpuPathUnavailable("export_gpu: " + std::string(st.name()) + ": " + why);
+            if (st == Code::kInvalidValue) throw std::invalid_argument("export_gpu: " + why);
+            check(st, "export_gpu");
+            s.gpu = true;
+            s.s = s.g.staging();
+            return s;
+          },
+          py::arg("device_ptr"), py::arg("nbytes"), py::arg("device") = 0,
+          "Exports GPU memory (a device pointer: tensor.data_ptr()) to the agent, which "
+          "copies into and out of it; store/retrieve take the result as a staging buffer. "
+          "Raises GpuPathUnavailable when there is no GPU path (use host staging)")
+      .def(
+          "release_gpu",
+          [](PyClient& pc, const PyStaging& s) {
+            if (!s.gpu) throw std::invalid_argument("not a GPU staging");
+            check(pc.get().release_gpu(s.g), "release_gpu");
+          },
+          "Closes a GPU export at the agent")
+      .def_property_readonly("agent_gpu", [](PyClient& pc) { return pc.get().agent_gpu(); })
       .def(
           "store",
           [](PyClient& pc, const PyStaging& s, const std::vector<ChunkKey>& keys,

@@ -4,7 +4,12 @@ three chunks, loads them layer by layer into other blocks of the paged cache and
 prefills only the rest. B's logits must be bit-identical to the same model
 reusing A's KV kept in memory, and close to a full prefill of B. Then a lease
 that expires before the load turns into a miss (LoadMiss), not stale bytes.
-Usage: test_connector.py BUILD_DIR SOCKET (the agent runs with a 1 s pin timeout)"""
+Usage: test_connector.py BUILD_DIR SOCKET (the agent runs with a 1 s pin timeout)
+
+DPUKV_TEST_DEVICE=cuda-double runs every connector through the CUDA driver test
+double (device.CudaDouble: its memory as GPU staging, its events), and
+DPUKV_TEST_PATH says which path the connectors must then take: gpu (the agent's
+CUDA engine copies into that staging) or host-pinned (the agent has no GPU path)."""
 import os
 import sys
 import time
@@ -17,6 +22,18 @@ import dpukv  # noqa: E402
 from dpukv.connector import DpukvConnector, LoadMiss  # noqa: E402
 from dpukv.model import LlamaConfig, LlamaModel, PagedKVCache  # noqa: E402
 
+DEVICE = None
+if os.environ.get("DPUKV_TEST_DEVICE") == "cuda-double":
+    from dpukv.device import CudaDouble
+    DEVICE = CudaDouble()
+PATH = os.environ.get("DPUKV_TEST_PATH", "host")
+_Connector = DpukvConnector
+
+
+def DpukvConnector(*args, **kw):  # noqa: N802: every connector of this test, on DEVICE
+    return _Connector(*args, device=DEVICE, **kw)
+
+
 torch.manual_seed(0)
 cfg = LlamaConfig(dtype=torch.bfloat16)
 model = LlamaModel(cfg)
@@ -25,6 +42,7 @@ client = dpukv.Client(sys.argv[2], model=dpukv.model_id("ref-llama"))
 cache = PagedKVCache(cfg, num_blocks=64, block_size=BLOCK)
 conn = DpukvConnector(client, "ref-llama", chunk_tokens=CHUNK, staging_bytes=8 << 20)
 conn.register_kv_caches(cache.layers)
+assert conn.path == PATH, (conn.path, conn.path_reason)
 
 
 def run(req, tokens, blocks_cache, blocks):
@@ -199,5 +217,11 @@ assert "need" in refused(v.save_kv_layer, "v", 0, prompts[0], sources[0][:2])
 assert v.saves == [] and all(torch.equal(a, b) for a, b in zip(before, cache.layers))
 v.request_finished("v")
 
-print("connector: ok (hit %d of %d tokens, logits identical to in-memory reuse, "
-      "max |diff| vs full prefill %.4f)" % (hit_b, len(prompt_b), diff))
+import json  # noqa: E402
+st = json.loads(client.stats())
+if PATH == "gpu":  # the bytes went through the agent's CUDA engine, not host staging
+    assert st["gpu_copies"] >= 2 * 3 * cfg.layers and st["gpu_copy_failures"] == 0, st
+else:
+    assert st["gpu_copies"] == 0, st
+print("connector: ok, %s path (hit %d of %d tokens, logits identical to in-memory reuse, "
+      "max |diff| vs full prefill %.4f)" % (conn.path, hit_b, len(prompt_b), diff))

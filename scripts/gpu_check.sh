@@ -6,19 +6,19 @@
 #                                        # they load (ldd) into DIR
 #   scripts/gpu_check.sh DIR             # there: run them against libcuda.so.1
 #
-# Runs the CUDA driver boundary's and the CUDA copy engine's tests against the
-# real driver (DPUKV_CUDA_DRIVER=libcuda.so.1; the fault tests, which need the
+# Runs the CUDA driver boundary's, the CUDA copy engine's and the agent's GPU path
+# tests against the real driver (DPUKV_CUDA_DRIVER=libcuda.so.1; the fault tests, which need the
 # test double, skip) and prints one JSON object with each test's result and the
 # driver and GPU it ran on. Exit status: 0 when every test that ran passed.
 # Not in it yet (not built): the connector on CUDA tensors and the GPU benchmark.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-tests=(cuda_driver_test cuda_engine_test)
+tests=(cuda_driver_test cuda_engine_test gpu_agent_test)
 if [ "${1:-}" = "--bundle" ]; then
   out=${2:?usage: gpu_check.sh --bundle DIR}
   build=${BUILD:-$here/build/release}
   mkdir -p "$out/bin" "$out/lib"
-  for t in "${tests[@]}"; do
+  for t in "${tests[@]}" dpukv; do
     cp "$build/$t" "$out/bin/"
     ldd "$build/$t" | awk '/=> \//{print $3}' | while read -r lib; do
       case "$(basename "$lib")" in
@@ -34,6 +34,7 @@ fi
 dir=${1:?usage: gpu_check.sh DIR (a bundle made with --bundle)}
 export LD_LIBRARY_PATH=$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export DPUKV_CUDA_DRIVER=${DPUKV_CUDA_DRIVER:-libcuda.so.1}
+export DPUKV_BIN=$dir/bin/dpukv  # the agent gpu_agent_test starts
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 rc=0

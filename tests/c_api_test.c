@@ -30,6 +30,16 @@ int main(int argc, char** argv) {
   if (dpukv_retrieve(c, id, keys, offs, lens, 2, st) != 0) return 8;
   for (int i = 0; i < 131072; ++i)
     if (((unsigned char*)data)[i] != 0x5a) return 9;
+  /* The GPU export entry points: an agent without a GPU path says so. */
+  uint64_t gid = 0;
+  if (!dpukv_agent_gpu(c)) {
+    rc = dpukv_export_gpu(c, 0x100000, 4096, 0, &gid);
+    if (strcmp(dpukv_status_name(rc), "NOT_SUPPORTED") != 0) {
+      fprintf(stderr, "export_gpu without a GPU path: %s\n", dpukv_status_name(rc));
+      return 10;
+    }
+    if (strcmp(dpukv_status_name(dpukv_release_gpu(c, 12345)), "NOT_FOUND") != 0) return 11;
+  }
   dpukv_close(c);
   printf("c api: ok\n");
   return 0;

@@ -16,5 +16,6 @@ tests = d["tests"]
 assert len(tests) >= 8, tests
 assert all(t.get("result") in ("passed", "skipped") for t in tests.values()), tests
 assert tests["CudaEngineTest.CopiesIntoAndOutOfAClientsGpuMemoryByteForByte"]["result"] == "passed"
+assert tests["GpuAgentTest.GpuAndHostStagingMoveTheSameBytesAtOddOffsetsAndSizes"]["result"] == "passed"
 PY
 echo "gpu_check: ok"

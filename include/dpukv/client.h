@@ -30,6 +30,18 @@ const char* dpukv_status_name(int status);
 /* Shared staging memory exported to the agent; *data stays valid until close. */
 int dpukv_alloc_staging(dpukv_client* c, size_t bytes, void** data, uint64_t* staging_id);
 
+/* GPU memory [device_ptr, device_ptr + bytes) of CUDA device `device` exported to
+ * the agent, which copies into and out of it itself (CUDA IPC): store and retrieve
+ * take the staging_id as for host staging. NOT_SUPPORTED: no CUDA driver in this
+ * process or no GPU path in the agent (use host staging); NOT_PERMITTED: the agent
+ * does not see this GPU; INVALID_VALUE: not device memory, or past its allocation. */
+int dpukv_export_gpu(dpukv_client* c, uint64_t device_ptr, size_t bytes, int device,
+                     uint64_t* staging_id);
+/* 1 when the agent copies GPU memory (said at connect), else 0. */
+int dpukv_agent_gpu(dpukv_client* c);
+/* Closes a GPU export at the agent; the memory stays the caller's. */
+int dpukv_release_gpu(dpukv_client* c, uint64_t staging_id);
+
 int dpukv_store(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,
                 const uint64_t* offsets, const uint64_t* lengths, uint32_t n, int* per_entry);
 int dpukv_retrieve(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,

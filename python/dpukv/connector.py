@@ -17,11 +17,17 @@ The methods follow vLLM's KVConnectorBase_V1 split:
 This class has not been run inside vLLM (vLLM cannot be installed here); it is
 exercised by python/test_connector.py with the reference model of model.py.
 
-Data path today: through the client's host staging (shared memory the agent
-maps): gather the blocks of a chunk into staging with torch, store; retrieve
-into staging, scatter into the blocks. On a GPU the gather/scatter run on the
-GPU and the host copy is one D2H or H2D per chunk. (The agent's CUDA copy engine
-that writes into GPU memory directly is not built yet; see issue 14.)
+Data path (`path`): "gpu" when the KV caches are CUDA tensors and the agent has
+a GPU path: staging is GPU memory exported to the agent, whose CUDA engine copies
+each layer's chunks between its arena and that staging (one copy per chunk, the
+offload side owning the copy); the connector gathers or scatters between staging
+and the paged blocks with one torch indexing op per layer on its own stream, and
+wait_for_layer_load makes the compute stream wait for that layer's event, never
+the host. "host-pinned": the agent cannot reach this GPU; staging is host shared
+memory registered with the driver, and layer l's host-to-device copy runs while
+the agent copies layer l+1. "host": CPU tensors. The device calls sit behind
+device.py (torch's CUDA on a GPU, the CUDA driver test double in CI), so the code
+here is the same on every path.
 
 Leases: get_num_new_matched_tokens pins what it reports (lookup with pin), so a
 hit is still there when it is loaded; request_finished unpins. A pin that
@@ -45,6 +51,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import _native as native
+from . import device as devices
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
@@ -84,7 +91,10 @@ class DpukvConnector:
     refuses keys of another model: they count as save failures and misses)."""
 
     def __init__(self, client, model_name: str, chunk_tokens: int = 256,
-                 staging_bytes: int = 256 << 20, world_size: int = 1, rank: int = 0):
+                 staging_bytes: int = 256 << 20, world_size: int = 1, rank: int = 0,
+                 device=None):
+        """device: a device.py backend (default: TorchCuda for CUDA tensors, host
+        staging for CPU tensors), or "host" for host staging always."""
         for name, v in (("chunk_tokens", chunk_tokens), ("staging_bytes", staging_bytes),
                         ("world_size", world_size)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -103,6 +113,10 @@ class DpukvConnector:
         self.saving_chunks = 0
         self.counters = {"lookup_hit_tokens": 0, "loaded_chunks": 0, "saved_chunks": 0,
                          "save_failures": 0}
+        self._device = device
+        self.dev = None
+        self.path = None
+        self.path_reason = ""
 
     # ---- worker side -----------------------------------------------------------
 
@@ -131,11 +145,36 @@ class DpukvConnector:
         if self.slots < len(kv_caches):
             raise ValueError("staging_bytes must hold at least one chunk per layer for loads "
                              "and one for saves")
-        self.staging = self.client.alloc_staging(2 * self.slots * self.chunk_bytes)
-        self.staging_u8 = torch.frombuffer(memoryview(self.staging), dtype=torch.uint8)
+        self._open_staging(kv_caches, 2 * self.slots * self.chunk_bytes)
+        # Per slot: the event after which its bytes were last read on the device
+        # (a scatter); the agent may write the slot again only after it.
+        self.slot_events = [None] * (2 * self.slots)
         self.save_slot = 0
         self.load_free = [True] * self.slots  # the load half's slots
         self.inflight = deque()  # (request_id, layer) of loads in flight, oldest first
+
+    def _open_staging(self, kv_caches, nbytes):
+        self.dev = None if self._device == "host" else (
+            self._device or devices.for_tensors(kv_caches))
+        if self.dev is not None:
+            got, why = devices.export_staging(self.client, self.dev, nbytes)
+            if got is not None:
+                self.staging, self.staging_u8 = got
+                self.path = "gpu"
+                return
+            self.path_reason = why
+        self.staging = self.client.alloc_staging(nbytes)
+        self.staging_u8 = torch.frombuffer(memoryview(self.staging), dtype=torch.uint8)
+        self.path = "host-pinned" if self.dev is not None and self.dev.pin(self.staging) else "host"
+        if self.dev is not None and self.path == "host":
+            self.dev = None  # nothing asynchronous to order: plain host copies
+
+    def _slots_ready(self, first, n):
+        """Before the agent writes slots again: the device reads of them are done."""
+        for j in range(first, first + n):
+            if self.slot_events[j] is not None:
+                self.dev.host_wait(self.slot_events[j])
+                self.slot_events[j] = None
 
     def _check_blocks(self, block_ids, chunks, what):
         """The blocks of the first `chunks` chunks: enough of them, each a block of
@@ -234,6 +273,7 @@ class DpukvConnector:
             return
         for l in range(len(self.kv)):
             slot = self._take_slots(n, request_id)
+            self._slots_ready(slot, n)
             keys = self._keys(req.tokens[:n * self.chunk_tokens], l)
             offsets = [(slot + c) * self.chunk_bytes for c in range(n)]
             try:
@@ -300,9 +340,22 @@ class DpukvConnector:
         first = load.slot * self.chunk_bytes
         src = self.staging_u8[first:first + n * self.chunk_bytes].view(kv.dtype)
         src = src.view((n, 2, self.blocks_per_chunk) + tuple(kv.shape[2:])).transpose(0, 1)
-        blocks = torch.tensor(req.block_ids[:n * self.blocks_per_chunk], device=kv.device)
-        kv[:, blocks] = src.reshape((2, n * self.blocks_per_chunk) + tuple(kv.shape[2:])).to(
-            kv.device)
+        shape = (2, n * self.blocks_per_chunk) + tuple(kv.shape[2:])
+        if self.dev is None:
+            blocks = torch.tensor(req.block_ids[:n * self.blocks_per_chunk], device=kv.device)
+            kv[:, blocks] = src.reshape(shape).to(kv.device)
+        else:
+            # On the connector's stream; the compute stream waits for its event,
+            # and the slots are written again only after it (_slots_ready).
+            side = self.dev.stream()
+            with self.dev.use(side):
+                blocks = torch.tensor(req.block_ids[:n * self.blocks_per_chunk],
+                                      device=kv.device)
+                kv[:, blocks] = src.reshape(shape).to(kv.device, non_blocking=True)
+                ev = self.dev.record(side)
+            self.dev.compute_wait(ev)
+            for j in range(load.slot, load.slot + n):
+                self.slot_events[j] = ev
         self._give_slots(load.slot, n)
         req.loads[layer] = None
         self.counters["loaded_chunks"] += n
@@ -346,18 +399,25 @@ class DpukvConnector:
             blocks = torch.tensor(
                 block_ids[c0 * self.blocks_per_chunk:(c0 + n) * self.blocks_per_chunk],
                 device=kv.device)
-            data = kv[:, blocks].view((2, n, self.blocks_per_chunk) + tuple(kv.shape[2:]))
-            data = data.transpose(0, 1)  # [n, 2, blocks_per_chunk, ...]: chunk after chunk
             offsets = []
-            done = 0
-            while done < n:
-                slot = self.slots + (self.save_slot + done) % self.slots
-                run = min(n - done, 2 * self.slots - slot)
-                b = slot * self.chunk_bytes
-                dst = self.staging_u8[b:b + run * self.chunk_bytes].view(kv.dtype)
-                dst.view(data[done:done + run].shape).copy_(data[done:done + run])
-                offsets += [(slot + i) * self.chunk_bytes for i in range(run)]
-                done += run
+            if self.dev is not None:
+                # The gather reads what the compute stream wrote: after it.
+                self.dev.compute_done_first(self.dev.stream())
+            with self.dev.use(self.dev.stream()) if self.dev else devices._NoStream():
+                data = kv[:, blocks].view((2, n, self.blocks_per_chunk) + tuple(kv.shape[2:]))
+                data = data.transpose(0, 1)  # [n, 2, blocks_per_chunk, ...]: chunk after chunk
+                done = 0
+                while done < n:
+                    slot = self.slots + (self.save_slot + done) % self.slots
+                    run = min(n - done, 2 * self.slots - slot)
+                    b = slot * self.chunk_bytes
+                    dst = self.staging_u8[b:b + run * self.chunk_bytes].view(kv.dtype)
+                    dst.view(data[done:done + run].shape).copy_(data[done:done + run])
+                    offsets += [(slot + i) * self.chunk_bytes for i in range(run)]
+                    done += run
+                if self.dev is not None:
+                    # The agent reads staging: the gather must have landed.
+                    self.dev.host_wait(self.dev.record(self.dev.stream()))
             self.save_slot = (self.save_slot + len(batch)) % self.slots
             self.saving_chunks += len(batch)
             try:

@@ -27,6 +27,7 @@ struct Agent::Session {
   bool gone = false;
   uint32_t pending = 0;  // batches in flight
   std::vector<ChunkKey> pinned;
+  GpuService::Exports gpu;  // GPU memory it exported
 };
 
 // One batch request in flight: its entries complete independently.
@@ -76,6 +77,7 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
     LOG_ERR("agent: cache engine: %s", std::string(st.description()).c_str());
     return st;
   }
+  a->gpu_ = std::make_unique<GpuService>(a->pe_.get(), a->cache_.get(), a->opts_.gpu);
   ComchServerOptions so;
   so.path = a->opts_.socket_path;
   so.mode = a->opts_.socket_mode;
@@ -131,6 +133,7 @@ Agent::~Agent() {
 }
 
 Status Agent::run(const std::atomic<bool>* stop) {
+  DPUKV_RETURN_IF_ERROR(gpu_->start());
   DPUKV_RETURN_IF_ERROR(cache_->start());
   Status st = server_->start();
   if (!st.ok()) {
@@ -138,6 +141,8 @@ Status Agent::run(const std::atomic<bool>* stop) {
             std::string(st.description()).c_str());
     (void)cache_->stop();
     while (cache_->state() != CtxState::kIdle) pe_->progress();
+    (void)gpu_->stop();
+    while (!gpu_->idle()) pe_->progress();
     return st;
   }
   if (cluster_) {
@@ -148,6 +153,8 @@ Status Agent::run(const std::atomic<bool>* stop) {
       (void)cache_->stop();
       while (server_->state() != CtxState::kIdle || cache_->state() != CtxState::kIdle)
         pe_->progress();
+      (void)gpu_->stop();
+      while (!gpu_->idle()) pe_->progress();
       return st;
     }
     APP_LOG_INFO("agent: cluster node %016llx, directory redis://%s:%u (prefix %s)",
@@ -179,8 +186,11 @@ Status Agent::run(const std::atomic<bool>* stop) {
     (void)cluster_->stop();
     while (cluster_->state() != CtxState::kIdle) pe_->progress();
   }
+  // The cache drains its device copies before the copy engine stops.
   (void)cache_->stop();
   while (cache_->state() != CtxState::kIdle) pe_->progress();
+  (void)gpu_->stop();
+  while (!gpu_->idle()) pe_->progress();
   return cache_->sync();
 }
 
@@ -207,6 +217,8 @@ void Agent::on_disconnect(ComchConnection* c, Status why, UserData ud) {
   if (!s->pinned.empty())
     a->cache_->unpin(s->pinned.data(), static_cast<uint32_t>(s->pinned.size()));
   s->pinned.clear();
+  // Its GPU memory is closed now, or (with copies in flight) when they finish.
+  a->gpu_->remove_all(&s->gpu);
   s->gone = true;
   s->conn = nullptr;
   a->release_session(s);
@@ -300,7 +312,7 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
       if (h.count != 1 || !entries_ok(sizeof(e))) break;
       std::memcpy(&e, body, sizeof(e));
       s->model = e.model;
-      const agent::HelloReply r{opts_.max_staging_bytes, 0};
+      const agent::HelloReply r{opts_.max_staging_bytes, gpu_->on() ? agent::kHelloGpu : 0};
       reply(s, h, Code::kSuccess, &r, sizeof(r));
       return;
     }
@@ -322,6 +334,23 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
         IoEntry e;
         std::memcpy(&e, body + i * sizeof(e), sizeof(e));
         Status st;
+        if ((e.map_id & agent::kGpuMapBit) != 0) {  // the client's GPU memory
+          DeviceRange r;
+          if (!key_allowed(e.key)) {
+            st = Code::kNotPermitted;
+          } else {
+            st = gpu_->range(s->gpu, e.map_id, e.offset, e.length, &r);
+          }
+          if (st == Code::kNotPermitted) ++counters_.not_permitted;
+          if (st.ok())
+            st = op == Op::kStore
+                     ? cache_->store_device(e.key, r, &Agent::op_done, &b->slots[i])
+                     : cache_->retrieve_device(e.key, r, &Agent::op_done, &b->slots[i]);
+          if (st.ok()) continue;  // completes through op_done
+          b->status[i] = static_cast<uint8_t>(st.code());
+          --b->remaining;
+          continue;
+        }
         Mmap* m = s->conn->imported_map(e.map_id);
         Buf* buf = nullptr;
         if (!key_allowed(e.key)) {
@@ -469,6 +498,20 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
       (void)p.release();  // push_done owns it
       return;
     }
+    case Op::kGpuExport: {
+      if (h.count != 1 || !entries_ok(sizeof(agent::GpuExportEntry))) break;
+      std::string why;
+      const Status st = gpu_export(s, body, body_len, &why);
+      reply(s, h, st, why.data(), static_cast<uint32_t>(why.size()));
+      return;
+    }
+    case Op::kGpuRelease: {
+      uint64_t map_id;
+      if (h.count != 1 || !entries_ok(sizeof(map_id))) break;
+      std::memcpy(&map_id, body, sizeof(map_id));
+      reply(s, h, gpu_->remove(&s->gpu, map_id), nullptr, 0);
+      return;
+    }
     case Op::kClear: {
       if (h.count != 0 || body_len != 0) break;
       const uint64_t removed = cache_->clear(s->model);
@@ -488,6 +531,21 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
   LOG_WARN("agent: malformed request (op %u, %u entries, %u bytes) from pid %d", h.op, h.count,
            body_len, static_cast<int>(s->conn->peer().pid));
   reply(s, h, Code::kInvalidValue, nullptr, 0);
+}
+
+Status Agent::gpu_export(Session* s, const uint8_t* body, uint32_t len, std::string* why) {
+  agent::GpuExportEntry e;
+  if (len != sizeof(e)) return Code::kInvalidValue;
+  std::memcpy(&e, body, sizeof(e));
+  const Status st = gpu_->add(&s->gpu, e, s->conn->imported_bytes(), opts_.max_staging_bytes, why);
+  if (st.ok()) {
+    APP_LOG_INFO("agent: client pid %d exported %llu bytes of GPU memory",
+                 static_cast<int>(s->conn->peer().pid), static_cast<unsigned long long>(e.bytes));
+  } else {
+    LOG_WARN("agent: GPU export of client pid %d refused (%s): %s",
+             static_cast<int>(s->conn->peer().pid), std::string(st.name()).c_str(), why->c_str());
+  }
+  return st;
 }
 
 void Agent::remote_lookup_done(void* arg, uint32_t fetched) {

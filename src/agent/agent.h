@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/gpu_service.h"
 #include "cache/cache_engine.h"
 #include "cluster/cluster_node.h"
 #include "comch/server.h"
@@ -39,6 +40,8 @@ struct AgentOptions {
   // missing chunks from the agents that hold them (cluster/cluster_node.h).
   bool cluster = false;
   ClusterOptions cluster_options;
+  // Copies between the arena and clients' GPU memory (agent/gpu_service.h).
+  GpuServiceOptions gpu;
 };
 
 struct AgentCounters {
@@ -60,6 +63,8 @@ class Agent {
   const std::string& socket_path() const { return opts_.socket_path; }
   int metrics_port() const { return metrics_port_; }
   CacheStats cache_stats() const { return cache_->stats(); }
+  // "on: GPU-…", or "off: " and why (agent/gpu_service.h).
+  const std::string& gpu_path() const { return gpu_->description(); }
   // Called on the agent's thread once it serves (readiness), and about every 100 ms.
   void set_on_ready(std::function<void()> f) { on_ready_ = std::move(f); }
   void set_on_tick(std::function<void()> f) { on_tick_ = std::move(f); }
@@ -92,6 +97,7 @@ class Agent {
   void reply(Session* s, const agent::AgentHeader& req, Status st, const void* body, uint32_t len);
   void finish_batch(Batch* b);
   void release_session(Session* s);
+  Status gpu_export(Session* s, const uint8_t* body, uint32_t len, std::string* why);
   static void remote_lookup_done(void* arg, uint32_t fetched);
   static void push_done(void* arg, Status st, const uint8_t* taken, uint32_t n);
 
@@ -99,6 +105,7 @@ class Agent {
   std::unique_ptr<ProgressEngine> pe_;
   std::unique_ptr<ComchServer> server_;
   std::unique_ptr<CacheEngine> cache_;
+  std::unique_ptr<GpuService> gpu_;
   std::unique_ptr<ClusterNode> cluster_;
   std::vector<std::unique_ptr<RemoteLookup>> remote_lookups_;
   std::vector<RemoteLookup*> free_remote_lookups_;

@@ -9,6 +9,27 @@
 
 namespace dpukv {
 
+namespace {
+
+std::string json_escape(const std::string& in) {
+  std::string out;
+  for (char c : in) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char u[8];
+      std::snprintf(u, sizeof(u), "\\u%04x", static_cast<unsigned>(c));
+      out += u;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 // One table feeds both the JSON of `dpukv stat` and the Prometheus text, so a
 // counter is named and read in one place. Prometheus names carry their unit and
 // counters end in _total.
@@ -78,6 +99,27 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
        "Metrics connections closed at once (16 open) or timed out.",
        mc.refused_busy + mc.timed_out},
   };
+  const GpuService::Counters& g = gpu_->counters();
+  const CudaEngine::Counters ge = gpu_->engine_counters();
+  const std::vector<MetricRow> gpu_rows = {
+      {"gpu_on", "dpukv_gpu_copies_available", "gauge",
+       "1 while the agent copies to and from GPU memory (0: host memory only).",
+       gpu_->on() ? 1u : 0u},
+      {"gpu_exports", "dpukv_gpu_exports_total", "counter", "GPU memory exports accepted.",
+       g.exports},
+      {"gpu_exports_refused", "dpukv_gpu_exports_refused_total", "counter",
+       "GPU memory exports refused (no GPU path, foreign device, bad handle or range).",
+       g.exports_refused},
+      {"gpu_regions", "dpukv_gpu_regions_open", "gauge", "GPU memory regions open now.",
+       gpu_->regions()},
+      {"gpu_copies", "dpukv_gpu_copies_total", "counter",
+       "Copies between the arena and GPU memory.", ge.copies},
+      {"gpu_copy_bytes", "dpukv_gpu_copy_bytes_total", "counter",
+       "Bytes copied between the arena and GPU memory.", ge.bytes},
+      {"gpu_copy_failures", "dpukv_gpu_copy_failures_total", "counter",
+       "GPU copies the driver or the GPU failed (their requests failed).", ge.failed},
+  };
+  rows.insert(rows.end(), gpu_rows.begin(), gpu_rows.end());
   for (size_t i = 0; i < kRequestStates; ++i)
     rows.push_back({kRequestStateNames[i], kRequestStateMetrics[i], "gauge",
                     "Cache requests in this state of the pipeline now.", c.requests_in_state[i]});
@@ -173,6 +215,7 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
 
 std::string Agent::stats_json(bool asker_connected) const {
   std::string out = std::string("{\"version\":\"") + kDpukvVersion + "\"";
+  out += ",\"gpu_path\":\"" + json_escape(gpu_->description()) + "\"";
   for (const MetricRow& m : metric_rows(asker_connected))
     out += ",\"" + std::string(m.json) + "\":" + std::to_string(m.value);
   if (cluster_) {

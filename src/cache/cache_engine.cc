@@ -82,6 +82,7 @@ Status CacheEngine::init() {
   requests_per_state_[static_cast<size_t>(Request::State::kFree)] = opts_.max_requests;
   for (uint32_t i = 0; i < opts_.max_requests; ++i) {
     requests_[i].index = i;
+    requests_[i].owner = this;
     free_requests_.push_back(&requests_[opts_.max_requests - 1 - i]);
   }
   waiting_.reserve(opts_.max_requests);

@@ -25,6 +25,7 @@
 #include "cache/eviction_policy.h"
 #include "cache/slab_allocator.h"
 #include "engines/compress/compress_engine.h"
+#include "engines/device_copier.h"
 #include "engines/dma/dma_engine.h"
 #include "protocol/chunk_key.h"
 #include "runtime/context.h"
@@ -118,6 +119,17 @@ class CacheEngine final : public Context {
   // Copies the chunk after dst's data. NOT_FOUND for a miss or a chunk that failed
   // its checksum; TOO_BIG if dst has less room than the chunk.
   Status retrieve(const ChunkKey& key, Buf* dst, DoneCb cb, void* arg);
+  // The same for device (GPU) memory the copier reaches: the chunk takes the same
+  // path through the tiers (room, eviction, reload from disk, pins, checksums), and
+  // only the copy between the arena and the caller's memory is the copier's. The
+  // checksum of a stored chunk is taken from the arena once the bytes landed; a
+  // retrieve hashes the arena copy while the device copy runs and reports a
+  // mismatch as a miss, as store/retrieve do. Chunks go in unencoded (the codec
+  // runs on host bytes); an encoded chunk is NOT_SUPPORTED for retrieve_device,
+  // and the caller falls back to a host buffer. NOT_SUPPORTED: no copier.
+  void set_device_copier(DeviceCopier* c) { device_ = c; }
+  Status store_device(const ChunkKey& key, const DeviceRange& src, DoneCb cb, void* arg);
+  Status retrieve_device(const ChunkKey& key, const DeviceRange& dst, DoneCb cb, void* arg);
   // Brings a disk-only chunk into memory ahead of a retrieve.
   Status prefetch(const ChunkKey& key, DoneCb cb, void* arg);
 
@@ -214,6 +226,10 @@ class CacheEngine final : public Context {
   Status accept(int kind, const ChunkKey& key, Buf* user, DoneCb cb, void* arg, Request** out);
   void finish(Request* r, Status st);
   Status start_dma(Request* r, Buf* src, Buf* dst);
+  Status start_device_copy(Request* r, bool to_device);
+  static void device_done(void* arg, Status st);
+  Status begin_store_request(Request* r, uint64_t size);
+  void begin_retrieve_request(Request* r, uint64_t room);
   void begin_store(Request* r);
   Status start_codec(Request* r, CompressTask::Op op, Buf* src, Buf* dst);
   void after_encode(Request* r, Status st, uint64_t out_len);
@@ -239,6 +255,7 @@ class CacheEngine final : public Context {
   SlabAllocator mem_alloc_;
   std::unique_ptr<DiskTier> disk_;
   std::unique_ptr<DmaEngine> dma_;
+  DeviceCopier* device_ = nullptr;
   std::unique_ptr<CompressEngine> codec_;
   std::unique_ptr<BufInventory> inv_;
   struct DiskWatcher final : FdWatcher {

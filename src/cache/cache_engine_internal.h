@@ -50,6 +50,8 @@ struct CacheEngine::Request {
   int32_t entry = -1;
   ChunkKey key;
   Buf* user = nullptr;
+  bool device = false;  // the caller's memory is dev (a DeviceCopier region), not user
+  DeviceRange dev;
   Buf* arena_buf = nullptr;
   Buf* arena_buf2 = nullptr;      // the final slot while shrinking
   uint64_t big_off = UINT64_MAX;  // the encode slot while shrinking
@@ -60,6 +62,7 @@ struct CacheEngine::Request {
   Status result;              // of the last engine operation (DMA, codec, disk I/O)
   uint64_t result_value = 0;  // its checksum (DMA) or output length (codec)
   uint32_t index = 0;
+  CacheEngine* owner = nullptr;  // for callbacks that carry only the request
 };
 
 }  // namespace dpukv

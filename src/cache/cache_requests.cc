@@ -28,6 +28,7 @@ CacheEngine::Request* CacheEngine::new_request() {
   set_state(r, Request::State::kFree);
   r->entry = -1;
   r->user = r->arena_buf = r->arena_buf2 = nullptr;
+  r->device = false;
   r->big_off = UINT64_MAX;
   r->cb = nullptr;
   r->arg = nullptr;
@@ -111,6 +112,24 @@ Status CacheEngine::store(const ChunkKey& key, Buf* src, DoneCb cb, void* arg) {
   if (src->data_len() > opts_.max_chunk_bytes) return Code::kTooBig;
   Request* r;
   DPUKV_RETURN_IF_ERROR(accept(static_cast<int>(Request::Kind::kStore), key, src, cb, arg, &r));
+  return begin_store_request(r, src->data_len());
+}
+
+Status CacheEngine::store_device(const ChunkKey& key, const DeviceRange& src, DoneCb cb,
+                                 void* arg) {
+  if (device_ == nullptr) return Code::kNotSupported;
+  if (src.bytes == 0) return Code::kInvalidValue;
+  if (src.bytes > opts_.max_chunk_bytes) return Code::kTooBig;
+  Request* r;
+  DPUKV_RETURN_IF_ERROR(accept(static_cast<int>(Request::Kind::kStore), key, nullptr, cb, arg, &r));
+  r->device = true;
+  r->dev = src;
+  return begin_store_request(r, src.bytes);
+}
+
+// A store the engine accepted: its entry, then room and the copy (begin_store).
+Status CacheEngine::begin_store_request(Request* r, uint64_t size) {
+  const ChunkKey& key = r->key;
   const int32_t existing = find(key);
   if (existing >= 0) {  // chunks are immutable: an existing key is a success, and fresh again
     touch(existing);
@@ -132,15 +151,16 @@ Status CacheEngine::store(const ChunkKey& key, Buf* src, DoneCb cb, void* arg) {
   }
   r->entry = e;
   Entry& en = entries_[static_cast<size_t>(e)];
-  en.size = src->data_len();
+  en.size = size;
   en.loading = true;  // not evictable, not yet present
   // Encoded chunks first take a slot of the codec's worst case, then move to one
-  // of their own size.
+  // of their own size. Device bytes are not on the host for the codec to read.
   const uint64_t bound =
-      codec_ ? kv_encode_bound(KvCodecParams{KvCodec::kLossless, KvDtype::kBf16, {1, 1, 0}, 0},
-                               en.size)
-             : 0;
-  en.encoded = codec_ != nullptr && bound <= page_bytes_;
+      codec_ && !r->device
+          ? kv_encode_bound(KvCodecParams{KvCodec::kLossless, KvDtype::kBf16, {1, 1, 0}, 0},
+                            en.size)
+          : 0;
+  en.encoded = codec_ != nullptr && !r->device && bound <= page_bytes_;
   en.stored = en.encoded ? bound : en.size;
   begin_store(r);
   return Code::kSuccess;
@@ -161,11 +181,16 @@ void CacheEngine::begin_store(Request* r) {
   }
   en.mem_off = off;
   en.in_mem = true;
-  Status st = inv_->get_by_addr(arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + off,
-                                en.stored, &r->arena_buf);
-  if (st.ok())
-    st = en.encoded ? start_codec(r, CompressTask::Op::kCompress, r->user, r->arena_buf)
-                    : start_dma(r, r->user, r->arena_buf);
+  Status st;
+  if (r->device) {
+    st = start_device_copy(r, false);
+  } else {
+    st = inv_->get_by_addr(arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + off, en.stored,
+                           &r->arena_buf);
+    if (st.ok())
+      st = en.encoded ? start_codec(r, CompressTask::Op::kCompress, r->user, r->arena_buf)
+                      : start_dma(r, r->user, r->arena_buf);
+  }
   if (!st.ok()) {
     mem_alloc_.free(off);
     en.in_mem = false;
@@ -260,27 +285,78 @@ Status CacheEngine::retrieve(const ChunkKey& key, Buf* dst, DoneCb cb, void* arg
   if (dst == nullptr) return Code::kInvalidValue;
   Request* r;
   DPUKV_RETURN_IF_ERROR(accept(static_cast<int>(Request::Kind::kRetrieve), key, dst, cb, arg, &r));
-  const int32_t e = find(key);
+  begin_retrieve_request(r, dst->tail_room());
+  return Code::kSuccess;
+}
+
+Status CacheEngine::retrieve_device(const ChunkKey& key, const DeviceRange& dst, DoneCb cb,
+                                    void* arg) {
+  if (device_ == nullptr) return Code::kNotSupported;
+  if (dst.bytes == 0) return Code::kInvalidValue;
+  Request* r;
+  DPUKV_RETURN_IF_ERROR(
+      accept(static_cast<int>(Request::Kind::kRetrieve), key, nullptr, cb, arg, &r));
+  r->device = true;
+  r->dev = dst;
+  begin_retrieve_request(r, dst.bytes);
+  return Code::kSuccess;
+}
+
+// A retrieve the engine accepted, with `room` bytes where the chunk goes: a miss,
+// a chunk too big, or on to the copy (after a reload for a disk-only chunk).
+void CacheEngine::begin_retrieve_request(Request* r, uint64_t room) {
+  const int32_t e = find(r->key);
   if (e < 0 ||
       !(entries_[static_cast<size_t>(e)].mem_ready || entries_[static_cast<size_t>(e)].on_disk)) {
     ++st_.misses;
     finish(r, Code::kNotFound);
-    return Code::kSuccess;
+    return;
   }
   Entry& en = entries_[static_cast<size_t>(e)];
-  if (dst->tail_room() < en.size) {
+  if (r->device && en.encoded) {  // the decoder writes host memory only
+    finish(r, Code::kNotSupported);
+    return;
+  }
+  if (room < en.size) {
     finish(r, Code::kTooBig);
-    return Code::kSuccess;
+    return;
   }
   r->entry = e;
   ++en.hits;
   if (en.mem_ready) {
     begin_read(r);
-    return Code::kSuccess;
+    return;
   }
   Status st = start_reload(r);
   if (!st.ok()) finish(r, st);
+}
+
+// Arena <-> device memory on the copier. The checksum the cache keeps is of the
+// arena's bytes: a store hashes them once they landed (device_done), a retrieve
+// while the copy runs (the chunk cannot change under its reader).
+Status CacheEngine::start_device_copy(Request* r, bool to_device) {
+  Entry& en = entries_[static_cast<size_t>(r->entry)];
+  uint8_t* host = static_cast<uint8_t*>(arena_->data()) + en.mem_off;
+  DPUKV_RETURN_IF_ERROR(device_->copy(r->dev.region, r->dev.offset, host, en.size, to_device,
+                                      &CacheEngine::device_done, r));
+  ++engine_ops_;
+  set_state(r, Request::State::kDma);
+  if (to_device) r->result_value = XXH3_64bits(host, en.stored);
   return Code::kSuccess;
+}
+
+void CacheEngine::device_done(void* arg, Status st) {
+  auto* r = static_cast<Request*>(arg);
+  CacheEngine* self = r->owner;
+  r->result = st;
+  if (r->kind == Request::Kind::kStore && st.ok()) {
+    const Entry& en = self->entries_[static_cast<size_t>(r->entry)];
+    r->result_value =
+        XXH3_64bits(static_cast<uint8_t*>(self->arena_->data()) + en.mem_off, en.stored);
+  }
+  --self->engine_ops_;
+  self->advance(r);
+  self->retry_waiting();
 }
 
 // Memory copy → the client's buffer: a DMA (checksummed) or, for an encoded chunk,
@@ -288,12 +364,17 @@ Status CacheEngine::retrieve(const ChunkKey& key, Buf* dst, DoneCb cb, void* arg
 void CacheEngine::begin_read(Request* r) {
   Entry& en = entries_[static_cast<size_t>(r->entry)];
   ++en.readers;
-  Status st =
-      inv_->get_by_data(arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + en.mem_off,
-                        en.stored, &r->arena_buf);
-  if (st.ok())
-    st = en.encoded ? start_codec(r, CompressTask::Op::kDecompress, r->arena_buf, r->user)
-                    : start_dma(r, r->arena_buf, r->user);
+  Status st;
+  if (r->device) {
+    // An encoded chunk is refused before; a reload cannot make one.
+    st = en.encoded ? Status(Code::kNotSupported) : start_device_copy(r, true);
+  } else {
+    st = inv_->get_by_data(arena_map_.get(), static_cast<uint8_t*>(arena_->data()) + en.mem_off,
+                           en.stored, &r->arena_buf);
+    if (st.ok())
+      st = en.encoded ? start_codec(r, CompressTask::Op::kDecompress, r->arena_buf, r->user)
+                      : start_dma(r, r->arena_buf, r->user);
+  }
   if (!st.ok()) {
     --en.readers;
     finish(r, st);

@@ -4,13 +4,15 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "client/client.h"
 
 struct dpukv_client {
   std::unique_ptr<dpukv::Client> c;
-  std::vector<dpukv::Staging> staging;
+  std::vector<dpukv::Staging> staging;  // host and GPU (a GPU one has no data)
+  std::vector<dpukv::GpuStaging> gpu;
 };
 
 static_assert(sizeof(dpukv_key) == sizeof(dpukv::ChunkKey));
@@ -76,6 +78,39 @@ int dpukv_alloc_staging(dpukv_client* c, size_t bytes, void** data, uint64_t* st
   *data = s.data;
   *staging_id = s.id;
   return 0;
+}
+
+int dpukv_export_gpu(dpukv_client* c, uint64_t device_ptr, size_t bytes, int device,
+                     uint64_t* staging_id) {
+  if (c == nullptr || staging_id == nullptr) return code(dpukv::Code::kInvalidValue);
+  dpukv::GpuStaging g;
+  std::string why;
+  dpukv::Status st = c->c->export_gpu(device_ptr, bytes, device, &g, &why);
+  if (!st.ok()) return code(st);
+  c->gpu.push_back(g);
+  c->staging.push_back(g.staging());
+  *staging_id = g.id;
+  return 0;
+}
+
+int dpukv_agent_gpu(dpukv_client* c) {
+  return c != nullptr && c->c->agent_gpu() ? 1 : 0;
+}
+
+int dpukv_release_gpu(dpukv_client* c, uint64_t staging_id) {
+  if (c == nullptr) return code(dpukv::Code::kInvalidValue);
+  for (size_t i = 0; i < c->gpu.size(); ++i) {
+    if (c->gpu[i].id != staging_id) continue;
+    dpukv::Status st = c->c->release_gpu(c->gpu[i]);
+    c->gpu.erase(c->gpu.begin() + static_cast<long>(i));
+    for (size_t k = 0; k < c->staging.size(); ++k) {
+      if (c->staging[k].id != staging_id) continue;
+      c->staging.erase(c->staging.begin() + static_cast<long>(k));
+      break;
+    }
+    return code(st);
+  }
+  return code(dpukv::Code::kNotFound);
 }
 
 int dpukv_store(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,

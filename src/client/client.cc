@@ -103,13 +103,107 @@ Status Client::open_channel(uint32_t timeout_ms) {
     std::memcpy(&hr, resp.data() + sizeof(AgentHeader), sizeof(hr));
     max_staging_ = hr.max_staging_bytes;
   }
+  agent_gpu_ = (hr.flags & agent::kHelloGpu) != 0;
   for (auto& s : staging_) {
     ComchSendTask* t;
     DPUKV_RETURN_IF_ERROR(
         ch_->export_alloc_init(ch_->connection(), *s.map, s.map->id(), UserData{}, &t));
     DPUKV_RETURN_IF_ERROR(ch_->submit(t));
   }
+  // GPU exports too. One the new agent refuses (no GPU path there) is logged and
+  // its requests are refused by the agent: the session itself goes on.
+  for (const agent::GpuExportEntry& e : gpu_exports_) {
+    std::string why;
+    Status st = send_gpu_export(e, &why);
+    if (st == Code::kConnectionReset || st == Code::kTimeout) return st;
+    if (!st.ok())
+      LOG_WARN("client: GPU staging of %llu bytes not exported again: %s (%s)",
+               static_cast<unsigned long long>(e.bytes), std::string(st.name()).c_str(),
+               why.c_str());
+  }
   return Code::kSuccess;
+}
+
+Status Client::send_gpu_export(const agent::GpuExportEntry& e, std::string* why) {
+  std::vector<uint8_t> resp;
+  Status st = call(Op::kGpuExport, 0, &e, sizeof(e), 1, &resp);
+  if (!st.ok() && resp.size() > sizeof(AgentHeader))
+    why->assign(reinterpret_cast<const char*>(resp.data()) + sizeof(AgentHeader),
+                resp.size() - sizeof(AgentHeader));
+  return st;
+}
+
+bool Client::agent_gpu() {
+  std::lock_guard<std::mutex> g(mu_);
+  return ensure_connected().ok() && agent_gpu_;
+}
+
+Status Client::export_gpu(uint64_t device_ptr, size_t bytes, int device, GpuStaging* out,
+                          std::string* why) {
+  std::string scratch;
+  if (why == nullptr) why = &scratch;
+  if (out == nullptr || bytes == 0 || device_ptr == 0 || device < 0) {
+    *why = "no memory named";
+    return Code::kInvalidValue;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  DPUKV_RETURN_IF_ERROR(ensure_connected());
+  if (!agent_gpu_) {
+    *why = "the agent has no GPU path (`dpukv stat` says why)";
+    return Code::kNotSupported;
+  }
+  if (!cuda_) DPUKV_RETURN_IF_ERROR(cuda::Driver::open(&cuda_, why));
+  using namespace cuda;  // NOLINT(google-build-using-namespace): the driver's names
+  const Driver& d = *cuda_;
+  CUdevice dev = 0;
+  CUuuid uuid;
+  CUcontext ctx = nullptr;
+  CUresult r = d.device_get(&dev, device);
+  if (r == kCudaSuccess) r = d.device_get_uuid(&uuid, dev);
+  if (r == kCudaSuccess) r = d.primary_ctx_retain(&ctx, dev);
+  if (r != kCudaSuccess) {
+    *why = "CUDA device " + std::to_string(device) + ": " + d.error_name(r);
+    return Driver::to_status(r);
+  }
+  // The primary context is the one torch and the runtime API use: making it
+  // current on this thread changes nothing for them.
+  r = d.ctx_set_current(ctx);
+  CUdeviceptr base = 0;
+  size_t alloc = 0;
+  if (r == kCudaSuccess) r = d.mem_get_address_range(&base, &alloc, device_ptr);
+  agent::GpuExportEntry e{};
+  CUipcMemHandle h;
+  if (r == kCudaSuccess && (device_ptr - base > alloc || bytes > alloc - (device_ptr - base))) {
+    (void)d.primary_ctx_release(dev);
+    *why = "the range leaves its allocation of " + std::to_string(alloc) + " bytes";
+    return Code::kInvalidValue;
+  }
+  if (r == kCudaSuccess) r = d.ipc_get_mem_handle(&h, base);
+  (void)d.primary_ctx_release(dev);
+  if (r != kCudaSuccess) {
+    *why = "not exportable device memory: " + d.error_name(r);
+    return Code::kInvalidValue;
+  }
+  e.map_id = agent::kGpuMapBit | next_gpu_id_++;
+  e.offset = device_ptr - base;
+  e.bytes = bytes;
+  std::memcpy(e.device_uuid, uuid.bytes, sizeof(e.device_uuid));
+  std::memcpy(e.handle, h.reserved, sizeof(e.handle));
+  DPUKV_RETURN_IF_ERROR(send_gpu_export(e, why));
+  gpu_exports_.push_back(e);
+  *out = GpuStaging{device_ptr, bytes, device, e.map_id};
+  return Code::kSuccess;
+}
+
+Status Client::release_gpu(const GpuStaging& gs) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = std::find_if(gpu_exports_.begin(), gpu_exports_.end(),
+                         [&](const agent::GpuExportEntry& e) { return e.map_id == gs.id; });
+  if (it == gpu_exports_.end()) return Code::kNotFound;
+  gpu_exports_.erase(it);
+  DPUKV_RETURN_IF_ERROR(ensure_connected());
+  std::vector<uint8_t> resp;
+  return call(Op::kGpuRelease, 0, &gs.id, sizeof(gs.id), 1, &resp);
 }
 
 Status Client::ensure_connected() {

@@ -24,6 +24,7 @@
 #include "comch/client.h"
 #include "protocol/agent_wire.h"
 #include "protocol/chunk_key.h"
+#include "runtime/cuda_driver.h"
 #include "runtime/mem_region.h"
 
 namespace dpukv {
@@ -43,6 +44,18 @@ struct Staging {
   uint64_t id = 0;  // the map id the agent knows it by
 };
 
+// GPU memory exported to the agent, which copies into and out of it with its own
+// CUDA engine (the offload side owns the copy, as a BlueField's DMA engine writing
+// into GPU memory the host exposed). Store and retrieve name regions of it as of
+// host staging: staging() is what they take.
+struct GpuStaging {
+  uint64_t device_ptr = 0;
+  size_t size = 0;
+  int device = 0;   // CUDA device ordinal in this process
+  uint64_t id = 0;  // the map id the agent knows it by (agent::kGpuMapBit set)
+  Staging staging() const { return Staging{nullptr, size, id}; }
+};
+
 class Client {
  public:
   // Connects (retrying until connect_timeout_ms). NOT_FOUND if no agent answered.
@@ -55,6 +68,20 @@ class Client {
   Status alloc_staging(size_t bytes, Staging* out);
   // The agent's limit on all staging of one client (0: none), as of the last HELLO.
   uint64_t max_staging_bytes() const { return max_staging_; }
+
+  // True when the agent said (at the last HELLO) that it copies GPU memory.
+  bool agent_gpu();
+  // Exports [device_ptr, device_ptr + bytes) of CUDA device `device` (ordinal)
+  // to the agent: the CUDA driver is loaded in this process (DPUKV_CUDA_DRIVER,
+  // else libcuda.so.1) for the IPC handle of the allocation that holds the range.
+  // NOT_SUPPORTED: no driver here, or the agent has no GPU path (use host staging);
+  // NOT_PERMITTED: the agent does not see this GPU; INVALID_VALUE: not device
+  // memory, or the range leaves its allocation. *why (may be null) says which.
+  // The export is made again when the client reconnects to a restarted agent.
+  Status export_gpu(uint64_t device_ptr, size_t bytes, int device, GpuStaging* out,
+                    std::string* why = nullptr);
+  // Closes an export at the agent (the memory itself stays the caller's).
+  Status release_gpu(const GpuStaging& g);
 
   // Batch operations over regions of one staging buffer. per_entry (may be null)
   // gets each entry's status; the return value is the first error, if any. An
@@ -129,7 +156,12 @@ class Client {
   // Responses arrive on the channel's callback; the waiting call picks its own.
   std::vector<std::pair<uint64_t, std::vector<uint8_t>>> responses_;
   bool lost_ = false;
-  uint64_t max_staging_ = 0;  // from the agent's HELLO reply
+  uint64_t max_staging_ = 0;                        // from the agent's HELLO reply
+  bool agent_gpu_ = false;                          // the same: the agent copies GPU memory
+  std::unique_ptr<cuda::Driver> cuda_;              // loaded at the first GPU export
+  std::vector<agent::GpuExportEntry> gpu_exports_;  // made again on reconnect
+  uint64_t next_gpu_id_ = 1;
+  Status send_gpu_export(const agent::GpuExportEntry& e, std::string* why);
   struct Pending {
     Ticket ticket;
     std::vector<uint64_t> ids;     // one request per message

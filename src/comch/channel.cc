@@ -30,6 +30,12 @@ void ComchConnection::on_fd_ready(uint32_t events) {
   owner_->on_conn_ready(this, events);
 }
 
+uint64_t ComchConnection::imported_bytes() const {
+  uint64_t n = 0;
+  for (const auto& m : imports_) n += m->length();
+  return n;
+}
+
 Mmap* ComchConnection::imported_map(uint64_t peer_map_id) const {
   for (const auto& m : imports_)
     if (m->peer_map_id() == peer_map_id) return m.get();

@@ -112,6 +112,8 @@ class ComchConnection final : public FdWatcher {
   uint32_t max_msg() const { return max_msg_; }
   // A map the peer exported, by the peer's map id; nullptr if none.
   Mmap* imported_map(uint64_t peer_map_id) const;
+  // Bytes of every map the peer exported on this connection.
+  uint64_t imported_bytes() const;
   // Drops an imported map early (the peer unregistered it). The map must have no
   // live buffers. NOT_FOUND if the connection does not hold it.
   Status release_import(Mmap* map);

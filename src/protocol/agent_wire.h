@@ -17,22 +17,40 @@ inline constexpr uint16_t kProtocolVersion = 1;
 inline constexpr uint16_t kResponse = 0x8000;
 
 enum class Op : uint16_t {
-  kHello = 1,     // entry: HelloEntry; response: HelloReply (older agents: status only)
-  kStore = 2,     // entries: IoEntry (source regions of the client's staging)
-  kRetrieve = 3,  // entries: IoEntry (destination regions)
-  kLookup = 4,    // entries: ChunkKey; flags & kPin pins the leading hits
-  kContains = 5,  // entries: ChunkKey; response: a status byte per key (SUCCESS or NOT_FOUND)
-  kRemove = 6,    // entries: ChunkKey
-  kPrefetch = 7,  // entries: ChunkKey
-  kUnpin = 8,     // entries: ChunkKey
-  kStats = 9,     // no entries; response: JSON
-  kClear = 10,    // no entries: drops every chunk of the session's model (all: model 0)
-                  // that is not in use or pinned; response: u64 chunks removed
-  kPush = 11,     // body: PushHeader, then count ChunkKeys (at most kMaxPushKeys): the
-                  // agent offers those chunks to another agent of its cluster (a
-                  // prefill-to-decode transfer); response: a status byte per key,
-                  // SUCCESS once the destination holds it
+  kHello = 1,        // entry: HelloEntry; response: HelloReply (older agents: status only)
+  kStore = 2,        // entries: IoEntry (source regions of the client's staging)
+  kRetrieve = 3,     // entries: IoEntry (destination regions)
+  kLookup = 4,       // entries: ChunkKey; flags & kPin pins the leading hits
+  kContains = 5,     // entries: ChunkKey; response: a status byte per key (SUCCESS or NOT_FOUND)
+  kRemove = 6,       // entries: ChunkKey
+  kPrefetch = 7,     // entries: ChunkKey
+  kUnpin = 8,        // entries: ChunkKey
+  kStats = 9,        // no entries; response: JSON
+  kClear = 10,       // no entries: drops every chunk of the session's model (all: model 0)
+                     // that is not in use or pinned; response: u64 chunks removed
+  kPush = 11,        // body: PushHeader, then count ChunkKeys (at most kMaxPushKeys): the
+                     // agent offers those chunks to another agent of its cluster (a
+                     // prefill-to-decode transfer); response: a status byte per key,
+                     // SUCCESS once the destination holds it
+  kGpuExport = 12,   // entry: GpuExportEntry; the client's GPU memory, by CUDA IPC
+                     // handle. Response: status, and on failure the reason as text.
+                     // NOT_SUPPORTED: the agent has no GPU path (HelloReply says so).
+  kGpuRelease = 13,  // entry: u64 map id of a GPU export; the agent closes it
 };
+
+// Map ids of GPU exports have this bit; memfd exports never do. Store and
+// retrieve name either kind in IoEntry::map_id.
+inline constexpr uint64_t kGpuMapBit = 1ull << 63;
+
+struct GpuExportEntry {
+  uint64_t map_id;          // chosen by the client, with kGpuMapBit
+  uint64_t offset;          // of the exported range inside the allocation the handle names
+  uint64_t bytes;           // of the range
+  uint8_t device_uuid[16];  // the GPU's UUID (cuDeviceGetUuid)
+  uint8_t handle[64];       // CUipcMemHandle of the allocation
+  uint64_t reserved;        // 0
+};
+static_assert(sizeof(GpuExportEntry) == 112);
 
 inline constexpr uint32_t kMaxPushKeys = 64;
 
@@ -64,8 +82,9 @@ static_assert(sizeof(HelloEntry) == 16);
 
 struct HelloReply {
   uint64_t max_staging_bytes;  // memory this client may export in all (0: no limit)
-  uint64_t reserved;
+  uint64_t flags;              // kHelloGpu: the agent copies to and from GPU memory
 };
+inline constexpr uint64_t kHelloGpu = 1;
 static_assert(sizeof(HelloReply) == 16);
 
 struct IoEntry {

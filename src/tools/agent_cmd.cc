@@ -96,6 +96,8 @@ struct Settings {
       {"advertise", "DPUKV_ADVERTISE", Kind::kText, 0, nullptr, "", ""},
       {"remote_tier", nullptr, Kind::kChoice, 0, "none|redis", "none", ""},
       {"directory_replica_keys", nullptr, Kind::kCount, 1u << 28, nullptr, "1048576", ""},
+      {"gpu", nullptr, Kind::kChoice, 0, "auto|off", "auto", ""},
+      {"cuda_driver", nullptr, Kind::kText, 0, nullptr, "", ""},
   };
   Setting* find(const std::string& name) {
     for (Setting& s : all)
@@ -482,6 +484,8 @@ int run_agent(Settings st, const std::string& config) {
   o.cache.dma.num_threads =
       std::max<uint32_t>(1, static_cast<uint32_t>(as_u64(&st, "dma_threads")));
   o.cache.compress = as_bool(&st, "compress");
+  o.gpu.enabled = st.at("gpu").value != "off";
+  o.gpu.driver_library = st.at("cuda_driver").value;
   if (CacheEngine::slot_bytes(o.cache) > mem) {
     std::cerr << "dpukv agent: with compress, a chunk of max_chunk_size (" << mib(max_chunk)
               << ") first takes a slot of the codec's worst case ("
@@ -633,6 +637,13 @@ int run_stat(const std::string& socket, bool json) {
   std::printf("disk errors    %llu checksum, %llu I/O, %llu index log\n",
               (unsigned long long)u("checksum_failures"), (unsigned long long)u("io_errors"),
               (unsigned long long)u("disk_log_errors"));
+  std::printf("gpu path       %s", j.value("gpu_path", std::string("?")).c_str());
+  if (u("gpu_on"))
+    std::printf("; %llu exports (%llu refused), %llu copies (%s), %llu FAILED",
+                (unsigned long long)u("gpu_exports"), (unsigned long long)u("gpu_exports_refused"),
+                (unsigned long long)u("gpu_copies"), mib(u("gpu_copy_bytes")).c_str(),
+                (unsigned long long)u("gpu_copy_failures"));
+  std::printf("\n");
   if (!j.contains("cluster_node")) {
     std::printf("cluster        none\n");
     return 0;
@@ -739,6 +750,12 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
       {"--directory-replica-keys", "directory_replica_keys",
        "Chunks this agent's replica of the directory may hold, about 110 bytes each; lookups "
        "ask Redis beyond it, 0: always (default 1048576)"},
+      {"--gpu", "gpu",
+       "auto: copy to and from clients' GPU memory when a CUDA driver and device are there "
+       "(else host memory only, and `dpukv stat` says why); off: never load a driver "
+       "(default auto)"},
+      {"--cuda-driver", "cuda_driver",
+       "The CUDA driver library to load (default: $DPUKV_CUDA_DRIVER, else libcuda.so.1)"},
       {"--advertise", "advertise",
        "Address other agents reach this one at: peers' reads go over the interface that has it "
        "(default: every interface UCX finds)"},

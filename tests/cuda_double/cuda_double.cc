@@ -1,5 +1,5 @@
 // A TEST DOUBLE of the CUDA driver (libcuda.so.1) for CI machines without a GPU: the
-// subset dpukv's driver boundary loads (src/engines/gpu/cuda_driver.h), with the
+// subset dpukv's driver boundary loads (src/runtime/cuda_driver.h), with the
 // behaviour the CUDA Driver API reference documents for each call (docs.nvidia.com/
 // cuda/cuda-driver-api, cited per call below). It makes the code above the boundary
 // run in CI; it does not make the real path verified. scripts/gpu_check.sh runs the
@@ -336,6 +336,12 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* p, CUipcMemHandle h, unsigned flags)
     return kInvalidHandle;
   const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return kInvalidHandle;
+  // A handle is opaque to its holder: one whose size was altered names nothing.
+  struct stat sb {};
+  if (fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) != x.size) {
+    close(fd);
+    return kInvalidHandle;
+  }
   void* m = mmap(nullptr, x.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (m == MAP_FAILED) return kMapFailed;

@@ -134,6 +134,11 @@ void CudaEngine::close_region(uint64_t id) {
   regions_.erase(it);
 }
 
+uint64_t CudaEngine::region_bytes(uint64_t id) const {
+  auto it = regions_.find(id);
+  return it == regions_.end() || it->second.closing ? 0 : it->second.bytes;
+}
+
 Status CudaEngine::release(uint64_t id) {
   auto it = regions_.find(id);
   if (it == regions_.end() || it->second.closing) return Code::kNotFound;
@@ -176,10 +181,9 @@ Status CudaEngine::copy(uint64_t region, uint64_t offset, void* host, uint64_t b
   return Code::kSuccess;
 }
 
-// The front copy of s is done with st: its region, its event, its callback.
-void CudaEngine::finish(Stream& s, Status st) {
-  Copy c = s.copies.front();
-  s.copies.pop_front();
+// A copy is done with st: its region, its event, its callback (which may issue
+// new copies).
+void CudaEngine::finish(const Copy& c, Status st) {
   free_events_.push_back(c.event);
   --inflight_;
   auto it = regions_.find(c.region);
@@ -199,13 +203,17 @@ size_t CudaEngine::poll() {
       if (r == kCudaErrorNotReady) break;
       ++n;
       if (r == kCudaSuccess) {
-        finish(s, Code::kSuccess);
+        const Copy c = s.copies.front();
+        s.copies.pop_front();
+        finish(c, Code::kSuccess);
         continue;
       }
       // The GPU failed a copy: it and everything after it on this stream fail; the
-      // stream is replaced (CUDA's errors stick to it), or the engine stops.
+      // stream is replaced (CUDA's errors stick to it), or the engine stops. The
+      // callbacks run after the replacement: a copy they issue goes on a live stream.
       LOG_ERR("cuda engine: a copy failed: %s", drv_->error_name(r).c_str());
-      while (!s.copies.empty()) finish(s, Driver::to_status(r));
+      std::deque<Copy> failed;
+      failed.swap(s.copies);
       (void)drv_->stream_destroy(s.s);
       s.s = nullptr;
       const CUresult again = drv_->stream_create(&s.s, kStreamNonBlocking);
@@ -216,6 +224,7 @@ size_t CudaEngine::poll() {
                   "): GPU copies are off until the agent restarts";
         LOG_ERR("cuda engine: %s", broken_.c_str());
       }
+      for (const Copy& c : failed) finish(c, Driver::to_status(r));
       break;
     }
   }

@@ -23,8 +23,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engines/gpu/cuda_driver.h"
+#include "engines/device_copier.h"
 #include "runtime/context.h"
+#include "runtime/cuda_driver.h"
 
 namespace dpukv {
 
@@ -43,9 +44,9 @@ struct GpuRegionDesc {
   uint64_t bytes;
 };
 
-class CudaEngine final : public Context {
+class CudaEngine final : public Context, public DeviceCopier {
  public:
-  using CopyCb = void (*)(void* arg, Status st);
+  using CopyCb = DeviceCopier::DoneCb;
 
   // NOT_SUPPORTED with *why when there is no driver or no device.
   static Status create(ProgressEngine* pe, const CudaEngineOptions& o,
@@ -66,7 +67,11 @@ class CudaEngine final : public Context {
   // INVALID_VALUE: outside the region or the registered host memory; AGAIN: too
   // many copies in flight; NOT_SUPPORTED: the engine stopped taking copies.
   Status copy(uint64_t region, uint64_t offset, void* host, uint64_t bytes, bool to_gpu, CopyCb cb,
-              void* arg);
+              void* arg) override;
+  // The region's bytes (0: no such region): what a request may name in it.
+  uint64_t region_bytes(uint64_t id) const;
+  // The device's UUID and ordinal this engine copies to.
+  const uint8_t* device_uuid() const { return uuid_; }
 
   size_t regions() const { return regions_.size(); }
   uint32_t inflight() const { return inflight_; }
@@ -101,7 +106,7 @@ class CudaEngine final : public Context {
   bool drained() override;
   size_t poll() override;
   bool arm_notification() override;
-  void finish(Stream& s, Status st);
+  void finish(const Copy& c, Status st);
   void close_region(uint64_t id);
 
   CudaEngineOptions opts_;

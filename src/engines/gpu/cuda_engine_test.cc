@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "engines/gpu/cuda_test_support.h"
+#include "cuda_double/cuda_test_support.h"
 #include "runtime/child_process.h"
 #include "runtime/progress_engine.h"
 

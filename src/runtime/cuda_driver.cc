@@ -1,4 +1,4 @@
-#include "engines/gpu/cuda_driver.h"
+#include "runtime/cuda_driver.h"
 
 #include <dlfcn.h>
 

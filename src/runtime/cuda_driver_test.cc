@@ -4,7 +4,7 @@
 // its failures, device and context, asynchronous copies at odd offsets and sizes
 // finished through events, GPU memory opened from another process through an IPC
 // handle, and each injected fault as the value the caller sees.
-#include "engines/gpu/cuda_driver.h"
+#include "runtime/cuda_driver.h"
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>
@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "engines/gpu/cuda_test_support.h"
+#include "cuda_double/cuda_test_support.h"
 #include "runtime/child_process.h"
 
 namespace dpukv::cuda {

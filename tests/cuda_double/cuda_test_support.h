@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -31,11 +32,11 @@ inline bool inject(const char* what) {
   return true;
 }
 
-// Starts this test binary for the one test `test`, with env added to this
-// process's environment; fa (may be null) sets up its descriptors. -1 on failure.
-inline pid_t spawn_test(const std::string& test, std::vector<std::string> env,
-                        const posix_spawn_file_actions_t* fa) {
-  std::vector<std::string> args = {"/proc/self/exe", "--gtest_filter=" + test};
+// Starts bin with args (args[0] included) and env added to this process's
+// environment (the first of a name wins); fa (may be null) sets up its
+// descriptors. -1 on failure.
+inline pid_t spawn_with_env(const std::string& bin, std::vector<std::string> args,
+                            std::vector<std::string> env, const posix_spawn_file_actions_t* fa) {
   for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());
@@ -43,7 +44,14 @@ inline pid_t spawn_test(const std::string& test, std::vector<std::string> env,
   argv.push_back(nullptr);
   envp.push_back(nullptr);
   pid_t pid = -1;
-  return posix_spawn(&pid, "/proc/self/exe", fa, nullptr, argv.data(), envp.data()) == 0 ? pid : -1;
+  return posix_spawn(&pid, bin.c_str(), fa, nullptr, argv.data(), envp.data()) == 0 ? pid : -1;
+}
+
+// Starts this test binary for the one test `test`.
+inline pid_t spawn_test(const std::string& test, std::vector<std::string> env,
+                        const posix_spawn_file_actions_t* fa) {
+  return spawn_with_env("/proc/self/exe", {"/proc/self/exe", "--gtest_filter=" + test},
+                        std::move(env), fa);
 }
 
 }  // namespace dpukv::cuda_test
