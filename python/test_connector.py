@@ -23,9 +23,12 @@ from dpukv.connector import DpukvConnector, LoadMiss  # noqa: E402
 from dpukv.model import LlamaConfig, LlamaModel, PagedKVCache  # noqa: E402
 
 DEVICE = None
+DEV = "cpu"  # where the model and the KV caches live
 if os.environ.get("DPUKV_TEST_DEVICE") == "cuda-double":
     from dpukv.device import CudaDouble
     DEVICE = CudaDouble()
+elif os.environ.get("DPUKV_TEST_DEVICE") == "cuda":  # a GPU machine (scripts/gpu_check.sh)
+    DEV = "cuda"
 PATH = os.environ.get("DPUKV_TEST_PATH", "host")
 _Connector = DpukvConnector
 
@@ -36,10 +39,10 @@ def DpukvConnector(*args, **kw):  # noqa: N802: every connector of this test, on
 
 torch.manual_seed(0)
 cfg = LlamaConfig(dtype=torch.bfloat16)
-model = LlamaModel(cfg)
+model = LlamaModel(cfg, device=DEV)
 BLOCK, CHUNK = 16, 32
 client = dpukv.Client(sys.argv[2], model=dpukv.model_id("ref-llama"))
-cache = PagedKVCache(cfg, num_blocks=64, block_size=BLOCK)
+cache = PagedKVCache(cfg, num_blocks=64, block_size=BLOCK, device=DEV)
 conn = DpukvConnector(client, "ref-llama", chunk_tokens=CHUNK, staging_bytes=8 << 20)
 conn.register_kv_caches(cache.layers)
 assert conn.path == PATH, (conn.path, conn.path_reason)
@@ -78,7 +81,7 @@ assert hit_b == 96, hit_b
 assert conn.counters["loaded_chunks"] == 3 * cfg.layers, conn.counters
 
 # The same model reusing A's prefix KV held in memory (no dpukv).
-ref = PagedKVCache(cfg, num_blocks=64, block_size=BLOCK)
+ref = PagedKVCache(cfg, num_blocks=64, block_size=BLOCK, device=DEV)
 blocks_r = ref.allocate(len(prompt_b))
 for l in range(cfg.layers):
     ref.layers[l][:, blocks_r[:96 // BLOCK]] = cache.layers[l][:, blocks_a[:96 // BLOCK]]
@@ -86,7 +89,7 @@ logits_r = model.forward(prompt_b[96:], 96, ref, blocks_r)
 assert torch.equal(logits_b, logits_r), (logits_b - logits_r).abs().max()
 
 # A full prefill of B: the same up to the rounding of a different computation order.
-full = PagedKVCache(cfg, num_blocks=64, block_size=BLOCK)
+full = PagedKVCache(cfg, num_blocks=64, block_size=BLOCK, device=DEV)
 logits_f = model.forward(prompt_b, 0, full, full.allocate(len(prompt_b)))
 diff = (logits_b - logits_f).abs().max().item()
 assert diff <= 0.05 * logits_f.abs().max().item(), (diff, logits_f.abs().max().item())
@@ -143,7 +146,7 @@ conn.request_finished("c")
 def save_prompt(c, req, tokens):
     blocks = cache.allocate(len(tokens))
     for kv in cache.layers:
-        kv[:, blocks] = torch.randn(kv[:, blocks].shape).to(kv.dtype)
+        kv[:, blocks] = torch.randn(kv[:, blocks].shape).to(kv.dtype).to(kv.device)
     for layer in range(cfg.layers):
         c.save_kv_layer(req, layer, tokens, blocks)
     c.wait_for_save()
@@ -171,7 +174,7 @@ def batch_loads(c, prompts, sources):
         c.request_finished(f"batch{i}")
 
 
-cache = PagedKVCache(cfg, num_blocks=256, block_size=BLOCK)
+cache = PagedKVCache(cfg, num_blocks=256, block_size=BLOCK, device=DEV)
 client3 = dpukv.Client(sys.argv[2], model=dpukv.model_id("ref-llama-3"))
 batch = DpukvConnector(client3, "ref-llama-3", chunk_tokens=CHUNK, staging_bytes=8 << 20)
 batch.register_kv_caches(cache.layers)

@@ -8,7 +8,10 @@ build=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 BUILD=$build "$src/scripts/gpu_check.sh" --bundle "$tmp/bundle" >/dev/null
-DPUKV_CUDA_DRIVER=$build/cuda_double/libcuda.so.1 "$tmp/bundle/gpu_check.sh" "$tmp/bundle" >"$tmp/out.json"
+# The Python parts through the double too, with Debian's Python and a small agent.
+DPUKV_CUDA_DRIVER=$build/cuda_double/libcuda.so.1 GPU_CHECK_DEVICE=cuda-double \
+  PYTHON=/usr/bin/python3 GPU_CHECK_AGENT_MEMORY=256M \
+  "$tmp/bundle/gpu_check.sh" "$tmp/bundle" >"$tmp/out.json"
 /usr/bin/python3 - "$tmp/out.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -17,5 +20,9 @@ assert len(tests) >= 8, tests
 assert all(t.get("result") in ("passed", "skipped") for t in tests.values()), tests
 assert tests["CudaEngineTest.CopiesIntoAndOutOfAClientsGpuMemoryByteForByte"]["result"] == "passed"
 assert tests["GpuAgentTest.GpuAndHostStagingMoveTheSameBytesAtOddOffsetsAndSizes"]["result"] == "passed"
+assert tests["python.connector_cuda"]["result"] == "passed", tests["python.connector_cuda"]
+rows = d["bench_connector"]["results"]
+assert {r["op"] for r in rows} >= {"ttft", "save_overhead", "load"}, rows
+assert all("not GPU figures" in r["path"] for r in rows if "path" in r), rows
 PY
 echo "gpu_check: ok"

@@ -48,6 +48,25 @@ int dpukv_retrieve(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,
                    const uint64_t* offsets, const uint64_t* lengths, uint32_t n, int* per_entry);
 /* Number of leading keys present (0 if the agent is unreachable). */
 uint32_t dpukv_lookup(dpukv_client* c, const dpukv_key* keys, uint32_t n, int pin);
+/* The same, saying why there is no answer: *hits is set only on success. */
+int dpukv_lookup2(dpukv_client* c, const dpukv_key* keys, uint32_t n, int pin, uint32_t* hits);
+int dpukv_unpin(dpukv_client* c, const dpukv_key* keys, uint32_t n);
+int dpukv_remove(dpukv_client* c, const dpukv_key* keys, uint32_t n, int* per_entry);
+/* Drops every chunk of this client's model not in use or pinned. */
+int dpukv_clear(dpukv_client* c, uint64_t* removed);
+/* The agent's counters as JSON, NUL-terminated in buf (TOO_BIG if cap is short;
+ * *len, if not NULL, gets the length either way). */
+int dpukv_stats_json(dpukv_client* c, char* buf, size_t cap, size_t* len);
+
+/* Asynchronous store and retrieve: per_entry (n ints) is written by dpukv_wait,
+ * and must stay valid until then. Every ticket is waited for once. */
+int dpukv_submit_store(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,
+                       const uint64_t* offsets, const uint64_t* lengths, uint32_t n, int* per_entry,
+                       uint64_t* ticket);
+int dpukv_submit_retrieve(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,
+                          const uint64_t* offsets, const uint64_t* lengths, uint32_t n,
+                          int* per_entry, uint64_t* ticket);
+int dpukv_wait(dpukv_client* c, uint64_t ticket);
 
 /* Prefill to decode: the agent offers these chunks (it must hold them) to the agent
  * of its cluster whose node id is node (`dpukv stat`: "cluster node"), which reads
@@ -61,6 +80,9 @@ uint32_t dpukv_chunk_keys(uint64_t model, uint32_t world_size, uint32_t rank, ui
                           const int32_t* tokens, size_t n_tokens, uint32_t chunk_tokens,
                           int include_partial, dpukv_key* out, uint32_t max_keys);
 uint64_t dpukv_model_id(const char* model_name);
+/* E.g. dpukv_kv_layout_fingerprint("bfloat16", 32, 8, 128). */
+uint64_t dpukv_kv_layout_fingerprint(const char* dtype, uint32_t layers, uint32_t kv_heads,
+                                     uint32_t head_dim);
 
 #ifdef __cplusplus
 }

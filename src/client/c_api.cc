@@ -13,6 +13,12 @@ struct dpukv_client {
   std::unique_ptr<dpukv::Client> c;
   std::vector<dpukv::Staging> staging;  // host and GPU (a GPU one has no data)
   std::vector<dpukv::GpuStaging> gpu;
+  struct Submitted {  // an asynchronous call: its statuses until dpukv_wait
+    uint64_t ticket;
+    std::vector<dpukv::Status> st;
+    int* out;
+  };
+  std::vector<std::unique_ptr<Submitted>> submitted;
 };
 
 static_assert(sizeof(dpukv_key) == sizeof(dpukv::ChunkKey));
@@ -25,13 +31,17 @@ int code(dpukv::Status s) {
   return static_cast<int>(s.code());
 }
 
+const dpukv::Staging* staging_of(dpukv_client* c, uint64_t id) {
+  for (const auto& x : c->staging)
+    if (x.id == id) return &x;
+  return nullptr;
+}
+
 int io(dpukv_client* c, bool store, uint64_t staging_id, const dpukv_key* keys,
        const uint64_t* offsets, const uint64_t* lengths, uint32_t n, int* per_entry) {
   if (c == nullptr || keys == nullptr || offsets == nullptr || lengths == nullptr)
     return code(dpukv::Code::kInvalidValue);
-  const dpukv::Staging* s = nullptr;
-  for (const auto& x : c->staging)
-    if (x.id == staging_id) s = &x;
+  const dpukv::Staging* s = staging_of(c, staging_id);
   if (s == nullptr) return code(dpukv::Code::kNotFound);
   std::vector<dpukv::Status> st(n);
   dpukv::Status r = store ? c->c->store(*s, keys_of(keys), offsets, lengths, n, st.data())
@@ -40,6 +50,27 @@ int io(dpukv_client* c, bool store, uint64_t staging_id, const dpukv_key* keys,
     for (uint32_t i = 0; i < n; ++i) per_entry[i] = code(st[i]);
   return code(r);
 }
+int submit(dpukv_client* c, bool store, uint64_t staging_id, const dpukv_key* keys,
+           const uint64_t* offsets, const uint64_t* lengths, uint32_t n, int* per_entry,
+           uint64_t* ticket) {
+  if (c == nullptr || keys == nullptr || offsets == nullptr || lengths == nullptr ||
+      per_entry == nullptr || ticket == nullptr || n == 0)
+    return code(dpukv::Code::kInvalidValue);
+  const dpukv::Staging* s = staging_of(c, staging_id);
+  if (s == nullptr) return code(dpukv::Code::kNotFound);
+  auto x = std::make_unique<dpukv_client::Submitted>();
+  x->st.resize(n);
+  x->out = per_entry;
+  const dpukv::Status r =
+      store
+          ? c->c->submit_store(*s, keys_of(keys), offsets, lengths, n, x->st.data(), &x->ticket)
+          : c->c->submit_retrieve(*s, keys_of(keys), offsets, lengths, n, x->st.data(), &x->ticket);
+  if (!r.ok()) return code(r);
+  *ticket = x->ticket;
+  c->submitted.push_back(std::move(x));
+  return 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -128,6 +159,66 @@ uint32_t dpukv_lookup(dpukv_client* c, const dpukv_key* keys, uint32_t n, int pi
   return c->c->lookup(keys_of(keys), n, pin != 0);
 }
 
+int dpukv_lookup2(dpukv_client* c, const dpukv_key* keys, uint32_t n, int pin, uint32_t* hits) {
+  if (c == nullptr || keys == nullptr || hits == nullptr) return code(dpukv::Code::kInvalidValue);
+  return code(c->c->lookup(keys_of(keys), n, pin != 0, hits));
+}
+
+int dpukv_unpin(dpukv_client* c, const dpukv_key* keys, uint32_t n) {
+  if (c == nullptr || keys == nullptr) return code(dpukv::Code::kInvalidValue);
+  return code(c->c->unpin(keys_of(keys), n));
+}
+
+int dpukv_remove(dpukv_client* c, const dpukv_key* keys, uint32_t n, int* per_entry) {
+  if (c == nullptr || keys == nullptr) return code(dpukv::Code::kInvalidValue);
+  std::vector<dpukv::Status> st(n);
+  const dpukv::Status r = c->c->remove(keys_of(keys), n, st.data());
+  if (per_entry != nullptr)
+    for (uint32_t i = 0; i < n; ++i) per_entry[i] = code(st[i]);
+  return code(r);
+}
+
+int dpukv_clear(dpukv_client* c, uint64_t* removed) {
+  if (c == nullptr || removed == nullptr) return code(dpukv::Code::kInvalidValue);
+  return code(c->c->clear(removed));
+}
+
+int dpukv_stats_json(dpukv_client* c, char* buf, size_t cap, size_t* len) {
+  if (c == nullptr || (buf == nullptr && cap != 0)) return code(dpukv::Code::kInvalidValue);
+  std::string j;
+  const dpukv::Status st = c->c->stats_json(&j);
+  if (!st.ok()) return code(st);
+  if (len != nullptr) *len = j.size();
+  if (j.size() + 1 > cap) return code(dpukv::Code::kTooBig);
+  std::memcpy(buf, j.c_str(), j.size() + 1);
+  return 0;
+}
+
+int dpukv_submit_store(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,
+                       const uint64_t* offsets, const uint64_t* lengths, uint32_t n, int* per_entry,
+                       uint64_t* ticket) {
+  return submit(c, true, staging_id, keys, offsets, lengths, n, per_entry, ticket);
+}
+
+int dpukv_submit_retrieve(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,
+                          const uint64_t* offsets, const uint64_t* lengths, uint32_t n,
+                          int* per_entry, uint64_t* ticket) {
+  return submit(c, false, staging_id, keys, offsets, lengths, n, per_entry, ticket);
+}
+
+int dpukv_wait(dpukv_client* c, uint64_t ticket) {
+  if (c == nullptr) return code(dpukv::Code::kInvalidValue);
+  for (size_t i = 0; i < c->submitted.size(); ++i) {
+    dpukv_client::Submitted& x = *c->submitted[i];
+    if (x.ticket != ticket) continue;
+    const dpukv::Status st = c->c->wait(ticket);
+    for (size_t k = 0; k < x.st.size(); ++k) x.out[k] = code(x.st[k]);
+    c->submitted.erase(c->submitted.begin() + static_cast<long>(i));
+    return code(st);
+  }
+  return code(dpukv::Code::kNotFound);
+}
+
 int dpukv_push(dpukv_client* c, uint64_t node, const dpukv_key* keys, uint32_t n, int* per_entry) {
   if (c == nullptr || keys == nullptr || n == 0 || n > dpukv::agent::kMaxPushKeys)
     return code(dpukv::Code::kInvalidValue);
@@ -152,6 +243,11 @@ uint32_t dpukv_chunk_keys(uint64_t model, uint32_t world_size, uint32_t rank, ui
 
 uint64_t dpukv_model_id(const char* model_name) {
   return model_name ? dpukv::model_id(model_name) : 0;
+}
+
+uint64_t dpukv_kv_layout_fingerprint(const char* dtype, uint32_t layers, uint32_t kv_heads,
+                                     uint32_t head_dim) {
+  return dtype ? dpukv::kv_layout_fingerprint(dtype, layers, kv_heads, head_dim) : 0;
 }
 
 }  // extern "C"

@@ -1,0 +1,234 @@
+"""The client over the C ABI (libdpukv_client.so) with ctypes: what the connector
+and the benchmarks use of `_dpukv`, for a Python that module was not built for
+(a GPU machine's own Python, which has torch but no Debian packages and no
+compiler). `import dpukv` takes it when `_dpukv` is not importable; the library
+is found through DPUKV_CLIENT_LIB, else the loader's path (LD_LIBRARY_PATH).
+
+Same names and behaviour as the compiled module for that subset: status names
+per entry, AgentUnavailable when the agent did not answer, GpuPathUnavailable
+when there is no GPU path."""
+import ctypes
+import json
+import os
+
+__all__ = ["AgentUnavailable", "GpuPathUnavailable", "ChunkKey", "Client", "Staging", "Pending",
+           "model_id", "kv_layout_fingerprint", "chunk_keys"]
+
+
+class AgentUnavailable(ConnectionError):
+    """The agent did not answer (gone, restarting, too slow)."""
+
+
+class GpuPathUnavailable(RuntimeError):
+    """No GPU path (no CUDA driver here, none in the agent, a GPU it does not see)."""
+
+
+class ChunkKey(ctypes.Structure):
+    _fields_ = [("model", ctypes.c_uint64), ("world_size", ctypes.c_uint32),
+                ("rank", ctypes.c_uint32), ("layout", ctypes.c_uint64),
+                ("prefix_hash", ctypes.c_uint64)]
+
+
+_lib = ctypes.CDLL(os.environ.get("DPUKV_CLIENT_LIB", "libdpukv_client.so.0"))
+_u64, _u32, _int, _p = ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p
+_KEYS = ctypes.POINTER(ChunkKey)
+_U64S = ctypes.POINTER(_u64)
+_INTS = ctypes.POINTER(_int)
+for name, res, args in [
+    ("dpukv_connect", _int, [ctypes.c_char_p, _u64, ctypes.POINTER(_p)]),
+    ("dpukv_close", None, [_p]),
+    ("dpukv_status_name", ctypes.c_char_p, [_int]),
+    ("dpukv_alloc_staging", _int, [_p, ctypes.c_size_t, ctypes.POINTER(_p), _U64S]),
+    ("dpukv_export_gpu", _int, [_p, _u64, ctypes.c_size_t, _int, _U64S]),
+    ("dpukv_agent_gpu", _int, [_p]),
+    ("dpukv_release_gpu", _int, [_p, _u64]),
+    ("dpukv_lookup2", _int, [_p, _KEYS, _u32, _int, ctypes.POINTER(_u32)]),
+    ("dpukv_unpin", _int, [_p, _KEYS, _u32]),
+    ("dpukv_remove", _int, [_p, _KEYS, _u32, _INTS]),
+    ("dpukv_clear", _int, [_p, _U64S]),
+    ("dpukv_stats_json", _int, [_p, ctypes.c_char_p, ctypes.c_size_t,
+                                ctypes.POINTER(ctypes.c_size_t)]),
+    ("dpukv_store", _int, [_p, _u64, _KEYS, _U64S, _U64S, _u32, _INTS]),
+    ("dpukv_retrieve", _int, [_p, _u64, _KEYS, _U64S, _U64S, _u32, _INTS]),
+    ("dpukv_submit_store", _int, [_p, _u64, _KEYS, _U64S, _U64S, _u32, _INTS, _U64S]),
+    ("dpukv_submit_retrieve", _int, [_p, _u64, _KEYS, _U64S, _U64S, _u32, _INTS, _U64S]),
+    ("dpukv_wait", _int, [_p, _u64]),
+    ("dpukv_chunk_keys", _u32, [_u64, _u32, _u32, _u64, ctypes.POINTER(ctypes.c_int32),
+                                ctypes.c_size_t, _u32, _int, _KEYS, _u32]),
+    ("dpukv_model_id", _u64, [ctypes.c_char_p]),
+    ("dpukv_kv_layout_fingerprint", _u64, [ctypes.c_char_p, _u32, _u32, _u32]),
+]:
+    f = getattr(_lib, name)
+    f.restype, f.argtypes = res, args
+
+
+def _name(rc):
+    return _lib.dpukv_status_name(rc).decode()
+
+
+_UNAVAILABLE = {"CONNECTION_RESET", "TIMEOUT", "NOT_FOUND", "SHUTDOWN"}
+
+
+def _check(rc, what):
+    if rc == 0:
+        return
+    name = _name(rc)
+    if name in _UNAVAILABLE:
+        raise AgentUnavailable(f"{what}: {name}")
+    raise RuntimeError(f"{what}: {name}")
+
+
+def model_id(name):
+    return _lib.dpukv_model_id(name.encode())
+
+
+def kv_layout_fingerprint(dtype, layers, kv_heads, head_dim):
+    return _lib.dpukv_kv_layout_fingerprint(dtype.encode(), layers, kv_heads, head_dim)
+
+
+def chunk_keys(model, tokens, chunk_tokens=256, include_partial=False, world_size=1, rank=0,
+               layout=0):
+    toks = (ctypes.c_int32 * len(tokens))(*tokens)
+    cap = len(tokens) // max(chunk_tokens, 1) + 1
+    out = (ChunkKey * cap)()
+    n = _lib.dpukv_chunk_keys(model, world_size, rank, layout, toks, len(tokens), chunk_tokens,
+                              int(include_partial), out, cap)
+    return [out[i] for i in range(n)]
+
+
+def _keys(keys):
+    return (ChunkKey * len(keys))(*keys)
+
+
+class Staging:
+    """GPU memory exported to the agent (host staging is _host_staging's)."""
+
+    def __init__(self, sid, size, device_ptr):
+        self.id, self.size, self.device_ptr, self.gpu = sid, size, device_ptr, True
+
+
+def _host_staging(sid, addr, size):
+    """Host staging: a ctypes array over the shared memory (memoryview() takes it,
+    as it takes the compiled module's Staging), with the same attributes."""
+    cls = type("HostStaging", (ctypes.c_uint8 * size,), {})
+    s = cls.from_address(addr)
+    s.id, s.size, s.device_ptr, s.gpu = sid, size, 0, False
+    return s
+
+
+class Pending:
+    def __init__(self, ticket, st, n):
+        self.ticket, self.st, self.n, self.result = ticket, st, n, None
+
+
+class Client:
+    def __init__(self, socket="", model=0, connect_timeout_ms=2000):
+        del connect_timeout_ms  # the C ABI uses the library's default
+        self._c = ctypes.c_void_p()
+        _check(_lib.dpukv_connect(socket.encode() if socket else None, model,
+                                  ctypes.byref(self._c)), "connect")
+
+    def close(self):
+        if self._c:
+            _lib.dpukv_close(self._c)
+            self._c = ctypes.c_void_p()
+
+    def __del__(self):
+        self.close()
+
+    def alloc_staging(self, nbytes):
+        data, sid = ctypes.c_void_p(), _u64()
+        _check(_lib.dpukv_alloc_staging(self._c, nbytes, ctypes.byref(data), ctypes.byref(sid)),
+               "alloc_staging")
+        return _host_staging(sid.value, data.value, nbytes)
+
+    def export_gpu(self, device_ptr, nbytes, device=0):
+        sid = _u64()
+        rc = _lib.dpukv_export_gpu(self._c, device_ptr, nbytes, device, ctypes.byref(sid))
+        if rc != 0 and _name(rc) in ("NOT_SUPPORTED", "NOT_PERMITTED"):
+            raise GpuPathUnavailable(f"export_gpu: {_name(rc)}")
+        if rc != 0 and _name(rc) == "INVALID_VALUE":
+            raise ValueError("export_gpu: INVALID_VALUE (not exportable device memory)")
+        _check(rc, "export_gpu")
+        return Staging(sid.value, nbytes, device_ptr)
+
+    def release_gpu(self, staging):
+        _check(_lib.dpukv_release_gpu(self._c, staging.id), "release_gpu")
+
+    @property
+    def agent_gpu(self):
+        return bool(_lib.dpukv_agent_gpu(self._c))
+
+    def lookup(self, keys, pin=False):
+        hits = _u32()
+        _check(_lib.dpukv_lookup2(self._c, _keys(keys), len(keys), int(pin), ctypes.byref(hits)),
+               "lookup")
+        return hits.value
+
+    def unpin(self, keys):
+        _check(_lib.dpukv_unpin(self._c, _keys(keys), len(keys)), "unpin")
+
+    def remove(self, keys):
+        st = (_int * len(keys))()
+        rc = _lib.dpukv_remove(self._c, _keys(keys), len(keys), st)
+        if rc != 0 and _name(rc) in _UNAVAILABLE:
+            _check(rc, "remove")
+        return [_name(x) for x in st]
+
+    def clear(self):
+        n = _u64()
+        _check(_lib.dpukv_clear(self._c, ctypes.byref(n)), "clear")
+        return n.value
+
+    def stats(self):
+        need = ctypes.c_size_t()
+        buf = ctypes.create_string_buffer(1 << 16)
+        rc = _lib.dpukv_stats_json(self._c, buf, len(buf), ctypes.byref(need))
+        if rc != 0 and _name(rc) == "TOO_BIG":
+            buf = ctypes.create_string_buffer(need.value + 1)
+            rc = _lib.dpukv_stats_json(self._c, buf, len(buf), ctypes.byref(need))
+        _check(rc, "stats")
+        json.loads(buf.value)  # what the compiled module returns: the text, checked
+        return buf.value.decode()
+
+    def _io(self, fn, staging, keys, offsets, lengths, what):
+        n = len(keys)
+        if len(offsets) != n or len(lengths) != n:
+            raise ValueError("keys, offsets and lengths differ in length")
+        st = (_int * n)()
+        rc = fn(self._c, staging.id, _keys(keys), (_u64 * n)(*offsets), (_u64 * n)(*lengths), n,
+                st)
+        if rc != 0 and _name(rc) in _UNAVAILABLE:
+            _check(rc, what)
+        return [_name(x) for x in st]
+
+    def store(self, staging, keys, offsets, lengths):
+        return self._io(_lib.dpukv_store, staging, keys, offsets, lengths, "store")
+
+    def retrieve(self, staging, keys, offsets, lengths):
+        return self._io(_lib.dpukv_retrieve, staging, keys, offsets, lengths, "retrieve")
+
+    def _submit(self, fn, staging, keys, offsets, lengths, what):
+        n = len(keys)
+        if len(offsets) != n or len(lengths) != n:
+            raise ValueError("keys, offsets and lengths differ in length")
+        st, ticket = (_int * n)(), _u64()
+        _check(fn(self._c, staging.id, _keys(keys), (_u64 * n)(*offsets), (_u64 * n)(*lengths),
+                  n, st, ctypes.byref(ticket)), what)
+        return Pending(ticket.value, st, n)
+
+    def submit_store(self, staging, keys, offsets, lengths):
+        return self._submit(_lib.dpukv_submit_store, staging, keys, offsets, lengths,
+                            "submit_store")
+
+    def submit_retrieve(self, staging, keys, offsets, lengths):
+        return self._submit(_lib.dpukv_submit_retrieve, staging, keys, offsets, lengths,
+                            "submit_retrieve")
+
+    def wait(self, pending):
+        if pending.result is None:
+            rc = _lib.dpukv_wait(self._c, pending.ticket)
+            pending.result = [_name(x) for x in pending.st]
+            if rc != 0 and _name(rc) in ("TIMEOUT", "CONNECTION_RESET"):
+                _check(rc, "wait")
+        return pending.result
