@@ -44,40 +44,61 @@ def median(xs):
     return xs[len(xs) // 2]
 
 
-def agent_retrieve_row(client, conn, prompt, hit_tokens, cfg, shape, n):
-    """The agent's copies into GPU staging alone (every layer's chunks, one retrieve
-    per layer submitted at once) next to a pinned host -> GPU copy of as many bytes."""
+def agent_copy_rows(client, conn, prompt, hit_tokens, cfg, shape, n):
+    """The agent's copies alone, every layer's chunks with one request per layer
+    submitted at once: retrieve into GPU staging next to a same-run pinned host ->
+    GPU copy of as many bytes, and store out of GPU staging (under fresh keys, so
+    that every chunk is copied) next to a pinned GPU -> host copy."""
     chunks = hit_tokens // conn.chunk_tokens
-    per_layer = chunks * conn.chunk_bytes
     if chunks == 0 or chunks * cfg.layers > conn.slots:
-        return {"op": "agent_retrieve_gpu", "skipped": "the hit does not fit the load staging"}
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        pend = []
-        for l in range(cfg.layers):
-            keys = conn._keys(prompt[:hit_tokens], l)
-            offs = [(l * chunks + c) * conn.chunk_bytes for c in range(chunks)]
-            pend.append(client.submit_retrieve(conn.staging, keys, offs,
-                                               [conn.chunk_bytes] * chunks))
-        ok = all(all(s == "SUCCESS" for s in client.wait(p)) for p in pend)
-        times.append(time.perf_counter() - t0)
-        if not ok:
-            return {"op": "agent_retrieve_gpu", "skipped": "a retrieve failed"}
-    total = per_layer * cfg.layers
+        return [{"op": "agent_copy_gpu", "skipped": "the hit does not fit the load staging"}]
+    total = chunks * conn.chunk_bytes * cfg.layers
+
+    def timed(op, keys_of):
+        times = []
+        for rep in range(3):
+            t0 = time.perf_counter()
+            pend = []
+            for l in range(cfg.layers):
+                offs = [(l * chunks + c) * conn.chunk_bytes for c in range(chunks)]
+                pend.append(op(conn.staging, keys_of(l, rep), offs, [conn.chunk_bytes] * chunks))
+            ok = all(all(s == "SUCCESS" for s in client.wait(p)) for p in pend)
+            times.append(time.perf_counter() - t0)
+            if not ok:
+                return None
+        return median(times)
+
+    def fresh(l, rep):  # keys no chunk has: another layout value per layer and rep
+        salt = (rep + 1) * 0x5BD1E995
+        return dpukv.chunk_keys(conn.model, prompt[:hit_tokens], conn.chunk_tokens, False,
+                                conn.world_size, conn.rank, conn.layouts[l] ^ salt)
+
+    t_get = timed(client.submit_retrieve, lambda l, rep: conn._keys(prompt[:hit_tokens], l))
+    t_put = timed(client.submit_store, fresh)
     host = torch.empty(total, dtype=torch.uint8).pin_memory()
-    dst = torch.empty(total, dtype=torch.uint8, device="cuda")
-    base = []
-    for _ in range(3):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dst.copy_(host, non_blocking=True)
-        torch.cuda.synchronize()
-        base.append(time.perf_counter() - t0)
-    gbps, base_gbps = total / median(times) / 1e9, total / median(base) / 1e9
-    return {"op": "agent_retrieve_gpu", "device": "cuda", "shape": shape, "prefix_tokens": n,
-            "bytes": total, "gbps": gbps, "baseline": "pinned host -> GPU copy, same bytes",
-            "baseline_gbps": base_gbps, "ratio": gbps / base_gbps}
+    dev = torch.empty(total, dtype=torch.uint8, device="cuda")
+
+    def base(dst, src):
+        ts = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            ts.append(time.perf_counter() - t0)
+        return median(ts)
+
+    rows = []
+    for op, t, b, what in (("agent_retrieve_gpu", t_get, base(dev, host), "pinned host -> GPU"),
+                           ("agent_store_gpu", t_put, base(host, dev), "pinned GPU -> host")):
+        if t is None:
+            rows.append({"op": op, "skipped": "a request failed"})
+            continue
+        rows.append({"op": op, "device": "cuda", "shape": shape, "prefix_tokens": n,
+                     "bytes": total, "gbps": total / t / 1e9,
+                     "baseline": what + " copy, same bytes, same run",
+                     "baseline_gbps": total / b / 1e9, "ratio": b / t})
+    return rows
 
 
 def main():
@@ -198,7 +219,7 @@ def main():
         copy_gbps = loaded / median(reps) / 1e9 if loaded else 0.0
         load_gbps = loaded / median([x for x, _ in load_t]) / 1e9 if loaded else 0.0
         if device == "cuda" and conn.path == "gpu" and loaded:
-            rows.append(agent_retrieve_row(client, conn, prompt, hit_tokens, cfg, shape, n))
+            rows += agent_copy_rows(client, conn, prompt, hit_tokens, cfg, shape, n)
         rows.append({"op": "ttft", "device": device, "shape": shape, "prefix_tokens": n,
                      "hit_tokens": hit_tokens, "seconds": median(hit_t), "path": path,
                      "baseline": "full prefill", "baseline_seconds": median(full),

@@ -161,6 +161,23 @@ PYBIND11_MODULE(_dpukv, m) {
       py::arg("model"), py::arg("tokens"), py::arg("chunk_tokens") = 256,
       py::arg("include_partial") = false, py::arg("world_size") = 1, py::arg("rank") = 0,
       py::arg("layout") = 0);
+  m.def(
+      "chunk_keys_layers",
+      [](uint64_t model, const std::vector<int32_t>& tokens, uint32_t chunk_tokens,
+         bool include_partial, uint32_t world_size, uint32_t rank,
+         const std::vector<uint64_t>& layouts) {
+        // The prefix hashes do not depend on the layout: hashed once for all layers.
+        std::vector<ChunkKey> base;
+        chunk_keys(KeyContext{model, world_size, rank, 0}, tokens.data(), tokens.size(),
+                   chunk_tokens, include_partial, &base);
+        std::vector<std::vector<ChunkKey>> out(layouts.size(), base);
+        for (size_t l = 0; l < layouts.size(); ++l)
+          for (ChunkKey& k : out[l]) k.layout = layouts[l];
+        return out;
+      },
+      py::arg("model"), py::arg("tokens"), py::arg("chunk_tokens"), py::arg("include_partial"),
+      py::arg("world_size"), py::arg("rank"), py::arg("layouts"),
+      "chunk_keys for several layouts (one per layer) at the cost of one");
 
   py::class_<PyStaging>(m, "Staging", py::buffer_protocol())
       .def_property_readonly("size", [](const PyStaging& s) { return s.s.size; })
@@ -253,6 +270,30 @@ PYBIND11_MODULE(_dpukv, m) {
           },
           py::arg("keys"), py::arg("pin") = false,
           "Leading keys present (raises AgentUnavailable when the agent is away)")
+      .def(
+          "lookup_layers",
+          [](PyClient& pc, const std::vector<std::vector<ChunkKey>>& layers, bool pin) {
+            Client& c = pc.get();
+            std::vector<ChunkKey> flat;
+            const size_t per = layers.empty() ? 0 : layers[0].size();
+            for (const auto& l : layers) {
+              if (l.size() != per) throw std::invalid_argument("layers differ in key count");
+              flat.insert(flat.end(), l.begin(), l.end());
+            }
+            std::vector<uint32_t> hits(layers.size());
+            if (layers.empty()) return hits;
+            Status st;
+            {
+              py::gil_scoped_release nogil;
+              st = c.lookup_layers(flat.data(), static_cast<uint32_t>(per),
+                                   static_cast<uint32_t>(layers.size()), pin, hits.data());
+            }
+            check(st, "lookup_layers");
+            return hits;
+          },
+          py::arg("layers"), py::arg("pin") = false,
+          "Leading keys present per layer (a list of key lists, one per layer), in one round "
+          "trip (raises AgentUnavailable when the agent is away)")
       .def("stats",
            [](PyClient& pc) {
              Client& c = pc.get();

@@ -9,8 +9,17 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 BUILD=$build "$src/scripts/gpu_check.sh" --bundle "$tmp/bundle" >/dev/null
 # The Python parts through the double too, with Debian's Python and a small agent.
+# Under ASan the interpreter loads instrumented libraries (the client, the double)
+# and needs the sanitizer runtimes first, as tests/python_test.sh does.
+py=/usr/bin/python3
+if ldd "$build/libdpukv_client.so.0" | grep libasan >/dev/null; then
+  py=$tmp/python
+  printf '#!/bin/sh\nLD_PRELOAD=%s:%s ASAN_OPTIONS=detect_leaks=0 exec /usr/bin/python3 "$@"\n' \
+    "$(gcc -print-file-name=libasan.so)" "$(gcc -print-file-name=libubsan.so)" >"$py"
+  chmod +x "$py"
+fi
 DPUKV_CUDA_DRIVER=$build/cuda_double/libcuda.so.1 GPU_CHECK_DEVICE=cuda-double \
-  PYTHON=/usr/bin/python3 GPU_CHECK_AGENT_MEMORY=256M \
+  PYTHON=$py GPU_CHECK_AGENT_MEMORY=256M \
   "$tmp/bundle/gpu_check.sh" "$tmp/bundle" >"$tmp/out.json"
 /usr/bin/python3 - "$tmp/out.json" <<'PY'
 import json, sys

@@ -12,7 +12,7 @@ import json
 import os
 
 __all__ = ["AgentUnavailable", "GpuPathUnavailable", "ChunkKey", "Client", "Staging", "Pending",
-           "model_id", "kv_layout_fingerprint", "chunk_keys"]
+           "model_id", "kv_layout_fingerprint", "chunk_keys", "chunk_keys_layers"]
 
 
 class AgentUnavailable(ConnectionError):
@@ -43,6 +43,7 @@ for name, res, args in [
     ("dpukv_agent_gpu", _int, [_p]),
     ("dpukv_release_gpu", _int, [_p, _u64]),
     ("dpukv_lookup2", _int, [_p, _KEYS, _u32, _int, ctypes.POINTER(_u32)]),
+    ("dpukv_lookup_layers", _int, [_p, _KEYS, _u32, _u32, _int, ctypes.POINTER(_u32)]),
     ("dpukv_unpin", _int, [_p, _KEYS, _u32]),
     ("dpukv_remove", _int, [_p, _KEYS, _u32, _INTS]),
     ("dpukv_clear", _int, [_p, _U64S]),
@@ -94,6 +95,12 @@ def chunk_keys(model, tokens, chunk_tokens=256, include_partial=False, world_siz
     n = _lib.dpukv_chunk_keys(model, world_size, rank, layout, toks, len(tokens), chunk_tokens,
                               int(include_partial), out, cap)
     return [out[i] for i in range(n)]
+
+
+def chunk_keys_layers(model, tokens, chunk_tokens, include_partial, world_size, rank, layouts):
+    base = chunk_keys(model, tokens, chunk_tokens, include_partial, world_size, rank, 0)
+    return [[ChunkKey(k.model, k.world_size, k.rank, layout, k.prefix_hash) for k in base]
+            for layout in layouts]
 
 
 def _keys(keys):
@@ -164,6 +171,18 @@ class Client:
         _check(_lib.dpukv_lookup2(self._c, _keys(keys), len(keys), int(pin), ctypes.byref(hits)),
                "lookup")
         return hits.value
+
+    def lookup_layers(self, layers, pin=False):
+        per = len(layers[0]) if layers else 0
+        if any(len(l) != per for l in layers):
+            raise ValueError("layers differ in key count")
+        if not layers:
+            return []
+        hits = (_u32 * len(layers))()
+        flat = [k for l in layers for k in l]
+        _check(_lib.dpukv_lookup_layers(self._c, _keys(flat), per, len(layers), int(pin), hits),
+               "lookup_layers")
+        return list(hits)
 
     def unpin(self, keys):
         _check(_lib.dpukv_unpin(self._c, _keys(keys), len(keys)), "unpin")

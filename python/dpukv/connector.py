@@ -81,6 +81,8 @@ class _Request:
     tokens: list
     matched_chunks: int = 0
     pinned: list = field(default_factory=list)  # per layer: keys pinned by lookup
+    keys: list = field(default_factory=list)  # per layer: the prompt's chunk keys
+    rows_t: object = None  # the loaded chunks' rows in the caches' row view (see kv_rows)
     block_ids: list = field(default_factory=list)
     loads: list = field(default_factory=list)  # per layer: _Load, _Failed or None (done)
     load_started: bool = False
@@ -131,6 +133,8 @@ class DpukvConnector:
         for t in kv_caches:
             if not isinstance(t, torch.Tensor) or t.shape != first.shape or t.dtype != first.dtype:
                 raise ValueError("every layer's KV cache must have the same shape and dtype")
+            if not t.is_contiguous():
+                raise ValueError("KV caches must be contiguous tensors")
         self.kv = kv_caches
         _, self.num_blocks, self.block_size, heads, dim = first.shape
         if self.chunk_tokens % self.block_size:
@@ -146,6 +150,17 @@ class DpukvConnector:
             raise ValueError("staging_bytes must hold at least one chunk per layer for loads "
                              "and one for saves")
         self._open_staging(kv_caches, 2 * self.slots * self.chunk_bytes)
+        # Gathers and scatters move whole blocks: every layer's cache seen as rows
+        # (row b: K of block b, row num_blocks + b: V of block b) and staging as rows
+        # (a chunk: its K blocks, then its V blocks). The rows are viewed as 4- or
+        # 2-byte integers: torch moves those with plain copies, and bf16 elementwise,
+        # about 6x slower on a CPU.
+        row_bytes = self.chunk_bytes // (2 * self.blocks_per_chunk)
+        self.row_dtype = (torch.int32 if row_bytes % 4 == 0 else
+                          torch.int16 if row_bytes % 2 == 0 else torch.uint8)
+        self.kv_rows = [kv.view(2 * self.num_blocks, -1).view(self.row_dtype) for kv in kv_caches]
+        self.staging_rows = self.staging_u8.view(self.row_dtype).view(
+            2 * self.slots * 2 * self.blocks_per_chunk, -1)
         # Per slot: the event after which its bytes were last read on the device
         # (a scatter); the agent may write the slot again only after it.
         self.slot_events = [None] * (2 * self.slots)
@@ -168,6 +183,13 @@ class DpukvConnector:
         self.path = "host-pinned" if self.dev is not None and self.dev.pin(self.staging) else "host"
         if self.dev is not None and self.path == "host":
             self.dev = None  # nothing asynchronous to order: plain host copies
+
+    def _rows(self, block_ids, chunks, device):
+        """The rows of `chunks` chunks in the caches' row view, in staging's order:
+        per chunk its K blocks' rows, then its V blocks' rows."""
+        b = torch.tensor(block_ids[:chunks * self.blocks_per_chunk],
+                         dtype=torch.int64).view(chunks, self.blocks_per_chunk)
+        return torch.cat([b, b + self.num_blocks], dim=1).reshape(-1).to(device)
 
     def _slots_ready(self, first, n):
         """Before the agent writes slots again: the device reads of them are done."""
@@ -205,15 +227,14 @@ class DpukvConnector:
         if self.kv is None:
             raise ValueError("register_kv_caches first")
         req = _Request(tokens=list(tokens))
-        matched = None
-        for l in range(len(self.kv)):
-            keys = self._keys(tokens, l)
-            try:
-                n = self.client.lookup(keys, pin=True)
-            except native.AgentUnavailable:
-                n = 0  # the cache is away: recompute
-            req.pinned.append(keys[:n])
-            matched = n if matched is None else min(matched, n)
+        req.keys = native.chunk_keys_layers(self.model, req.tokens, self.chunk_tokens, False,
+                                            self.world_size, self.rank, self.layouts)
+        try:  # every layer's lookup in one round trip
+            hits = self.client.lookup_layers(req.keys, pin=True)
+        except native.AgentUnavailable:
+            hits = [0] * len(self.kv)  # the cache is away: recompute
+        req.pinned = [keys[:n] for keys, n in zip(req.keys, hits)]
+        matched = min(hits)
         matched = matched or 0
         if matched * self.chunk_tokens >= len(tokens):
             matched -= 1
@@ -274,7 +295,7 @@ class DpukvConnector:
         for l in range(len(self.kv)):
             slot = self._take_slots(n, request_id)
             self._slots_ready(slot, n)
-            keys = self._keys(req.tokens[:n * self.chunk_tokens], l)
+            keys = req.keys[l][:n]
             offsets = [(slot + c) * self.chunk_bytes for c in range(n)]
             try:
                 pending = self.client.submit_retrieve(self.staging, keys, offsets,
@@ -337,21 +358,21 @@ class DpukvConnector:
         # slot, each [2, blocks_per_chunk, block_size, heads, dim].
         n = load.n
         kv = self.kv[layer]
-        first = load.slot * self.chunk_bytes
-        src = self.staging_u8[first:first + n * self.chunk_bytes].view(kv.dtype)
-        src = src.view((n, 2, self.blocks_per_chunk) + tuple(kv.shape[2:])).transpose(0, 1)
-        shape = (2, n * self.blocks_per_chunk) + tuple(kv.shape[2:])
+        rows = 2 * self.blocks_per_chunk  # per chunk
+        src = self.staging_rows[load.slot * rows:(load.slot + n) * rows]
+        if req.rows_t is None:
+            req.rows_t = self._rows(req.block_ids, req.matched_chunks, kv.device)
         if self.dev is None:
-            blocks = torch.tensor(req.block_ids[:n * self.blocks_per_chunk], device=kv.device)
-            kv[:, blocks] = src.reshape(shape).to(kv.device)
+            # One row scatter: the bytes move once, staging to blocks.
+            self.kv_rows[layer][req.rows_t[:n * rows]] = src
         else:
-            # On the connector's stream; the compute stream waits for its event,
-            # and the slots are written again only after it (_slots_ready).
+            # On the connector's stream (the host-pinned path's copy to the device
+            # first); the compute stream waits for its event, and the slots are
+            # written again only after it (_slots_ready).
             side = self.dev.stream()
             with self.dev.use(side):
-                blocks = torch.tensor(req.block_ids[:n * self.blocks_per_chunk],
-                                      device=kv.device)
-                kv[:, blocks] = src.reshape(shape).to(kv.device, non_blocking=True)
+                src = src.to(kv.device, non_blocking=True)
+                self.kv_rows[layer][req.rows_t[:n * rows]] = src
                 ev = self.dev.record(side)
             self.dev.compute_wait(ev)
             for j in range(load.slot, load.slot + n):
@@ -392,27 +413,27 @@ class DpukvConnector:
             batch = keys[first:first + self.slots]
             if self.saving_chunks + len(batch) > self.slots:
                 self.wait_for_save()
-            # One gather for the batch's chunks, copied into consecutive slots (two
-            # pieces when the ring of slots wraps).
+            # One row gather for the batch's chunks, straight into consecutive slots
+            # (two when the ring of slots wraps).
             c0 = skip_chunks + first
             n = len(batch)
-            blocks = torch.tensor(
-                block_ids[c0 * self.blocks_per_chunk:(c0 + n) * self.blocks_per_chunk],
-                device=kv.device)
+            rows = 2 * self.blocks_per_chunk
+            idx = self._rows(block_ids[c0 * self.blocks_per_chunk:], n, kv.device)
             offsets = []
             if self.dev is not None:
                 # The gather reads what the compute stream wrote: after it.
                 self.dev.compute_done_first(self.dev.stream())
             with self.dev.use(self.dev.stream()) if self.dev else devices._NoStream():
-                data = kv[:, blocks].view((2, n, self.blocks_per_chunk) + tuple(kv.shape[2:]))
-                data = data.transpose(0, 1)  # [n, 2, blocks_per_chunk, ...]: chunk after chunk
                 done = 0
                 while done < n:
                     slot = self.slots + (self.save_slot + done) % self.slots
                     run = min(n - done, 2 * self.slots - slot)
-                    b = slot * self.chunk_bytes
-                    dst = self.staging_u8[b:b + run * self.chunk_bytes].view(kv.dtype)
-                    dst.view(data[done:done + run].shape).copy_(data[done:done + run])
+                    dst = self.staging_rows[slot * rows:(slot + run) * rows]
+                    part = idx[done * rows:(done + run) * rows]
+                    if dst.device == kv.device:  # one gather, straight into staging
+                        torch.index_select(self.kv_rows[layer], 0, part, out=dst)
+                    else:  # host-pinned: gathered on the device, then copied down
+                        dst.copy_(torch.index_select(self.kv_rows[layer], 0, part))
                     offsets += [(slot + i) * self.chunk_bytes for i in range(run)]
                     done += run
                 if self.dev is not None:

@@ -164,6 +164,12 @@ int dpukv_lookup2(dpukv_client* c, const dpukv_key* keys, uint32_t n, int pin, u
   return code(c->c->lookup(keys_of(keys), n, pin != 0, hits));
 }
 
+int dpukv_lookup_layers(dpukv_client* c, const dpukv_key* keys, uint32_t per_layer, uint32_t layers,
+                        int pin, uint32_t* hits) {
+  if (c == nullptr || keys == nullptr || hits == nullptr) return code(dpukv::Code::kInvalidValue);
+  return code(c->c->lookup_layers(keys_of(keys), per_layer, layers, pin != 0, hits));
+}
+
 int dpukv_unpin(dpukv_client* c, const dpukv_key* keys, uint32_t n) {
   if (c == nullptr || keys == nullptr) return code(dpukv::Code::kInvalidValue);
   return code(c->c->unpin(keys_of(keys), n));

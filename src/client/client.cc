@@ -507,6 +507,40 @@ Status Client::lookup(const ChunkKey* keys, uint32_t n, bool pin, uint32_t* hits
   return Code::kSuccess;
 }
 
+Status Client::lookup_layers(const ChunkKey* keys, uint32_t per_layer, uint32_t layers, bool pin,
+                             uint32_t* hits) {
+  if (keys == nullptr || hits == nullptr || layers == 0) return Code::kInvalidValue;
+  std::unique_lock<std::mutex> g(mu_);
+  DPUKV_RETURN_IF_ERROR(ensure_connected());
+  const uint32_t per_msg = (ch_->connection()->max_msg() - sizeof(AgentHeader)) / sizeof(ChunkKey);
+  if (per_layer > per_msg) {  // a layer needs several messages: one after the other
+    g.unlock();
+    for (uint32_t l = 0; l < layers; ++l)
+      DPUKV_RETURN_IF_ERROR(
+          lookup(keys + static_cast<size_t>(l) * per_layer, per_layer, pin, &hits[l]));
+    return Code::kSuccess;
+  }
+  // Every layer's lookup sent before the first answer is awaited: one round trip.
+  std::vector<uint64_t> ids(layers);
+  for (uint32_t l = 0; l < layers; ++l)
+    DPUKV_RETURN_IF_ERROR(send_request(Op::kLookup, pin ? agent::kPin : 0,
+                                       keys + static_cast<size_t>(l) * per_layer, sizeof(ChunkKey),
+                                       per_layer, &ids[l]));
+  std::vector<uint8_t> resp;
+  for (uint32_t l = 0; l < layers; ++l) {
+    DPUKV_RETURN_IF_ERROR(wait_response(ids[l], &resp));
+    AgentHeader r;
+    uint32_t got;
+    if (resp.size() < sizeof(AgentHeader) + 4) return Code::kCorrupted;
+    std::memcpy(&r, resp.data(), sizeof(r));
+    if (r.status != 0) return static_cast<Code>(r.status);
+    std::memcpy(&got, resp.data() + sizeof(AgentHeader), 4);
+    if (got > per_layer) return Code::kCorrupted;
+    hits[l] = got;
+  }
+  return Code::kSuccess;
+}
+
 Status Client::keys_op(Op op, const ChunkKey* keys, uint32_t n, Status* per_entry, Status* call) {
   std::lock_guard<std::mutex> g(mu_);
   Status st = ensure_connected();

@@ -97,6 +97,11 @@ class Client {
   uint32_t lookup(const ChunkKey* keys, uint32_t n, bool pin);
   // The same, saying why there is no answer: *hits is set only on SUCCESS.
   Status lookup(const ChunkKey* keys, uint32_t n, bool pin, uint32_t* hits);
+  // One lookup per layer (keys: layers runs of per_layer keys, one layer after the
+  // other), all sent before the first answer is awaited: one round trip for a
+  // connector's whole model. hits[l]: layer l's leading keys present.
+  Status lookup_layers(const ChunkKey* keys, uint32_t per_layer, uint32_t layers, bool pin,
+                       uint32_t* hits);
   Status unpin(const ChunkKey* keys, uint32_t n);
   Status contains(const ChunkKey* keys, uint32_t n, Status* per_entry, Status* call = nullptr);
   Status remove(const ChunkKey* keys, uint32_t n, Status* per_entry, Status* call = nullptr);
