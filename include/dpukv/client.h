@@ -49,7 +49,8 @@ int dpukv_retrieve(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,
 /* Number of leading keys present (0 if the agent is unreachable). */
 uint32_t dpukv_lookup(dpukv_client* c, const dpukv_key* keys, uint32_t n, int pin);
 /* The same, saying why there is no answer: *hits is set only on success. */
-int dpukv_lookup2(dpukv_client* c, const dpukv_key* keys, uint32_t n, int pin, uint32_t* hits);
+int dpukv_lookup_status(dpukv_client* c, const dpukv_key* keys, uint32_t n, int pin,
+                        uint32_t* hits);
 /* A lookup per layer (keys: `layers` runs of per_layer keys), in one round trip. */
 int dpukv_lookup_layers(dpukv_client* c, const dpukv_key* keys, uint32_t per_layer, uint32_t layers,
                         int pin, uint32_t* hits);

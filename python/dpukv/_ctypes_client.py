@@ -42,7 +42,7 @@ for name, res, args in [
     ("dpukv_export_gpu", _int, [_p, _u64, ctypes.c_size_t, _int, _U64S]),
     ("dpukv_agent_gpu", _int, [_p]),
     ("dpukv_release_gpu", _int, [_p, _u64]),
-    ("dpukv_lookup2", _int, [_p, _KEYS, _u32, _int, ctypes.POINTER(_u32)]),
+    ("dpukv_lookup_status", _int, [_p, _KEYS, _u32, _int, ctypes.POINTER(_u32)]),
     ("dpukv_lookup_layers", _int, [_p, _KEYS, _u32, _u32, _int, ctypes.POINTER(_u32)]),
     ("dpukv_unpin", _int, [_p, _KEYS, _u32]),
     ("dpukv_remove", _int, [_p, _KEYS, _u32, _INTS]),
@@ -168,7 +168,7 @@ class Client:
 
     def lookup(self, keys, pin=False):
         hits = _u32()
-        _check(_lib.dpukv_lookup2(self._c, _keys(keys), len(keys), int(pin), ctypes.byref(hits)),
+        _check(_lib.dpukv_lookup_status(self._c, _keys(keys), len(keys), int(pin), ctypes.byref(hits)),
                "lookup")
         return hits.value
 

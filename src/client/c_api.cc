@@ -159,7 +159,8 @@ uint32_t dpukv_lookup(dpukv_client* c, const dpukv_key* keys, uint32_t n, int pi
   return c->c->lookup(keys_of(keys), n, pin != 0);
 }
 
-int dpukv_lookup2(dpukv_client* c, const dpukv_key* keys, uint32_t n, int pin, uint32_t* hits) {
+int dpukv_lookup_status(dpukv_client* c, const dpukv_key* keys, uint32_t n, int pin,
+                        uint32_t* hits) {
   if (c == nullptr || keys == nullptr || hits == nullptr) return code(dpukv::Code::kInvalidValue);
   return code(c->c->lookup(keys_of(keys), n, pin != 0, hits));
 }
