@@ -57,6 +57,14 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
 
 
+def layer_layouts(dtype: str, layers: int, kv_heads: int, head_dim: int, kv_layout="NHD"):
+    """The layout field of each layer's chunk keys: the cache's dtype, shape and
+    layout (the bytes of an HND block are not those of an NHD block), and the layer."""
+    name = dtype if kv_layout == "NHD" else f"{dtype}:{kv_layout}"
+    base = native.kv_layout_fingerprint(name, layers, kv_heads, head_dim)
+    return [base ^ ((l + 1) * _GOLDEN & _MASK) for l in range(layers)]
+
+
 class LoadMiss(RuntimeError):
     """A chunk reported as a hit could not be loaded (its lease expired, the agent
     dropped it or went away): recompute those tokens."""
@@ -94,9 +102,14 @@ class DpukvConnector:
 
     def __init__(self, client, model_name: str, chunk_tokens: int = 256,
                  staging_bytes: int = 256 << 20, world_size: int = 1, rank: int = 0,
-                 device=None):
+                 device=None, kv_layout: str = "NHD"):
         """device: a device.py backend (default: TorchCuda for CUDA tensors, host
-        staging for CPU tensors), or "host" for host staging always."""
+        staging for CPU tensors), or "host" for host staging always. kv_layout: NHD
+        ([2, num_blocks, block_size, kv_heads, head_dim]) or HND ([2, num_blocks,
+        kv_heads, block_size, head_dim])."""
+        if kv_layout not in ("NHD", "HND"):
+            raise ValueError(f"kv_layout must be NHD or HND, not {kv_layout!r}")
+        self.kv_layout = kv_layout
         for name, v in (("chunk_tokens", chunk_tokens), ("staging_bytes", staging_bytes),
                         ("world_size", world_size)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -123,7 +136,8 @@ class DpukvConnector:
     # ---- worker side -----------------------------------------------------------
 
     def register_kv_caches(self, kv_caches):
-        """kv_caches: per layer a tensor [2, num_blocks, block_size, kv_heads, head_dim]."""
+        """kv_caches: per layer a tensor [2, num_blocks, block_size, kv_heads, head_dim]
+        (kv_layout HND: [2, num_blocks, kv_heads, block_size, head_dim])."""
         kv_caches = list(kv_caches)
         if not kv_caches:
             raise ValueError("register_kv_caches needs at least one layer's KV cache")
@@ -136,14 +150,16 @@ class DpukvConnector:
             if not t.is_contiguous():
                 raise ValueError("KV caches must be contiguous tensors")
         self.kv = kv_caches
-        _, self.num_blocks, self.block_size, heads, dim = first.shape
+        if self.kv_layout == "NHD":
+            _, self.num_blocks, self.block_size, heads, dim = first.shape
+        else:
+            _, self.num_blocks, heads, self.block_size, dim = first.shape
         if self.chunk_tokens % self.block_size:
             raise ValueError("chunk_tokens must be a multiple of the block size")
         self.blocks_per_chunk = self.chunk_tokens // self.block_size
         self.chunk_bytes = 2 * self.chunk_tokens * heads * dim * first.element_size()
         dtype = str(first.dtype).replace("torch.", "")
-        base = native.kv_layout_fingerprint(dtype, len(kv_caches), heads, dim)
-        self.layouts = [base ^ ((l + 1) * _GOLDEN & _MASK) for l in range(len(kv_caches))]
+        self.layouts = layer_layouts(dtype, len(kv_caches), heads, dim, self.kv_layout)
         # Two halves of staging: loads and saves run at the same time.
         self.slots = self.staging_bytes // self.chunk_bytes // 2
         if self.slots < len(kv_caches):
@@ -268,6 +284,29 @@ class DpukvConnector:
                     self.client.unpin(keys)
                 except native.AgentUnavailable:
                     pass  # the agent went away, and its pins with it
+
+    def prepare_load(self, request_id, tokens, block_ids, first: int, end: int):
+        """A load the caller looked up (and pinned) elsewhere, as a vLLM worker
+        gets it from its scheduler: chunks [first, end) of tokens into their blocks
+        of block_ids (the request's whole block table). start_load_kv next; the
+        pins stay the caller's (request_finished here releases none)."""
+        if self.kv is None:
+            raise ValueError("register_kv_caches first")
+        if not 0 <= first < end:
+            raise ValueError(f"chunks [{first}, {end}) is not a range to load")
+        block_ids = self._check_blocks(block_ids, end, f"request {request_id!r}")
+        if request_id in self.requests:
+            raise ValueError(f"request {request_id!r} has a load prepared already")
+        req = _Request(tokens=list(tokens))
+        keys = native.chunk_keys_layers(self.model, req.tokens, self.chunk_tokens, False,
+                                        self.world_size, self.rank, self.layouts)
+        if len(keys[0]) < end:
+            raise ValueError(f"request {request_id!r}: {len(req.tokens)} tokens hold "
+                             f"{len(keys[0])} whole chunks, not {end}")
+        req.keys = [k[first:end] for k in keys]
+        req.block_ids = block_ids[first * self.blocks_per_chunk:end * self.blocks_per_chunk]
+        req.matched_chunks = end - first
+        self.requests[request_id] = req
 
     def _request(self, request_id):
         req = self.requests.get(request_id)

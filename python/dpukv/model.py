@@ -108,39 +108,57 @@ class LlamaModel:
         returns the logits of the last position. layer_hook(l) runs before layer l
         reads the cache (a connector waits for that layer's load there);
         layer_done(l) runs once layer l has written its KV (a connector saves it)."""
+        return self.forward_batch([(tokens, start, blocks)], cache, layer_hook, layer_done)[0]
+
+    @torch.no_grad()
+    def forward_batch(self, batch, cache: PagedKVCache, layer_hook=None, layer_done=None):
+        """forward() for a batch of requests [(tokens, start, blocks), ...], layer by
+        layer as an engine runs a batch: layer_hook(l) once before layer l of every
+        request, layer_done(l) once after layer l wrote every request's KV. Each
+        request's numbers are those forward() gives it alone. Returns their logits."""
         c = self.cfg
-        t = torch.as_tensor(tokens, device=self.device)
-        end = start + t.numel()
-        positions = torch.arange(start, end, device=self.device)
-        slots = cache.slots(blocks, start, end, self.device)
-        all_slots = cache.slots(blocks, 0, end, self.device)
-        x = self.embed[t]
         group = c.heads // c.kv_heads
-        # Causal mask over [T, end]: query i (position start + i) sees keys <= it.
-        mask = torch.arange(end, device=self.device)[None, :] <= positions[:, None]
+        reqs = []
+        for tokens, start, blocks in batch:
+            t = torch.as_tensor(tokens, device=self.device)
+            end = start + t.numel()
+            positions = torch.arange(start, end, device=self.device)
+            reqs.append({
+                "positions": positions,
+                "slots": cache.slots(blocks, start, end, self.device),
+                "all_slots": cache.slots(blocks, 0, end, self.device),
+                "x": self.embed[t],
+                # Causal mask over [T, end]: query i (position start + i) sees keys <= it.
+                "mask": torch.arange(end, device=self.device)[None, :] <= positions[:, None],
+            })
         for l, b in enumerate(self.blocks):
             if layer_hook is not None:
                 layer_hook(l)
-            h = self._rms(x, b["attn_norm"])
-            q = (h @ b["wq"].T).view(-1, c.heads, c.head_dim)
-            k = (h @ b["wk"].T).view(-1, c.kv_heads, c.head_dim)
-            v = (h @ b["wv"].T).view(-1, c.kv_heads, c.head_dim)
-            q = self._rope(q, positions)
-            k = self._rope(k, positions)
             kv = cache.layers[l]
             flat = kv.view(2, -1, c.kv_heads, c.head_dim)
-            flat[0, slots] = k
-            flat[1, slots] = v
+            for r in reqs:
+                h = self._rms(r["x"], b["attn_norm"])
+                q = (h @ b["wq"].T).view(-1, c.heads, c.head_dim)
+                k = (h @ b["wk"].T).view(-1, c.kv_heads, c.head_dim)
+                v = (h @ b["wv"].T).view(-1, c.kv_heads, c.head_dim)
+                r["q"] = self._rope(q, r["positions"])
+                flat[0, r["slots"]] = self._rope(k, r["positions"])
+                flat[1, r["slots"]] = v
             if layer_done is not None:
                 layer_done(l)
-            keys = flat[0, all_slots].repeat_interleave(group, dim=1)  # [end, H, D]
-            vals = flat[1, all_slots].repeat_interleave(group, dim=1)
-            scores = torch.einsum("thd,shd->hts", q.float(), keys.float()) * c.head_dim ** -0.5
-            scores = scores.masked_fill(~mask[None], float("-inf"))
-            attn = torch.einsum("hts,shd->thd", scores.softmax(-1), vals.float()).to(c.dtype)
-            x = x + attn.reshape(-1, c.heads * c.head_dim) @ b["wo"].T
-            h = self._rms(x, b["ffn_norm"])
-            gate = torch.nn.functional.silu(h @ b["w1"].T) * (h @ b["w3"].T)
-            x = x + gate @ b["w2"].T
-        x = self._rms(x[-1:], self.norm)
-        return (x @ self.lm_head.T)[0].float()
+            for r in reqs:
+                keys = flat[0, r["all_slots"]].repeat_interleave(group, dim=1)  # [end, H, D]
+                vals = flat[1, r["all_slots"]].repeat_interleave(group, dim=1)
+                scores = torch.einsum("thd,shd->hts", r["q"].float(),
+                                      keys.float()) * c.head_dim ** -0.5
+                scores = scores.masked_fill(~r["mask"][None], float("-inf"))
+                attn = torch.einsum("hts,shd->thd", scores.softmax(-1), vals.float()).to(c.dtype)
+                x = r["x"] + attn.reshape(-1, c.heads * c.head_dim) @ b["wo"].T
+                h = self._rms(x, b["ffn_norm"])
+                gate = torch.nn.functional.silu(h @ b["w1"].T) * (h @ b["w3"].T)
+                r["x"] = x + gate @ b["w2"].T
+        out = []
+        for r in reqs:
+            x = self._rms(r["x"][-1:], self.norm)
+            out.append((x @ self.lm_head.T)[0].float())
+        return out

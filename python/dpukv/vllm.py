@@ -1,0 +1,317 @@
+"""dpukv as a vLLM KV connector: `DpukvConnectorV1`, a KVConnectorBase_V1 over the
+connector core (connector.py). A vLLM user loads it with
+
+  --kv-transfer-config '{"kv_connector": "DpukvConnectorV1",
+      "kv_connector_module_path": "dpukv.vllm", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"dpukv.socket": "/run/dpukv/dpukv.sock"}}'
+
+Follows KVConnectorBase_V1 of vllm-project/vllm as of
+vllm/distributed/kv_transfer/kv_connector/v1/base.py at commit
+13f4ad0f55b08ca1d37d1459f50ce950feaeb547 and vllm/v1/core/sched/output.py at
+00e8f1fd0936d138370d01dbe1b4f8e12baf63b1. It has NOT run inside a vLLM server:
+python/test_vllm_contract.py drives it in vLLM's call order, with stand-ins of
+vLLM's types (tests/vllm_standins/) where vLLM cannot be imported.
+
+How the two sides split the work (they share only the metadata the scheduler
+builds each step):
+  scheduler  get_num_new_matched_tokens looks every layer (and every TP rank) up
+             in one round trip and pins the hit (a lease, released by
+             request_finished, by a new lookup of the same request, or by the
+             agent's --pin-timeout-ms); update_state_after_alloc records the
+             blocks; build_connector_meta says per request what to load (the hit
+             chunks beyond what vLLM's own prefix cache computed) and what to save
+             (whole prompt chunks computed by the end of this step, never a
+             partial one).
+  worker     start_load_kv starts every layer's retrieve; wait_for_layer_load
+             finishes one layer (a failed or expired load never raises: its
+             blocks go to get_block_ids_with_load_errors and vLLM recomputes
+             them); save_kv_layer gathers the layer's chunks into staging and
+             stores them; wait_for_save waits for the stores.
+Loads are synchronous within the step (get_num_new_matched_tokens answers
+load_async=False), and saves copy out of the paged blocks during the step (the
+gather into staging), so request_finished never holds blocks: it answers
+(False, None), and get_finished has nothing to report.
+
+kv_connector_extra_config: "dpukv.socket" (default: the client's search path),
+"dpukv.chunk_tokens" (256; a multiple of the block size), "dpukv.staging_bytes"
+(per worker, both directions; default 512 MiB), "dpukv.model" (the name keys are
+made from; default the served model), "dpukv.kv_layout" (NHD or HND, for
+[2, num_blocks, ...] caches; default NHD).
+
+Not built yet: KV events (take_events answers nothing), MLA's single latent cache,
+the cross-layer registration, the seen-twice save policy.
+"""
+import logging
+import re
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from . import _native as native
+from .connector import DpukvConnector, LoadMiss, layer_layouts
+
+logger = logging.getLogger("dpukv.vllm")
+
+
+@dataclass
+class ReqMeta:
+    """One request's work in a step: load chunks [load_from, load_to) into its
+    blocks, save chunks [save_from, save_to) out of them."""
+    req_id: str
+    token_ids: list
+    block_ids: list
+    load_from: int = 0
+    load_to: int = 0
+    save_from: int = 0
+    save_to: int = 0
+
+
+@dataclass
+class DpukvConnectorMetadata(KVConnectorMetadata):
+    requests: list = field(default_factory=list)
+
+
+@dataclass
+class _SchedReq:
+    tokens: list
+    local: int = 0  # tokens vLLM's own prefix cache computed (at the lookup)
+    hit_chunks: int = 0
+    pinned: list = field(default_factory=list)  # key lists pinned by the lookup
+    block_ids: list = field(default_factory=list)
+    load_from: int = 0
+    load_to: int = 0  # > load_from: a load the next metadata carries
+    saved: int = 0  # chunks present in dpukv (loaded or saved)
+
+
+def _extra(config, name, default):
+    get = getattr(config, "get_from_extra_config", None)
+    if get is not None:
+        return get(name, default)
+    return (getattr(config, "kv_connector_extra_config", None) or {}).get(name, default)
+
+
+class DpukvConnectorV1(KVConnectorBase_V1):
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        tc = self._kv_transfer_config
+        mc, pc = vllm_config.model_config, vllm_config.parallel_config
+        self.block_size = vllm_config.cache_config.block_size
+        self.chunk_tokens = int(_extra(tc, "dpukv.chunk_tokens", 256))
+        if self.chunk_tokens <= 0 or self.chunk_tokens % self.block_size:
+            raise ValueError(f"dpukv.chunk_tokens ({self.chunk_tokens}) must be a positive "
+                             f"multiple of the block size ({self.block_size})")
+        self.model_name = str(_extra(tc, "dpukv.model", mc.model))
+        self.world_size = int(pc.tensor_parallel_size)
+        self.kv_layout = str(_extra(tc, "dpukv.kv_layout", "NHD")).upper()
+        if self.kv_layout not in ("NHD", "HND"):
+            raise ValueError(f"dpukv.kv_layout must be NHD or HND, not {self.kv_layout!r}")
+        # What the keys are made of, from the configuration: the scheduler has no
+        # KV cache to read it from, and the worker checks its tensors against it.
+        self.layers = mc.get_num_layers(pc)
+        self.kv_heads = mc.get_num_kv_heads(pc)  # per rank
+        self.head_dim = mc.get_head_size()
+        dtype = vllm_config.cache_config.cache_dtype
+        if dtype in (None, "auto"):
+            dtype = str(mc.dtype).replace("torch.", "")
+        self.dtype = dtype
+        self.layouts = layer_layouts(self.dtype, self.layers, self.kv_heads, self.head_dim,
+                                     self.kv_layout)
+        self.model = native.model_id(self.model_name)
+        socket = str(_extra(tc, "dpukv.socket", ""))
+        self.client = native.Client(socket, model=self.model)
+        if role == KVConnectorRole.SCHEDULER:
+            self._reqs = {}
+        else:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+            self.rank = get_tensor_model_parallel_rank()
+            self.core = DpukvConnector(
+                self.client, self.model_name, chunk_tokens=self.chunk_tokens,
+                staging_bytes=int(_extra(tc, "dpukv.staging_bytes", 512 << 20)),
+                world_size=self.world_size, rank=self.rank, kv_layout=self.kv_layout)
+            self.layer_index = {}
+            self._loading = []  # ReqMeta of this step's loads
+            self._load_errors = set()
+
+    # ---- scheduler side ---------------------------------------------------------
+
+    def _keys_all_ranks(self, tokens):
+        out = []
+        for rank in range(self.world_size):
+            out += native.chunk_keys_layers(self.model, tokens, self.chunk_tokens, False,
+                                            self.world_size, rank, self.layouts)
+        return out
+
+    def _unpin(self, st):
+        for keys in st.pinned:
+            if keys:
+                try:
+                    self.client.unpin(keys)
+                except native.AgentUnavailable:
+                    pass  # the agent went away, and its pins with it
+        st.pinned = []
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        tokens = list(request.prompt_token_ids or [])
+        old = self._reqs.pop(request.request_id, None)
+        if old is not None:  # asked again (vLLM retries, or a preempted request)
+            self._unpin(old)
+        st = _SchedReq(tokens=tokens, local=num_computed_tokens)
+        self._reqs[request.request_id] = st
+        keys = self._keys_all_ranks(tokens)
+        try:
+            hits = self.client.lookup_layers(keys, pin=True)
+        except native.AgentUnavailable:
+            hits = [0] * len(keys)  # the cache is away: recompute
+        st.pinned = [k[:n] for k, n in zip(keys, hits)]
+        hit = min(hits) if hits else 0
+        if hit * self.chunk_tokens >= len(tokens):
+            hit -= 1  # vLLM computes at least one token of the prompt
+        st.hit_chunks = max(hit, 0)
+        new = st.hit_chunks * self.chunk_tokens - num_computed_tokens
+        if new <= 0:  # vLLM's own prefix cache has it all
+            self._unpin(st)
+            st.hit_chunks = 0
+            return 0, False
+        return new, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            st = self._reqs[request.request_id] = _SchedReq(
+                tokens=list(request.prompt_token_ids or []))
+        st.block_ids = list(blocks.get_block_ids()[0])
+        if num_external_tokens > 0:
+            # Whole chunks from the one holding vLLM's first uncomputed token (its
+            # computed head, if any, is written again with the same bytes).
+            # vLLM sets request.num_computed_tokens only after this call: the local
+            # hit is the one get_num_new_matched_tokens was told.
+            st.load_from = st.local // self.chunk_tokens
+            st.load_to = (st.local + num_external_tokens) // self.chunk_tokens
+            st.saved = max(st.saved, st.load_to)
+
+    def build_connector_meta(self, scheduler_output):
+        meta = DpukvConnectorMetadata()
+        steps = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            st = self._reqs.get(new.req_id)
+            if st is None:
+                continue
+            st.block_ids = list(new.block_ids[0])
+            self._plan(meta, new.req_id, st, new.num_computed_tokens + steps.get(new.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            st = self._reqs.get(req_id)
+            if st is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:  # after a preemption: all of its blocks
+                st.block_ids = list(new_ids[0]) if new_ids is not None else []
+            elif new_ids is not None:
+                st.block_ids += list(new_ids[0])
+            self._plan(meta, req_id, st, cached.num_computed_tokens[i] + steps.get(req_id, 0))
+        return meta
+
+    def _plan(self, meta, req_id, st, computed_after_step):
+        # Save the prompt's whole chunks computed by the end of this step.
+        done = min(computed_after_step, len(st.tokens)) // self.chunk_tokens
+        rm = ReqMeta(req_id, st.tokens, list(st.block_ids))
+        if st.load_to > st.load_from:
+            rm.load_from, rm.load_to = st.load_from, st.load_to
+            st.load_from = st.load_to = 0
+        if done > st.saved:
+            rm.save_from, rm.save_to = st.saved, done
+            st.saved = done
+        if rm.load_to > rm.load_from or rm.save_to > rm.save_from:
+            meta.requests.append(rm)
+
+    def request_finished(self, request, block_ids):
+        st = self._reqs.pop(request.request_id, None)
+        if st is not None:
+            self._unpin(st)
+        return False, None
+
+    def take_events(self):
+        return ()
+
+    # ---- worker side ------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches):
+        """kv_caches: layer name -> [2, num_blocks, block_size, kv_heads, head_dim]
+        (NHD; HND: [2, num_blocks, kv_heads, block_size, head_dim]). Layers are
+        ordered by the number in their name (model.layers.N...), else as given."""
+        names = list(kv_caches)
+
+        def order(name):
+            m = re.search(r"layers\.(\d+)\.", name)
+            return int(m.group(1)) if m else names.index(name)
+
+        names.sort(key=order)
+        self.layer_index = {n: i for i, n in enumerate(names)}
+        self.core.register_kv_caches([kv_caches[n] for n in names])
+        if self.core.layouts != self.layouts:
+            raise ValueError(
+                "the KV caches do not match the model configuration the scheduler uses "
+                f"({len(names)} layers of {tuple(kv_caches[names[0]].shape)} "
+                f"{kv_caches[names[0]].dtype}; config: {self.layers} layers, "
+                f"{self.kv_heads} KV heads of {self.head_dim}, {self.dtype})")
+        logger.info("dpukv: %d layers registered, %s path%s", len(names), self.core.path,
+                    (": " + self.core.path_reason) if self.core.path_reason else "")
+
+    def start_load_kv(self, forward_context, **kwargs):
+        meta = self._get_connector_metadata()
+        self._loading = []
+        for rm in meta.requests:
+            if rm.load_to <= rm.load_from:
+                continue
+            self.core.prepare_load(rm.req_id, rm.token_ids, rm.block_ids, rm.load_from,
+                                   rm.load_to)
+            self.core.start_load_kv(rm.req_id)
+            self._loading.append(rm)
+
+    def wait_for_layer_load(self, layer_name):
+        layer = self.layer_index.get(layer_name)
+        if layer is None:
+            return  # not a layer with a KV cache registered here
+        for rm in self._loading:
+            try:
+                self.core.wait_for_layer_load(rm.req_id, layer)
+            except LoadMiss as e:
+                # Never a crash of the step: vLLM recomputes these blocks.
+                bpc = self.chunk_tokens // self.block_size
+                failed = rm.block_ids[rm.load_from * bpc:rm.load_to * bpc]
+                if failed[0] not in self._load_errors:
+                    logger.warning("dpukv: load of request %s failed (%s); %d blocks to "
+                                   "recompute", rm.req_id, e, len(failed))
+                self._load_errors.update(failed)
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        layer = self.layer_index.get(layer_name)
+        if layer is None:
+            return
+        meta = self._get_connector_metadata()
+        for rm in meta.requests:
+            if rm.save_to > rm.save_from:
+                self.core.save_kv_layer(rm.req_id, layer, rm.token_ids[:rm.save_to * self.chunk_tokens],
+                                        rm.block_ids, skip_chunks=rm.save_from)
+
+    def wait_for_save(self):
+        self.core.wait_for_save()
+        for rm in self._loading:  # the step's loads are over: their slots go back
+            self.core.request_finished(rm.req_id)
+        self._loading = []
+
+    def get_block_ids_with_load_errors(self):
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def get_finished(self, finished_req_ids):
+        return None, None
+
+    def shutdown(self):
+        close = getattr(self.client, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,444 @@
+"""vLLM's connector contract, driven as vLLM drives it: a small engine with a
+scheduler and a worker (two DpukvConnectorV1 instances, roles SCHEDULER and
+WORKER, sharing only the metadata), continuous batching step by step, and the
+reference Llama model (dpukv.model) run layer by layer over the whole batch with
+wait_for_layer_load / save_kv_layer around each layer, as vLLM's attention layers
+call them.
+
+Where vLLM cannot be imported (these machines), vLLM's base class and scheduler
+output types come from tests/vllm_standins/ (STAND-INS written from vLLM's source;
+see its __init__.py); the Request, KVCacheBlocks and VllmConfig objects the driver
+builds are the driver's own stand-ins in both cases (only the attributes the
+connector reads).
+
+Scenarios: a prompt saved chunk by chunk; a batch of three requests (a full
+prefix hit, a partial hit, a miss) whose prefill logits must be bit-identical to
+the same model reusing the same KV in memory; decode steps; a preemption and
+resume (new blocks, loaded again); an abort between lookup and load (its pins
+released); an expired lease (the load fails, the blocks are reported through
+get_block_ids_with_load_errors, the engine recomputes them, logits still
+identical to a plain prefill); tensor parallelism as two ranks (each stores its
+own shard, a hit needs both); bad configuration refused.
+Usage: test_vllm_contract.py BUILD_DIR SOCKET (agent with --pin-timeout-ms 1000)"""
+import os
+import sys
+import time
+
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, os.path.dirname(__file__))
+try:
+    import vllm.distributed.kv_transfer.kv_connector.v1.base  # noqa: F401
+    STANDINS = False
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "vllm_standins"))
+    STANDINS = True
+import torch  # noqa: E402
+from vllm.distributed import parallel_state  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.v1.core.sched.output import (  # noqa: E402
+    CachedRequestData, NewRequestData, SchedulerOutput)
+
+import dpukv  # noqa: E402
+from dpukv.model import LlamaConfig, LlamaModel, PagedKVCache  # noqa: E402
+from dpukv.vllm import DpukvConnectorV1  # noqa: E402
+
+SOCKET = sys.argv[2]
+BLOCK, CHUNK = 16, 32
+
+
+# ---- the driver's stand-ins for what the connector reads of vLLM's objects ----
+
+class TransferConfig:
+    def __init__(self, extra):
+        self.kv_connector = "DpukvConnectorV1"
+        self.kv_connector_module_path = "dpukv.vllm"
+        self.kv_role = "kv_both"
+        self.kv_connector_extra_config = extra
+
+    def get_from_extra_config(self, key, default):
+        return self.kv_connector_extra_config.get(key, default)
+
+
+class ModelConfig:
+    def __init__(self, cfg, name, tp):
+        self.cfg, self.model, self.dtype, self.tp = cfg, name, cfg.dtype, tp
+
+    def get_num_layers(self, parallel_config):
+        return self.cfg.layers
+
+    def get_num_kv_heads(self, parallel_config):
+        return self.cfg.kv_heads // self.tp
+
+    def get_head_size(self):
+        return self.cfg.head_dim
+
+
+class Obj:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def vllm_config(cfg, name, tp=1, extra=None):
+    extra = dict({"dpukv.socket": SOCKET, "dpukv.chunk_tokens": CHUNK,
+                  "dpukv.staging_bytes": 8 << 20}, **(extra or {}))
+    return Obj(kv_transfer_config=TransferConfig(extra),
+               model_config=ModelConfig(cfg, name, tp),
+               cache_config=Obj(block_size=BLOCK, cache_dtype="auto"),
+               parallel_config=Obj(tensor_parallel_size=tp))
+
+
+class Request:
+    def __init__(self, rid, prompt):
+        self.request_id = rid
+        self.prompt_token_ids = list(prompt)
+        self.output = []
+        self.num_computed_tokens = 0
+        self.blocks = []
+
+    @property
+    def all_token_ids(self):
+        return self.prompt_token_ids + self.output
+
+
+class Blocks:  # vllm.v1.core.kv_cache_manager.KVCacheBlocks, as the connector uses it
+    def __init__(self, ids):
+        self.ids = ids
+
+    def get_block_ids(self):
+        return (list(self.ids),)
+
+
+# ---- a small engine: vLLM's scheduler loop and model runner, as they call the
+# connector --------------------------------------------------------------------
+
+class Engine:
+    def __init__(self, cfg, model, name, num_blocks=256):
+        self.cfg, self.model = cfg, model
+        self.cache = PagedKVCache(cfg, num_blocks=num_blocks, block_size=BLOCK)
+        vc = vllm_config(cfg, name)
+        parallel_state.set_tp(0, 1) if STANDINS else None
+        self.sched = DpukvConnectorV1(vc, KVConnectorRole.SCHEDULER)
+        self.worker = DpukvConnectorV1(vc, KVConnectorRole.WORKER)
+        self.names = [f"model.layers.{l}.self_attn.attn" for l in range(cfg.layers)]
+        # vLLM passes a dict; its order is not the layers' order in general.
+        self.worker.register_kv_caches(
+            {n: self.cache.layers[l] for l, n in reversed(list(enumerate(self.names)))})
+        self.waiting, self.running = [], []
+        self.scheduled_before = set()
+        self.finished = set()
+        self.load_errors_seen = 0
+        self.prefill_logits = {}
+
+    def add(self, req):
+        self.waiting.append(req)
+
+    def step(self, before_forward=None):
+        """One engine step; returns the ids of the requests whose prefill finished."""
+        new_reqs, cached = [], CachedRequestData.make_empty()
+        num_sched = {}
+        resumed = set()
+        for req in list(self.waiting):
+            ext, load_async = self.sched.get_num_new_matched_tokens(req, 0)
+            assert load_async is False and ext % BLOCK == 0, (ext, load_async)
+            req.blocks = self.cache.allocate(len(req.prompt_token_ids) + 8)
+            self.sched.update_state_after_alloc(req, Blocks(req.blocks), ext)
+            req.num_computed_tokens = ext
+            self.waiting.remove(req)
+            self.running.append(req)
+            num_sched[req.request_id] = len(req.prompt_token_ids) - ext
+            if req.request_id in self.scheduled_before:  # a preempted request, back
+                resumed.add(req.request_id)
+                cached.req_ids.append(req.request_id)
+                cached.new_block_ids.append((list(req.blocks),))
+                cached.num_computed_tokens.append(req.num_computed_tokens)
+                cached.num_output_tokens.append(len(req.output))
+                cached.new_token_ids.append([])
+            else:
+                new_reqs.append(NewRequestData(
+                    req_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
+                    mm_features=[], sampling_params=None, pooling_params=None,
+                    block_ids=(list(req.blocks),), num_computed_tokens=req.num_computed_tokens,
+                    lora_request=None))
+        for req in self.running:
+            rid = req.request_id
+            if rid in num_sched:
+                continue
+            # A request recomputing after a load error, or decoding one token.
+            num_sched[rid] = len(req.all_token_ids) - req.num_computed_tokens
+            cached.req_ids.append(rid)
+            cached.new_block_ids.append(None)
+            cached.num_computed_tokens.append(req.num_computed_tokens)
+            cached.num_output_tokens.append(len(req.output))
+            cached.new_token_ids.append([])
+        cached.resumed_req_ids = resumed
+        out = SchedulerOutput(
+            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_sched, total_num_scheduled_tokens=sum(num_sched.values()),
+            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+            num_common_prefix_blocks=[0], finished_req_ids=set(self.finished),
+            free_encoder_mm_hashes=[])
+        self.finished.clear()
+        out.kv_connector_metadata = self.sched.build_connector_meta(out)
+        for r in new_reqs:
+            self.scheduled_before.add(r.req_id)
+        if before_forward is not None:
+            before_forward()
+        # The worker: bind, load, a layer-by-layer forward of the batch, save.
+        w = self.worker
+        w.bind_connector_metadata(out.kv_connector_metadata)
+        w.start_load_kv(None)
+        batch = [(r, r.all_token_ids[r.num_computed_tokens:], r.num_computed_tokens)
+                 for r in self.running]
+        logits = self.model.forward_batch(
+            [(toks, start, r.blocks) for r, toks, start in batch], self.cache,
+            layer_hook=lambda l: w.wait_for_layer_load(self.names[l]),
+            layer_done=lambda l: w.save_kv_layer(self.names[l], self.cache.layers[l], None))
+        w.wait_for_save()
+        errors = w.get_block_ids_with_load_errors()
+        assert w.get_finished(set()) == (None, None)
+        w.clear_connector_metadata()
+        done = []
+        for (req, toks, start), lg in zip(batch, logits):
+            bad = [i for i, b in enumerate(req.blocks) if b in errors]
+            if bad:
+                # kv_load_failure_policy "recompute": from the first failed block;
+                # this step's output for the request is dropped.
+                self.load_errors_seen += len(bad)
+                req.num_computed_tokens = min(req.num_computed_tokens, bad[0] * BLOCK)
+                continue
+            prefill = req.num_computed_tokens < len(req.prompt_token_ids)
+            req.num_computed_tokens += len(toks)
+            if prefill:
+                self.prefill_logits[req.request_id] = lg
+                done.append(req.request_id)
+            req.output.append(int(lg.argmax()))
+        return done
+
+    def preempt(self, req):
+        """vLLM's preemption: the request's blocks are freed, and it waits again."""
+        self.running.remove(req)
+        self.cache.release(req.blocks)
+        req.blocks = []
+        req.num_computed_tokens = 0
+        req.output = []
+        self.waiting.insert(0, req)
+
+    def finish(self, req):
+        held, params = self.sched.request_finished(req, list(req.blocks))
+        assert held is False and params is None
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self.cache.release(req.blocks)
+        self.finished.add(req.request_id)
+
+
+def reference(model, cfg, prompt, prefix_kv=None):
+    """The same model with the first len(prefix_kv) chunks' KV reused from memory
+    (per chunk, per layer: [2, blocks_per_chunk, BLOCK, heads, dim]), the rest
+    computed: what a dpukv hit must reproduce bit for bit."""
+    cache = PagedKVCache(cfg, num_blocks=64, block_size=BLOCK)
+    blocks = cache.allocate(len(prompt))
+    reused = len(prefix_kv or []) * CHUNK
+    bpc = CHUNK // BLOCK
+    for c, per_layer in enumerate(prefix_kv or []):
+        for l in range(cfg.layers):
+            cache.layers[l][:, blocks[c * bpc:(c + 1) * bpc]] = per_layer[l]
+    return model.forward(prompt[reused:], reused, cache, blocks)
+
+
+def chunk_kv(engine, req, chunks):
+    bpc = CHUNK // BLOCK
+    return [[engine.cache.layers[l][:, req.blocks[c * bpc:(c + 1) * bpc]].clone()
+             for l in range(engine.cfg.layers)] for c in range(chunks)]
+
+
+torch.manual_seed(0)
+cfg = LlamaConfig(dtype=torch.bfloat16)
+model = LlamaModel(cfg)
+eng = Engine(cfg, model, "contract-llama")
+print("vLLM types: %s" % ("STAND-INS (tests/vllm_standins)" if STANDINS else "vLLM's own"))
+
+# 1. A prompt computed and saved chunk by chunk (100 tokens: 3 whole chunks).
+a = Request("a", torch.randint(0, cfg.vocab_size, (100,)).tolist())
+eng.add(a)
+assert eng.step() == ["a"]
+kv_a = chunk_kv(eng, a, 3)
+for _ in range(2):
+    eng.step()  # decode
+assert len(a.output) == 3
+eng.finish(a)
+st = eng.worker.core.counters
+assert st["saved_chunks"] == 3 * cfg.layers and st["save_failures"] == 0, st
+
+# 2. Continuous batching: a full hit (B shares A's 96 tokens), a partial hit (C
+# shares 64), a miss (D), scheduled in one step; then decode steps for all.
+b = Request("b", a.prompt_token_ids[:96] + torch.randint(0, cfg.vocab_size, (20,)).tolist())
+c = Request("c", a.prompt_token_ids[:64] + torch.randint(0, cfg.vocab_size, (50,)).tolist())
+d = Request("d", torch.randint(0, cfg.vocab_size, (70,)).tolist())
+for r in (b, c, d):
+    eng.add(r)
+assert sorted(eng.step()) == ["b", "c", "d"]
+assert b.num_computed_tokens == 116 and c.num_computed_tokens == 114
+assert torch.equal(eng.prefill_logits["b"], reference(model, cfg, b.prompt_token_ids, kv_a))
+assert torch.equal(eng.prefill_logits["c"], reference(model, cfg, c.prompt_token_ids, kv_a[:2]))
+assert torch.equal(eng.prefill_logits["d"], reference(model, cfg, d.prompt_token_ids))
+assert st["loaded_chunks"] == (3 + 2) * cfg.layers, st
+kv_d0 = chunk_kv(eng, d, 2)  # D's own two chunks, as it computed them
+for _ in range(3):
+    eng.step()
+assert len(b.output) == 4 and len(d.output) == 4
+
+# 3. Preemption: D's blocks are freed; back in the queue it is looked up again (its
+# own two whole chunks were saved), loaded into new blocks, and goes on.
+loaded = st["loaded_chunks"]
+eng.preempt(d)
+assert eng.step() and d.num_computed_tokens == 70
+assert st["loaded_chunks"] == loaded + 2 * cfg.layers, st
+assert all(torch.equal(x, y) for cx, cy in zip(chunk_kv(eng, d, 2), kv_d0)
+           for x, y in zip(cx, cy)), "the reloaded chunks differ from those D computed"
+assert torch.equal(eng.prefill_logits["d"], reference(model, cfg, d.prompt_token_ids, kv_d0))
+for r in (b, c, d):
+    eng.finish(r)
+
+# 4. An abort between the lookup and the load: the request finishes before it is
+# scheduled; its pins go with it (the chunk can be removed at once).
+e = Request("e", a.prompt_token_ids[:96] + [1, 2, 3])
+assert eng.sched.get_num_new_matched_tokens(e, 0) == (96, False)
+keys = dpukv.chunk_keys(eng.sched.model, e.prompt_token_ids, CHUNK, False, 1, 0,
+                        eng.sched.layouts[0])
+assert eng.sched.client.remove(keys[2:3]) == ["BAD_STATE"]  # pinned by the lookup
+eng.finish(e)
+assert eng.sched.client.remove(keys[2:3]) == ["SUCCESS"]  # the abort released it
+
+# 5. An expired lease: F's hit is pinned at the lookup, the pin times out (1 s) and
+# the chunk goes before the step loads it. The load fails, its blocks are reported,
+# the engine recomputes them, and the logits are those of a plain prefill.
+f = Request("f", a.prompt_token_ids[:64] + torch.randint(0, cfg.vocab_size, (30,)).tolist())
+eng.add(f)
+k0 = dpukv.chunk_keys(eng.sched.model, f.prompt_token_ids, CHUNK, False, 1, 0,
+                      eng.sched.layouts[0])[:1]
+
+
+def expire():
+    deadline = time.monotonic() + 60
+    while eng.sched.client.remove(k0) != ["SUCCESS"]:
+        assert time.monotonic() < deadline, "the lease never expired"
+        time.sleep(0.05)
+
+
+assert eng.step(before_forward=expire) == []  # the step's output for F is dropped
+assert eng.load_errors_seen == 4, eng.load_errors_seen  # 2 chunks x 2 blocks
+assert f.num_computed_tokens == 0
+assert eng.step() == ["f"]  # recomputed
+assert torch.equal(eng.prefill_logits["f"], reference(model, cfg, f.prompt_token_ids))
+eng.finish(f)
+
+# 6. Tensor parallelism as two ranks: each rank's worker stores its own shard of
+# the heads under its rank's keys; the scheduler (world size 2) reports a hit only
+# when both ranks hold it, and each rank loads its own shard back.
+if STANDINS:
+    tp_cfg = LlamaConfig(dtype=torch.bfloat16, kv_heads=4)
+    vc = vllm_config(tp_cfg, "contract-tp", tp=2)
+    prompt = torch.randint(0, cfg.vocab_size, (64 + 5,)).tolist()
+    shards, workers = [], []
+    for rank in range(2):
+        parallel_state.set_tp(rank, 2)
+        w = DpukvConnectorV1(vc, KVConnectorRole.WORKER)
+        kv = {f"model.layers.{l}.attn": torch.randn(2, 32, BLOCK, 2, tp_cfg.head_dim).to(
+            torch.bfloat16) for l in range(tp_cfg.layers)}
+        w.register_kv_caches(kv)
+        workers.append((w, kv))
+    parallel_state.set_tp(0, 1)
+    sched = DpukvConnectorV1(vc, KVConnectorRole.SCHEDULER)
+    names = [f"model.layers.{l}.attn" for l in range(tp_cfg.layers)]
+    from dpukv.vllm import DpukvConnectorMetadata, ReqMeta  # noqa: E402
+
+    def save_rank(rank):
+        w, kv = workers[rank]
+        w.bind_connector_metadata(DpukvConnectorMetadata(
+            [ReqMeta("t", prompt, list(range(5)), save_from=0, save_to=2)]))
+        w.start_load_kv(None)
+        for n in names:
+            w.save_kv_layer(n, kv[n], None)
+        w.wait_for_save()
+        w.clear_connector_metadata()
+
+    t = Request("t", prompt)
+    save_rank(0)
+    assert sched.get_num_new_matched_tokens(t, 0) == (0, False)  # rank 1 lacks it
+    sched.request_finished(t, [])
+    save_rank(1)
+    assert sched.get_num_new_matched_tokens(t, 0) == (64, False)
+    for rank in range(2):
+        w, kv = workers[rank]
+        before = {n: kv[n][:, :4].clone() for n in names}
+        for n in names:
+            kv[n][:, 10:14] = 0
+        w.bind_connector_metadata(DpukvConnectorMetadata(
+            [ReqMeta("t", prompt, list(range(10, 15)), load_from=0, load_to=2)]))
+        w.start_load_kv(None)
+        for n in names:
+            w.wait_for_layer_load(n)
+        w.wait_for_save()
+        assert not w.get_block_ids_with_load_errors()
+        w.clear_connector_metadata()
+        for n in names:
+            assert torch.equal(kv[n][:, 10:14], before[n]), (rank, n)
+    assert not torch.equal(workers[0][1][names[0]][:, :4], workers[1][1][names[0]][:, :4])
+    sched.request_finished(t, [])
+
+# 6b. HND caches ([2, num_blocks, kv_heads, block_size, head_dim]): their own keys
+# (an NHD lookup of the same prompt misses them), and a round trip.
+hnd_vc = vllm_config(cfg, "contract-hnd", extra={"dpukv.kv_layout": "HND"})
+if STANDINS:
+    parallel_state.set_tp(0, 1)
+hw = DpukvConnectorV1(hnd_vc, KVConnectorRole.WORKER)
+hkv = {f"model.layers.{l}.attn": torch.randn(2, 16, cfg.kv_heads, BLOCK, cfg.head_dim).to(
+    torch.bfloat16) for l in range(cfg.layers)}
+hw.register_kv_caches(hkv)
+hnames = list(hkv)
+hprompt = torch.randint(0, cfg.vocab_size, (40,)).tolist()
+from dpukv.vllm import DpukvConnectorMetadata, ReqMeta  # noqa: E402
+hw.bind_connector_metadata(DpukvConnectorMetadata([ReqMeta("h", hprompt, [0, 1, 2], 0, 0, 0, 1)]))
+hw.start_load_kv(None)
+for n in hnames:
+    hw.save_kv_layer(n, hkv[n], None)
+hw.wait_for_save()
+hw.clear_connector_metadata()
+hs = DpukvConnectorV1(hnd_vc, KVConnectorRole.SCHEDULER)
+assert hs.get_num_new_matched_tokens(Request("h", hprompt), 0) == (32, False)
+nhd = DpukvConnectorV1(vllm_config(cfg, "contract-hnd"), KVConnectorRole.SCHEDULER)
+assert nhd.get_num_new_matched_tokens(Request("h", hprompt), 0) == (0, False)
+saved = {n: hkv[n][:, 0:2].clone() for n in hnames}
+for n in hnames:
+    hkv[n][:, 5:7] = 0
+hw.bind_connector_metadata(DpukvConnectorMetadata([ReqMeta("h", hprompt, [5, 6, 7], 0, 1)]))
+hw.start_load_kv(None)
+for n in hnames:
+    hw.wait_for_layer_load(n)
+hw.wait_for_save()
+assert not hw.get_block_ids_with_load_errors()
+hw.clear_connector_metadata()
+assert all(torch.equal(hkv[n][:, 5:7], saved[n]) for n in hnames)
+hs.request_finished(Request("h", hprompt), [])
+
+# 7. Bad configuration is refused with a clear error, before anything moves.
+for extra, words in (({"dpukv.chunk_tokens": 24}, "multiple of the block size"),
+                     ({"dpukv.kv_layout": "XYZ"}, "NHD or HND")):
+    try:
+        DpukvConnectorV1(vllm_config(cfg, "x", extra=extra), KVConnectorRole.SCHEDULER)
+        raise AssertionError(f"{extra} was accepted")
+    except ValueError as err:
+        assert words in str(err), err
+w = DpukvConnectorV1(vllm_config(cfg, "contract-llama"), KVConnectorRole.WORKER)
+try:
+    w.register_kv_caches({"model.layers.0.attn": torch.zeros(2, 8, BLOCK, 3, 16)})
+    raise AssertionError("KV caches unlike the model configuration were accepted")
+except ValueError as err:
+    assert "do not match" in str(err), err
+
+print("vllm contract: ok (%s; loads %d chunks, saves %d, %d blocks recomputed after a load "
+      "error)" % ("stand-ins" if STANDINS else "vLLM", st["loaded_chunks"], st["saved_chunks"],
+                 eng.load_errors_seen))

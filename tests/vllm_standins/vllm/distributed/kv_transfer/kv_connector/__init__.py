@@ -1,0 +1,1 @@
+"""Stand-in package (see vllm/__init__.py)."""
