@@ -137,6 +137,9 @@ PYBIND11_MODULE(_dpukv, m) {
   py::register_exception<GpuPathUnavailable>(m, "GpuPathUnavailable", PyExc_RuntimeError);
   py::class_<ChunkKey>(m, "ChunkKey")
       .def_readonly("model", &ChunkKey::model)
+      .def_readonly("world_size", &ChunkKey::world_size)
+      .def_readonly("rank", &ChunkKey::rank)
+      .def_readonly("layout", &ChunkKey::layout)
       .def_readonly("prefix_hash", &ChunkKey::prefix_hash)
       .def("__eq__", [](const ChunkKey& a, const ChunkKey& b) { return a == b; })
       .def("__repr__", [](const ChunkKey& k) {
@@ -294,6 +297,30 @@ PYBIND11_MODULE(_dpukv, m) {
           py::arg("layers"), py::arg("pin") = false,
           "Leading keys present per layer (a list of key lists, one per layer), in one round "
           "trip (raises AgentUnavailable when the agent is away)")
+      .def(
+          "subscribe_events",
+          [](PyClient& pc) { check(pc.get().subscribe_events(), "subscribe_events"); },
+          "From now on the agent sends this client its event feed (chunks of its model "
+          "stored, and removed from every tier); take_events() collects it")
+      .def(
+          "take_events",
+          [](PyClient& pc) {
+            Client& c = pc.get();
+            std::vector<agent::ChunkEvent> evs;
+            bool lost = false;
+            Status st;
+            {
+              py::gil_scoped_release nogil;
+              st = c.take_events(&evs, &lost);
+            }
+            if (st == Code::kBadState) throw std::runtime_error("take_events: subscribe first");
+            py::list out;
+            for (const agent::ChunkEvent& e : evs)
+              out.append(py::make_tuple(e.key, e.present != 0));
+            return py::make_tuple(out, lost);
+          },
+          "The events that arrived since the last call, [(ChunkKey, stored), ...], and "
+          "whether some were lost (rebuild your view); never blocks")
       .def("stats",
            [](PyClient& pc) {
              Client& c = pc.get();

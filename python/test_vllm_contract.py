@@ -34,9 +34,12 @@ except ImportError:
     STANDINS = True
 import torch  # noqa: E402
 from vllm.distributed import parallel_state  # noqa: E402
+from vllm.distributed.kv_events import BlockRemoved, BlockStored  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.v1.core.sched.output import (  # noqa: E402
     CachedRequestData, NewRequestData, SchedulerOutput)
+
+import subprocess  # noqa: E402
 
 import dpukv  # noqa: E402
 from dpukv.model import LlamaConfig, LlamaModel, PagedKVCache  # noqa: E402
@@ -91,6 +94,10 @@ class Request:
     def __init__(self, rid, prompt):
         self.request_id = rid
         self.prompt_token_ids = list(prompt)
+        # The engine's hash of each full block of the prompt (vLLM's chains them;
+        # a hash of the prefix does the same here).
+        self.block_hashes = [hash(tuple(prompt[:(i + 1) * BLOCK])) & (2**63 - 1)
+                             for i in range(len(prompt) // BLOCK)]
         self.output = []
         self.num_computed_tokens = 0
         self.blocks = []
@@ -234,6 +241,18 @@ class Engine:
         self.finished.add(req.request_id)
 
 
+def take_events_until(engine, pred, what):
+    """KV events from the scheduler side, polled until pred holds (they come from
+    the agent's feed, batched every few ms)."""
+    got = []
+    deadline = time.monotonic() + 30
+    while not pred(got):
+        assert time.monotonic() < deadline, f"no {what}; got {got}"
+        got += list(engine.sched.take_events())
+        time.sleep(0.01)
+    return got
+
+
 def reference(model, cfg, prompt, prefix_kv=None):
     """The same model with the first len(prefix_kv) chunks' KV reused from memory
     (per chunk, per layer: [2, blocks_per_chunk, BLOCK, heads, dim]), the rest
@@ -271,6 +290,14 @@ assert len(a.output) == 3
 eng.finish(a)
 st = eng.worker.core.counters
 assert st["saved_chunks"] == 3 * cfg.layers and st["save_failures"] == 0, st
+# KV events: one BlockStored per chunk, with the engine's block hashes.
+ev = take_events_until(eng, lambda g: sum(isinstance(e, BlockStored) for e in g) >= 3,
+                       "BlockStored for A's three chunks")
+stored = sorted((e for e in ev if isinstance(e, BlockStored)),
+                key=lambda e: a.block_hashes.index(e.block_hashes[0]))
+assert [e.block_hashes for e in stored] == [a.block_hashes[i:i + 2] for i in (0, 2, 4)], stored
+assert [e.parent_block_hash for e in stored] == [None, a.block_hashes[1], a.block_hashes[3]]
+assert stored[0].token_ids == a.prompt_token_ids[:CHUNK] and stored[0].block_size == BLOCK
 
 # 2. Continuous batching: a full hit (B shares A's 96 tokens), a partial hit (C
 # shares 64), a miss (D), scheduled in one step; then decode steps for all.
@@ -311,6 +338,9 @@ keys = dpukv.chunk_keys(eng.sched.model, e.prompt_token_ids, CHUNK, False, 1, 0,
 assert eng.sched.client.remove(keys[2:3]) == ["BAD_STATE"]  # pinned by the lookup
 eng.finish(e)
 assert eng.sched.client.remove(keys[2:3]) == ["SUCCESS"]  # the abort released it
+ev = take_events_until(eng, lambda g: any(isinstance(x, BlockRemoved) for x in g),
+                       "BlockRemoved for the chunk removed")
+assert [x.block_hashes for x in ev if isinstance(x, BlockRemoved)] == [a.block_hashes[4:6]], ev
 
 # 5. An expired lease: F's hit is pinned at the lookup, the pin times out (1 s) and
 # the chunk goes before the step loads it. The load fails, its blocks are reported,
@@ -438,6 +468,42 @@ try:
     raise AssertionError("KV caches unlike the model configuration were accepted")
 except ValueError as err:
     assert "do not match" in str(err), err
+
+# 8. The same feed for a router outside the engine: `dpukv events`, the example
+# consumer, prints the chunks of one model stored and removed, one JSON per line.
+cons = subprocess.Popen([os.path.join(sys.argv[1], "dpukv"), "events", "--socket", SOCKET,
+                         "--json", "--count", "2", "--model", "contract-events"],
+                        stdout=subprocess.PIPE)
+pending = [b""]
+
+
+def line_of(proc):
+    """The next line proc prints, waited for while it lives (at most 60 s)."""
+    import select
+    deadline = time.monotonic() + 60
+    while b"\n" not in pending[0]:
+        if select.select([proc.stdout], [], [], 0.1)[0]:
+            got = os.read(proc.stdout.fileno(), 4096)
+            assert got, "dpukv events exited early"
+            pending[0] += got
+        assert time.monotonic() < deadline, "dpukv events printed nothing"
+    line, pending[0] = pending[0].split(b"\n", 1)
+    return line.decode()
+
+
+assert line_of(cons).strip() == '{"event":"subscribed"}'
+ec = dpukv.Client(SOCKET, model=dpukv.model_id("contract-events"))
+es = ec.alloc_staging(1 << 20)
+ekeys = dpukv.chunk_keys(dpukv.model_id("contract-events"), list(range(64)), 32)
+assert ec.store(es, ekeys[:1], [0], [4096]) == ["SUCCESS"]
+assert ec.remove(ekeys[:1]) == ["SUCCESS"]
+import json  # noqa: E402
+lines = [json.loads(line_of(cons)) for _ in range(2)]
+assert cons.wait(timeout=30) == 0
+assert [x["event"] for x in lines] == ["stored", "removed"], lines
+assert lines[0]["prefix_hash"] == "%016x" % ekeys[0].prefix_hash, lines
+stats = json.loads(ec.stats())
+assert stats["events_sent"] > 0 and stats["event_subscribers"] >= 1, stats
 
 print("vllm contract: ok (%s; loads %d chunks, saves %d, %d blocks recomputed after a load "
       "error)" % ("stand-ins" if STANDINS else "vLLM", st["loaded_chunks"], st["saved_chunks"],

@@ -38,11 +38,17 @@ kv_connector_extra_config: "dpukv.socket" (default: the client's search path),
 made from; default the served model), "dpukv.kv_layout" (NHD or HND, for
 [2, num_blocks, ...] caches; default NHD).
 
-Not built yet: KV events (take_events answers nothing), MLA's single latent cache,
-the cross-layer registration, the seen-twice save policy.
+KV events: take_events() turns the agent's event feed (SUBSCRIBE, docs/protocols.md)
+into vLLM's BlockStored / BlockRemoved with the engine's block hashes, for the
+chunks this scheduler saved or found; `dpukv events` prints the same feed for a
+router outside the engine.
+
+Not built yet: MLA's single latent cache, the cross-layer registration, the
+seen-twice save policy.
 """
 import logging
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -78,6 +84,8 @@ class DpukvConnectorMetadata(KVConnectorMetadata):
 @dataclass
 class _SchedReq:
     tokens: list
+    block_hashes: list = field(default_factory=list)  # vLLM's, per full block
+    keys0: list = field(default_factory=list)  # layer 0, rank 0: the chunk's event key
     local: int = 0  # tokens vLLM's own prefix cache computed (at the lookup)
     hit_chunks: int = 0
     pinned: list = field(default_factory=list)  # key lists pinned by the lookup
@@ -125,6 +133,11 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         self.client = native.Client(socket, model=self.model)
         if role == KVConnectorRole.SCHEDULER:
             self._reqs = {}
+            # KV events: the agent reports chunk keys; a chunk's layer-0, rank-0 key
+            # stands for it, mapped to the engine's block hashes of the chunk.
+            self._chunk_blocks = OrderedDict()  # prefix hash -> (hashes, parent, tokens)
+            self._subscribed = False
+            self._subscribe()  # now, so that the first step's saves are heard
         else:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
             self.rank = get_tensor_model_parallel_rank()
@@ -159,9 +172,11 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         old = self._reqs.pop(request.request_id, None)
         if old is not None:  # asked again (vLLM retries, or a preempted request)
             self._unpin(old)
-        st = _SchedReq(tokens=tokens, local=num_computed_tokens)
+        st = _SchedReq(tokens=tokens, local=num_computed_tokens,
+                       block_hashes=list(getattr(request, "block_hashes", None) or []))
         self._reqs[request.request_id] = st
         keys = self._keys_all_ranks(tokens)
+        st.keys0 = keys[0]
         try:
             hits = self.client.lookup_layers(keys, pin=True)
         except native.AgentUnavailable:
@@ -171,6 +186,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         if hit * self.chunk_tokens >= len(tokens):
             hit -= 1  # vLLM computes at least one token of the prompt
         st.hit_chunks = max(hit, 0)
+        self._remember(st, 0, min(hits) if hits else 0)  # present: removals name them
         new = st.hit_chunks * self.chunk_tokens - num_computed_tokens
         if new <= 0:  # vLLM's own prefix cache has it all
             self._unpin(st)
@@ -224,6 +240,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             st.load_from = st.load_to = 0
         if done > st.saved:
             rm.save_from, rm.save_to = st.saved, done
+            self._remember(st, st.saved, done)
             st.saved = done
         if rm.load_to > rm.load_from or rm.save_to > rm.save_from:
             meta.requests.append(rm)
@@ -234,8 +251,60 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             self._unpin(st)
         return False, None
 
+    def _remember(self, st, first, end):
+        """The engine's block hashes of chunks [first, end), for their events."""
+        bpc = self.chunk_tokens // self.block_size
+        if not st.keys0 or len(st.block_hashes) < end * bpc:
+            return  # no block hashes (an engine without prefix caching): no events
+        for c in range(first, min(end, len(st.keys0))):
+            hashes = st.block_hashes[c * bpc:(c + 1) * bpc]
+            parent = st.block_hashes[c * bpc - 1] if c else None
+            tokens = st.tokens[c * self.chunk_tokens:(c + 1) * self.chunk_tokens]
+            self._chunk_blocks[st.keys0[c].prefix_hash] = (hashes, parent, tokens)
+            self._chunk_blocks.move_to_end(st.keys0[c].prefix_hash)
+        while len(self._chunk_blocks) > self.max_event_chunks:
+            self._chunk_blocks.popitem(last=False)
+
+    max_event_chunks = 1 << 20  # chunks whose block hashes are remembered for events
+
+    def _subscribe(self):
+        if not self._subscribed:
+            try:
+                self.client.subscribe_events()
+                self._subscribed = True
+            except (native.AgentUnavailable, AttributeError):
+                pass  # away (tried again at the next take_events), or no feed
+        return self._subscribed
+
     def take_events(self):
-        return ()
+        """KV events from the agent's feed: BlockStored when a chunk this engine
+        saved or found is present in dpukv, BlockRemoved when it left every tier
+        (medium "CPU": dpukv's tiers), with the engine's block hashes. A chunk is
+        its layer-0, rank-0 key: the other layers and ranks go with it."""
+        if not self._subscribe():
+            return ()
+        try:
+            events, lost = self.client.take_events()
+        except (native.AgentUnavailable, AttributeError):
+            return ()  # the agent is away, or a client without the feed
+        if lost:
+            logger.warning("dpukv: KV events were lost (a reconnect, or too slow a reader)")
+        from vllm.distributed.kv_events import BlockRemoved, BlockStored
+        out = []
+        for key, stored in events:
+            if key.rank != 0 or key.layout != self.layouts[0]:
+                continue
+            info = self._chunk_blocks.get(key.prefix_hash)
+            if info is None:
+                continue
+            hashes, parent, tokens = info
+            if stored:
+                out.append(BlockStored(block_hashes=list(hashes), parent_block_hash=parent,
+                                       token_ids=list(tokens), block_size=self.block_size,
+                                       lora_id=None, medium="CPU", lora_name=None))
+            else:
+                out.append(BlockRemoved(block_hashes=list(hashes), medium="CPU"))
+        return out
 
     # ---- worker side ------------------------------------------------------------
 

@@ -27,7 +27,9 @@ struct Agent::Session {
   bool gone = false;
   uint32_t pending = 0;  // batches in flight
   std::vector<ChunkKey> pinned;
-  GpuService::Exports gpu;  // GPU memory it exported
+  GpuService::Exports gpu;   // GPU memory it exported
+  bool subscribed = false;   // sent the event feed
+  bool events_lost = false;  // a batch could not be sent: the next one says so
 };
 
 // One batch request in flight: its entries complete independently.
@@ -173,6 +175,12 @@ Status Agent::run(const std::atomic<bool>* stop) {
   while (!stop->load(std::memory_order_relaxed)) {
     pe_->wait(50000, 100);
     const uint64_t now = monotonic_ns();
+    // Events go out in batches: every 5 ms at most, or when a message is full.
+    if (!events_.empty() &&
+        (now - last_flush_ns_ >= 5000000ull || events_.size() >= opts_.max_msg / 40)) {
+      last_flush_ns_ = now;
+      flush_events();
+    }
     if (now < next_tick) continue;
     next_tick = now + 100000000ull;
     if (metrics_server_) metrics_server_->sweep();
@@ -217,6 +225,7 @@ void Agent::on_disconnect(ComchConnection* c, Status why, UserData ud) {
   if (!s->pinned.empty())
     a->cache_->unpin(s->pinned.data(), static_cast<uint32_t>(s->pinned.size()));
   s->pinned.clear();
+  a->unsubscribe(s);
   // Its GPU memory is closed now, or (with copies in flight) when they finish.
   a->gpu_->remove_all(&s->gpu);
   s->gone = true;
@@ -505,6 +514,14 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
       reply(s, h, st, why.data(), static_cast<uint32_t>(why.size()));
       return;
     }
+    case Op::kEvents:  // the agent's to send, never a request
+      break;
+    case Op::kSubscribe: {
+      if (h.count != 0 || body_len != 0) break;
+      subscribe(s);
+      reply(s, h, Code::kSuccess, nullptr, 0);
+      return;
+    }
     case Op::kGpuRelease: {
       uint64_t map_id;
       if (h.count != 1 || !entries_ok(sizeof(map_id))) break;
@@ -546,6 +563,96 @@ Status Agent::gpu_export(Session* s, const uint8_t* body, uint32_t len, std::str
              static_cast<int>(s->conn->peer().pid), std::string(st.name()).c_str(), why->c_str());
   }
   return st;
+}
+
+void Agent::subscribe(Session* s) {
+  if (s->subscribed) return;
+  s->subscribed = true;
+  if (subscribers_.empty()) cache_->add_residency_listener(&Agent::on_residency, this, false);
+  subscribers_.push_back(s);
+}
+
+void Agent::unsubscribe(Session* s) {
+  if (!s->subscribed) return;
+  s->subscribed = false;
+  for (size_t i = 0; i < subscribers_.size(); ++i) {
+    if (subscribers_[i] != s) continue;
+    subscribers_[i] = subscribers_.back();
+    subscribers_.pop_back();
+    break;
+  }
+  if (subscribers_.empty()) {
+    cache_->remove_residency_listener(&Agent::on_residency, this);
+    events_.clear();
+    events_lost_ = false;
+  }
+}
+
+void Agent::on_residency(void* arg, const ChunkKey& key, bool present) {
+  auto* a = static_cast<Agent*>(arg);
+  if (a->events_.size() >= kMaxPendingEvents) {  // nobody drains them: keep the newest lost
+    a->events_lost_ = true;
+    ++a->counters_.events_dropped;
+    return;
+  }
+  agent::ChunkEvent e{};
+  e.key = key;
+  e.present = present ? 1 : 0;
+  a->events_.push_back(e);
+}
+
+// Sends the queued events to every subscriber, the keys of its model only, in
+// messages of at most max_msg bytes. A subscriber whose send queue is full misses
+// the batch and is told so by the next one (kEventsLost); it is not disconnected.
+void Agent::flush_events() {
+  const uint32_t per_msg =
+      (opts_.max_msg - static_cast<uint32_t>(sizeof(AgentHeader))) / sizeof(agent::ChunkEvent);
+  std::vector<uint8_t> msg;
+  // A failed send may close a connection, and its disconnect changes
+  // subscribers_: walk a copy, each session held (pending) while it is sent to.
+  const std::vector<Session*> to = subscribers_;
+  for (Session* s : to) ++s->pending;
+  for (Session* s : to) {
+    size_t i = 0;
+    while (i < events_.size()) {
+      msg.assign(sizeof(AgentHeader), 0);
+      uint32_t n = 0;
+      for (; i < events_.size() && n < per_msg; ++i) {
+        if (s->model != 0 && events_[i].key.model != s->model) continue;
+        const auto* p = reinterpret_cast<const uint8_t*>(&events_[i]);
+        msg.insert(msg.end(), p, p + sizeof(agent::ChunkEvent));
+        ++n;
+      }
+      if (n == 0 || s->gone) break;
+      AgentHeader h{};
+      h.op = static_cast<uint16_t>(static_cast<uint16_t>(Op::kEvents) | agent::kResponse);
+      h.version = agent::kProtocolVersion;
+      h.flags = (events_lost_ || s->events_lost) ? agent::kEventsLost : 0;
+      h.count = n;
+      std::memcpy(msg.data(), &h, sizeof(h));
+      ComchSendTask* t;
+      Status st = server_->send_alloc_init(s->conn, msg.data(), static_cast<uint32_t>(msg.size()),
+                                           UserData{}, &t);
+      if (st.ok()) {
+        st = server_->submit(t);
+        if (!st.ok()) (void)server_->free(t);
+      }
+      if (s->gone) break;  // the send found the peer dead
+      if (!st.ok()) {
+        s->events_lost = true;
+        counters_.events_dropped += n;
+        break;
+      }
+      s->events_lost = false;
+      counters_.events_sent += n;
+    }
+  }
+  for (Session* s : to) {
+    --s->pending;
+    release_session(s);
+  }
+  events_.clear();
+  events_lost_ = false;
 }
 
 void Agent::remote_lookup_done(void* arg, uint32_t fetched) {

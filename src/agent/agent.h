@@ -46,6 +46,7 @@ struct AgentOptions {
 
 struct AgentCounters {
   uint64_t requests = 0, bad_requests = 0, not_permitted = 0;
+  uint64_t events_sent = 0, events_dropped = 0;  // the event feed
   uint64_t lookups = 0, lookup_keys = 0, lookup_hits = 0;
   uint64_t lookup_remote_hits = 0;  // leading keys a lookup found on other agents
   uint64_t sessions_opened = 0, sessions_closed = 0;
@@ -98,6 +99,11 @@ class Agent {
   void finish_batch(Batch* b);
   void release_session(Session* s);
   Status gpu_export(Session* s, const uint8_t* body, uint32_t len, std::string* why);
+  // The event feed (SUBSCRIBE/EVENTS): residency changes queued, sent in batches.
+  static void on_residency(void* arg, const ChunkKey& key, bool present);
+  void subscribe(Session* s);
+  void unsubscribe(Session* s);
+  void flush_events();
   static void remote_lookup_done(void* arg, uint32_t fetched);
   static void push_done(void* arg, Status st, const uint8_t* taken, uint32_t n);
 
@@ -118,6 +124,11 @@ class Agent {
   std::vector<Batch*> free_batches_;
   AgentCounters counters_;
   std::vector<ChunkKey> lookup_keys_;  // reserved for the largest message
+  std::vector<Session*> subscribers_;
+  std::vector<agent::ChunkEvent> events_;  // not sent yet, at most kMaxPendingEvents
+  bool events_lost_ = false;               // some were dropped: the next batch says so
+  uint64_t last_flush_ns_ = 0;
+  static constexpr size_t kMaxPendingEvents = 1 << 16;
   uint64_t connected_ = 0;
 };
 

@@ -161,10 +161,13 @@ class CacheEngine final : public Context {
   // bytes_ok: the writer says the bytes landed. The chunk is present only if they
   // also match p.checksum (CORRUPTED otherwise); every other outcome frees the room.
   Status end_ingest(const ChunkKey& key, bool bytes_ok);
-  // Told when a chunk becomes present (memory or disk) and when it leaves every
-  // tier; on setting, told of every chunk present now. Called on the engine's thread.
+  // Listeners told when a chunk becomes present (memory or disk) and when it
+  // leaves every tier, on the engine's thread; with replay, a new listener is
+  // first told of every chunk present now. Listeners must not add or remove
+  // listeners from the callback.
   using ResidencyCb = void (*)(void* arg, const ChunkKey& key, bool present);
-  void set_residency_listener(ResidencyCb cb, void* arg);
+  void add_residency_listener(ResidencyCb cb, void* arg, bool replay);
+  void remove_residency_listener(ResidencyCb cb, void* arg);
 
   CacheStats stats() const;
   uint64_t index_bytes_per_chunk() const;
@@ -289,8 +292,8 @@ class CacheEngine final : public Context {
   std::vector<Request*> waiting_;   // requests waiting for room (a spill or a copy to land)
   std::vector<Request*> retrying_;  // waiting_'s previous contents while they are retried
   CacheStats st_;
-  ResidencyCb residency_cb_ = nullptr;
-  void* residency_arg_ = nullptr;
+  std::vector<std::pair<ResidencyCb, void*>> residency_;
+  void tell_residency(const ChunkKey& key, bool present);
 };
 
 }  // namespace dpukv

@@ -48,8 +48,7 @@ void CacheEngine::erase(int32_t e) {
     return;
   }
   const ChunkKey& k = entries_[static_cast<size_t>(e)].key;
-  if (entries_[static_cast<size_t>(e)].announced && residency_cb_ != nullptr)
-    residency_cb_(residency_arg_, k, false);
+  if (entries_[static_cast<size_t>(e)].announced) tell_residency(k, false);
   uint64_t i = k.hash() & table_mask_;
   for (uint64_t n = 0; n <= table_mask_; ++n, i = (i + 1) & table_mask_) {
     if (table_[i] == e) {

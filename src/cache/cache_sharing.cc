@@ -109,15 +109,32 @@ Status CacheEngine::end_ingest(const ChunkKey& key, bool bytes_ok) {
 void CacheEngine::announce(int32_t e) {
   Entry& en = entries_[static_cast<size_t>(e)];
   en.announced = true;
-  if (residency_cb_ != nullptr) residency_cb_(residency_arg_, en.key, true);
+  tell_residency(en.key, true);
 }
 
-void CacheEngine::set_residency_listener(ResidencyCb cb, void* arg) {
-  residency_cb_ = cb;
-  residency_arg_ = arg;
+void CacheEngine::tell_residency(const ChunkKey& key, bool present) {
+  for (const auto& [cb, arg] : residency_) cb(arg, key, present);
+}
+
+void CacheEngine::add_residency_listener(ResidencyCb cb, void* arg, bool replay) {
+  if (cb == nullptr) return;
+  residency_.emplace_back(cb, arg);
+  if (!replay) return;
   for (size_t i = 0; i < entries_.size(); ++i) {
     Entry& en = entries_[i];
-    if (en.used && (en.mem_ready || en.on_disk)) announce(static_cast<int32_t>(i));
+    if (!en.used || !(en.mem_ready || en.on_disk)) continue;
+    if (en.announced)
+      cb(arg, en.key, true);  // the others know it already
+    else
+      announce(static_cast<int32_t>(i));
+  }
+}
+
+void CacheEngine::remove_residency_listener(ResidencyCb cb, void* arg) {
+  for (size_t i = 0; i < residency_.size(); ++i) {
+    if (residency_[i].first != cb || residency_[i].second != arg) continue;
+    residency_.erase(residency_.begin() + static_cast<long>(i));
+    return;
   }
 }
 

@@ -159,7 +159,7 @@ TEST(CacheSharing, ResidencyListenerHearsArrivalsAndDepartures) {
   CacheHarness a(small_memory(2, 1 << 20)), b(small_memory(4, 1 << 20));
   ASSERT_TRUE(a.store(key(1), 1 << 20).ok());
   Residency r;
-  a.cache_->set_residency_listener(&Residency::on, &r);
+  a.cache_->add_residency_listener(&Residency::on, &r, true);
   EXPECT_EQ(r.arrivals, 1);  // told of what is present on setting
   ASSERT_TRUE(a.store(key(2), 1 << 20).ok());
   ASSERT_TRUE(a.store(key(2), 1 << 20).ok());  // present already: no second arrival
@@ -179,6 +179,18 @@ TEST(CacheSharing, ResidencyListenerHearsArrivalsAndDepartures) {
   EXPECT_EQ(r.arrivals, 3);
   EXPECT_EQ(r.departures, 2);
   EXPECT_EQ(r.present, std::set<uint64_t>{key(3).prefix_hash});
+  // A second listener without replay hears only what happens next; a removed
+  // listener hears nothing more.
+  Residency r2;
+  a.cache_->add_residency_listener(&Residency::on, &r2, false);
+  EXPECT_EQ(r2.arrivals, 0);
+  ASSERT_TRUE(a.store(key(4), 1 << 20).ok());
+  EXPECT_EQ(r.arrivals, 4);
+  EXPECT_EQ(r2.arrivals, 1);
+  a.cache_->remove_residency_listener(&Residency::on, &r);
+  ASSERT_TRUE(a.cache_->remove(key(4)).ok());
+  EXPECT_EQ(r.departures, 2);
+  EXPECT_EQ(r2.departures, 1);
 }
 
 }  // namespace

@@ -69,10 +69,16 @@ Status Client::open_channel(uint32_t timeout_ms) {
       if (n < sizeof(AgentHeader)) return;
       AgentHeader h;
       std::memcpy(&h, d, sizeof(h));
+      if (h.request_id == 0 && h.op == (static_cast<uint16_t>(Op::kEvents) | agent::kResponse)) {
+        self->take_event_message(h, d + sizeof(h), n - static_cast<uint32_t>(sizeof(h)));
+        return;
+      }
       self->responses_.emplace_back(h.request_id, std::vector<uint8_t>(d, d + n));
     };
     cb.on_disconnect = [](ComchConnection*, Status, UserData u) {
-      static_cast<Client*>(u.ptr)->lost_ = true;
+      auto* self = static_cast<Client*>(u.ptr);
+      self->lost_ = true;
+      if (self->subscribed_) self->events_lost_ = true;  // events go unseen until back
     };
     cb.on_send_done = [](ComchSendTask* t, UserData, UserData u) {
       (void)static_cast<Client*>(u.ptr)->ch_->free(t);
@@ -110,6 +116,11 @@ Status Client::open_channel(uint32_t timeout_ms) {
         ch_->export_alloc_init(ch_->connection(), *s.map, s.map->id(), UserData{}, &t));
     DPUKV_RETURN_IF_ERROR(ch_->submit(t));
   }
+  if (subscribed_) {  // the event feed again (what happened meanwhile is lost)
+    std::vector<uint8_t> r;
+    DPUKV_RETURN_IF_ERROR(call(Op::kSubscribe, 0, nullptr, 0, 0, &r));
+    events_lost_ = true;
+  }
   // GPU exports too. One the new agent refuses (no GPU path there) is logged and
   // its requests are refused by the agent: the session itself goes on.
   for (const agent::GpuExportEntry& e : gpu_exports_) {
@@ -130,6 +141,45 @@ Status Client::send_gpu_export(const agent::GpuExportEntry& e, std::string* why)
   if (!st.ok() && resp.size() > sizeof(AgentHeader))
     why->assign(reinterpret_cast<const char*>(resp.data()) + sizeof(AgentHeader),
                 resp.size() - sizeof(AgentHeader));
+  return st;
+}
+
+void Client::take_event_message(const AgentHeader& h, const uint8_t* body, uint32_t len) {
+  if ((h.flags & agent::kEventsLost) != 0) events_lost_ = true;
+  if (h.count > len / sizeof(agent::ChunkEvent)) {
+    events_lost_ = true;  // malformed: what it said is not to be trusted
+    return;
+  }
+  for (uint32_t i = 0; i < h.count; ++i) {
+    if (events_.size() >= kMaxEvents) {  // nobody takes them: the newest are lost
+      events_lost_ = true;
+      return;
+    }
+    agent::ChunkEvent e;
+    std::memcpy(&e, body + i * sizeof(e), sizeof(e));
+    events_.push_back(e);
+  }
+}
+
+Status Client::subscribe_events() {
+  std::lock_guard<std::mutex> g(mu_);
+  DPUKV_RETURN_IF_ERROR(ensure_connected());
+  std::vector<uint8_t> resp;
+  DPUKV_RETURN_IF_ERROR(call(Op::kSubscribe, 0, nullptr, 0, 0, &resp));
+  subscribed_ = true;
+  return Code::kSuccess;
+}
+
+Status Client::take_events(std::vector<agent::ChunkEvent>* out, bool* lost) {
+  if (out == nullptr) return Code::kInvalidValue;
+  std::lock_guard<std::mutex> g(mu_);
+  if (!subscribed_) return Code::kBadState;
+  Status st = ensure_connected();
+  if (st.ok()) pe_->progress();
+  out->clear();
+  out->swap(events_);
+  if (lost != nullptr) *lost = events_lost_;
+  events_lost_ = false;
   return st;
 }
 

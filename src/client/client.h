@@ -83,6 +83,14 @@ class Client {
   // Closes an export at the agent (the memory itself stays the caller's).
   Status release_gpu(const GpuStaging& g);
 
+  // The agent's event feed: the chunks (of this session's model) that became
+  // present or left every tier, in order, for a router that tracks where prefixes
+  // are. take_events() hands over what arrived (never blocks); *lost is true when
+  // some were dropped since the last call (a slow reader, a reconnect): the
+  // consumer should rebuild its view. Subscriptions survive reconnects.
+  Status subscribe_events();
+  Status take_events(std::vector<agent::ChunkEvent>* out, bool* lost);
+
   // Batch operations over regions of one staging buffer. per_entry (may be null)
   // gets each entry's status; the return value is the first error, if any. An
   // entry the agent did not answer (no agent, a lost connection, a malformed
@@ -167,6 +175,11 @@ class Client {
   std::vector<agent::GpuExportEntry> gpu_exports_;  // made again on reconnect
   uint64_t next_gpu_id_ = 1;
   Status send_gpu_export(const agent::GpuExportEntry& e, std::string* why);
+  void take_event_message(const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
+  bool subscribed_ = false;
+  std::vector<agent::ChunkEvent> events_;  // arrived, not taken
+  bool events_lost_ = false;
+  static constexpr size_t kMaxEvents = 1 << 20;
   struct Pending {
     Ticket ticket;
     std::vector<uint64_t> ids;     // one request per message

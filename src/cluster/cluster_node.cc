@@ -45,7 +45,7 @@ Status ClusterNode::create(ProgressEngine* pe, CacheEngine* cache, const Cluster
 
 ClusterNode::~ClusterNode() {
   stopping_ = true;
-  cache_->set_residency_listener(nullptr, nullptr);
+  cache_->remove_residency_listener(&ClusterNode::on_residency, this);
   dir_.reset();  // its pending callbacks run now, into a node that still exists
   ucx_.reset();
 }
@@ -57,13 +57,13 @@ Status ClusterNode::do_start() {
     (void)ucx_->stop();
     return st;
   }
-  cache_->set_residency_listener(&ClusterNode::on_residency, this);
+  cache_->add_residency_listener(&ClusterNode::on_residency, this, true);
   return Code::kSuccess;
 }
 
 void ClusterNode::do_stop() {
   stopping_ = true;
-  cache_->set_residency_listener(nullptr, nullptr);
+  cache_->remove_residency_listener(&ClusterNode::on_residency, this);
   // Unanswered asks end now (their keys are misses); answered ones finish with
   // their reads, which the UcxNode's stop breaks.
   std::vector<Ask*> open;

@@ -36,7 +36,21 @@ enum class Op : uint16_t {
                      // handle. Response: status, and on failure the reason as text.
                      // NOT_SUPPORTED: the agent has no GPU path (HelloReply says so).
   kGpuRelease = 13,  // entry: u64 map id of a GPU export; the agent closes it
+  kSubscribe = 14,   // no entries: from now on the agent sends this session EVENTS
+  kEvents = 15,      // agent -> client, unsolicited (op | kResponse, request_id 0):
+                     // count ChunkEvents, chunks of the session's model (all: model
+                     // 0) that became present or left every tier, in order;
+                     // flags & kEventsLost: some were dropped before these
 };
+
+inline constexpr uint16_t kEventsLost = 1;
+
+struct ChunkEvent {
+  ChunkKey key;
+  uint8_t present;  // 1: stored (present in a tier); 0: removed from every tier
+  uint8_t reserved[7];
+};
+static_assert(sizeof(ChunkEvent) == 40);
 
 // Map ids of GPU exports have this bit; memfd exports never do. Store and
 // retrieve name either kind in IoEntry::map_id.

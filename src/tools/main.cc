@@ -13,6 +13,7 @@
 #include "tools/bench_comch.h"
 #include "tools/bench_compress.h"
 #include "tools/bench_dma.h"
+#include "tools/events_cmd.h"
 #include "tools/nvme_cmd.h"
 #include "tools/replay.h"
 #include "tools/rpc_cmd.h"
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
   dpukv::add_bench_cluster_command(bench, &exit_code);
 
   dpukv::add_agent_commands(&app, &exit_code);
+  dpukv::add_events_command(&app, &exit_code);
   dpukv::add_replay_command(&app, &exit_code);
   dpukv::add_nvme_commands(&app, &exit_code);
   dpukv::add_rpc_command(&app, &exit_code);

@@ -1,0 +1,104 @@
+#include "tools/events_cmd.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/client.h"
+
+namespace dpukv {
+
+namespace {
+
+std::atomic<bool> g_events_stop{false};
+
+void print_event(const agent::ChunkEvent& e, bool json) {
+  const ChunkKey& k = e.key;
+  if (json) {
+    std::printf(
+        "{\"event\":\"%s\",\"model\":\"%016llx\",\"prefix_hash\":\"%016llx\",\"layout\":\"%"
+        "016llx\","
+        "\"rank\":%u,\"world_size\":%u}\n",
+        e.present ? "stored" : "removed", static_cast<unsigned long long>(k.model),
+        static_cast<unsigned long long>(k.prefix_hash), static_cast<unsigned long long>(k.layout),
+        k.rank, k.world_size);
+  } else {
+    std::printf("%-8s model %016llx prefix %016llx layout %016llx rank %u/%u\n",
+                e.present ? "stored" : "removed", static_cast<unsigned long long>(k.model),
+                static_cast<unsigned long long>(k.prefix_hash),
+                static_cast<unsigned long long>(k.layout), k.rank, k.world_size);
+  }
+}
+
+int run_events(const std::string& socket, const std::string& model, bool json, uint64_t count) {
+  ClientOptions o;
+  o.socket_path = socket;
+  o.connect_timeout_ms = 1000;
+  o.model = model.empty() ? 0 : model_id(model);
+  std::unique_ptr<Client> c;
+  if (!Client::connect(o, &c).ok() || !c->subscribe_events().ok()) {
+    std::cerr << "dpukv events: no agent answered" << (socket.empty() ? "" : " on " + socket)
+              << "\n";
+    return 1;
+  }
+  if (json) {
+    std::printf("{\"event\":\"subscribed\"}\n");
+  } else {
+    std::printf("subscribed: chunks stored and removed%s, as the agent reports them\n",
+                model.empty() ? "" : (" (model " + model + ")").c_str());
+  }
+  std::fflush(stdout);
+  signal(SIGINT, [](int) { g_events_stop = true; });
+  signal(SIGTERM, [](int) { g_events_stop = true; });
+  std::vector<agent::ChunkEvent> batch;
+  uint64_t seen = 0;
+  bool was_connected = true;
+  while (!g_events_stop && (count == 0 || seen < count)) {
+    bool lost = false;
+    const Status st = c->take_events(&batch, &lost);
+    if (!st.ok() && was_connected)
+      std::fprintf(stderr, "dpukv events: the agent went away; waiting\n");
+    was_connected = st.ok();
+    if (lost) {
+      // Some events were dropped (a slow reader, a reconnect): a router rebuilds
+      // its view of where prefixes are from the lookups it makes.
+      std::printf(json ? "{\"event\":\"lost\"}\n" : "LOST     some events were dropped: rebuild\n");
+    }
+    for (const agent::ChunkEvent& e : batch) {
+      print_event(e, json);
+      if (count != 0 && ++seen >= count) break;
+    }
+    std::fflush(stdout);
+    // A feed is read by polling the client, which never blocks: 10 ms between
+    // polls (the agent batches events every 5 ms).
+    if (batch.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_events_command(CLI::App* app, int* exit_code) {
+  auto socket = std::make_shared<std::string>();
+  auto model = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  auto count = std::make_shared<uint64_t>(0);
+  CLI::App* cmd = app->add_subcommand(
+      "events",
+      "Print the agent's event feed (chunks stored, and removed from every tier) as it comes, "
+      "until SIGINT: what a router outside the engine consumes");
+  cmd->add_option("--socket", *socket, "Agent socket");
+  cmd->add_option("--model", *model, "Only this model's chunks (its name, as clients give it)");
+  cmd->add_flag("--json", *json, "One JSON object per line");
+  cmd->add_option("--count", *count, "Exit after this many events (0: never)");
+  cmd->callback([=] { *exit_code = run_events(*socket, *model, *json, *count); });
+}
+
+}  // namespace dpukv
