@@ -63,14 +63,15 @@ class TransferConfig:
 
 
 class ModelConfig:
-    def __init__(self, cfg, name, tp):
+    def __init__(self, cfg, name, tp, use_mla=False):
         self.cfg, self.model, self.dtype, self.tp = cfg, name, cfg.dtype, tp
+        self.use_mla = use_mla
 
     def get_num_layers(self, parallel_config):
         return self.cfg.layers
 
     def get_num_kv_heads(self, parallel_config):
-        return self.cfg.kv_heads // self.tp
+        return 1 if self.use_mla else self.cfg.kv_heads // self.tp
 
     def get_head_size(self):
         return self.cfg.head_dim
@@ -81,11 +82,11 @@ class Obj:
         self.__dict__.update(kw)
 
 
-def vllm_config(cfg, name, tp=1, extra=None):
+def vllm_config(cfg, name, tp=1, extra=None, use_mla=False):
     extra = dict({"dpukv.socket": SOCKET, "dpukv.chunk_tokens": CHUNK,
                   "dpukv.staging_bytes": 8 << 20}, **(extra or {}))
     return Obj(kv_transfer_config=TransferConfig(extra),
-               model_config=ModelConfig(cfg, name, tp),
+               model_config=ModelConfig(cfg, name, tp, use_mla),
                cache_config=Obj(block_size=BLOCK, cache_dtype="auto"),
                parallel_config=Obj(tensor_parallel_size=tp))
 
@@ -454,9 +455,61 @@ hw.clear_connector_metadata()
 assert all(torch.equal(hkv[n][:, 5:7], saved[n]) for n in hnames)
 hs.request_finished(Request("h", hprompt), [])
 
+# 6c. MLA: one latent cache per layer ([num_blocks, block_size, latent dim]),
+# taken as such from the model configuration; a round trip.
+mla_vc = vllm_config(cfg, "contract-mla", use_mla=True)
+mw = DpukvConnectorV1(mla_vc, KVConnectorRole.WORKER)
+mkv = {f"model.layers.{l}.attn": torch.randn(16, BLOCK, cfg.head_dim).to(torch.bfloat16)
+       for l in range(cfg.layers)}
+mw.register_kv_caches(mkv)
+assert mw.core.kv_layout == "MLA" and mw.core.chunk_bytes == CHUNK * cfg.head_dim * 2
+mprompt = torch.randint(0, cfg.vocab_size, (33,)).tolist()
+mw.bind_connector_metadata(DpukvConnectorMetadata([ReqMeta("m", mprompt, [3, 4, 5], 0, 0, 0, 1)]))
+mw.start_load_kv(None)
+for n in mkv:
+    mw.save_kv_layer(n, mkv[n], None)
+mw.wait_for_save()
+mw.clear_connector_metadata()
+assert DpukvConnectorV1(mla_vc, KVConnectorRole.SCHEDULER).get_num_new_matched_tokens(
+    Request("m", mprompt), 0) == (32, False)
+msaved = {n: mkv[n][3:5].clone() for n in mkv}
+for n in mkv:
+    mkv[n][8:10] = 0
+mw.bind_connector_metadata(DpukvConnectorMetadata([ReqMeta("m", mprompt, [8, 9, 10], 0, 1)]))
+mw.start_load_kv(None)
+for n in mkv:
+    mw.wait_for_layer_load(n)
+mw.wait_for_save()
+mw.clear_connector_metadata()
+assert all(torch.equal(mkv[n][8:10], msaved[n]) for n in mkv)
+assert not torch.equal(mkv[list(mkv)[0]][8:10], mkv[list(mkv)[0]][11:13])
+
+# 6d. The seen-twice save policy: a prompt's first request saves nothing, the
+# second (same prefix) saves it, the third hits it; asking again about the same
+# request does not count as seeing it twice.
+st_eng = Engine(cfg, model, "contract-seen")
+st_eng.sched.save_policy = "seen_twice"
+p1 = torch.randint(0, cfg.vocab_size, (70,)).tolist()
+saved0 = st_eng.worker.core.counters["saved_chunks"]
+r1 = Request("s1", p1)
+assert st_eng.sched.get_num_new_matched_tokens(r1, 0) == (0, False)  # asked twice:
+st_eng.add(r1)                                                       # one sighting
+assert st_eng.step() == ["s1"]
+st_eng.finish(r1)
+assert st_eng.worker.core.counters["saved_chunks"] == saved0
+r2 = Request("s2", p1)
+st_eng.add(r2)
+assert st_eng.step() == ["s2"]
+st_eng.finish(r2)
+assert st_eng.worker.core.counters["saved_chunks"] == saved0 + 2 * cfg.layers
+r3 = Request("s3", p1)
+assert st_eng.sched.get_num_new_matched_tokens(r3, 0) == (64, False)
+st_eng.sched.request_finished(r3, [])
+
 # 7. Bad configuration is refused with a clear error, before anything moves.
 for extra, words in (({"dpukv.chunk_tokens": 24}, "multiple of the block size"),
-                     ({"dpukv.kv_layout": "XYZ"}, "NHD or HND")):
+                     ({"dpukv.kv_layout": "XYZ"}, "NHD or HND"),
+                     ({"dpukv.save": "sometimes"}, "all or seen_twice")):
     try:
         DpukvConnectorV1(vllm_config(cfg, "x", extra=extra), KVConnectorRole.SCHEDULER)
         raise AssertionError(f"{extra} was accepted")

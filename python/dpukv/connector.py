@@ -105,10 +105,11 @@ class DpukvConnector:
                  device=None, kv_layout: str = "NHD"):
         """device: a device.py backend (default: TorchCuda for CUDA tensors, host
         staging for CPU tensors), or "host" for host staging always. kv_layout: NHD
-        ([2, num_blocks, block_size, kv_heads, head_dim]) or HND ([2, num_blocks,
-        kv_heads, block_size, head_dim])."""
-        if kv_layout not in ("NHD", "HND"):
-            raise ValueError(f"kv_layout must be NHD or HND, not {kv_layout!r}")
+        ([2, num_blocks, block_size, kv_heads, head_dim]), HND ([2, num_blocks,
+        kv_heads, block_size, head_dim]) or MLA (one latent cache per layer,
+        [num_blocks, block_size, head_dim], as DeepSeek's models keep it)."""
+        if kv_layout not in ("NHD", "HND", "MLA"):
+            raise ValueError(f"kv_layout must be NHD, HND or MLA, not {kv_layout!r}")
         self.kv_layout = kv_layout
         for name, v in (("chunk_tokens", chunk_tokens), ("staging_bytes", staging_bytes),
                         ("world_size", world_size)):
@@ -137,12 +138,18 @@ class DpukvConnector:
 
     def register_kv_caches(self, kv_caches):
         """kv_caches: per layer a tensor [2, num_blocks, block_size, kv_heads, head_dim]
-        (kv_layout HND: [2, num_blocks, kv_heads, block_size, head_dim])."""
+        (kv_layout HND: [2, num_blocks, kv_heads, block_size, head_dim]; MLA:
+        [num_blocks, block_size, head_dim])."""
         kv_caches = list(kv_caches)
         if not kv_caches:
             raise ValueError("register_kv_caches needs at least one layer's KV cache")
         first = kv_caches[0]
-        if not isinstance(first, torch.Tensor) or first.dim() != 5 or first.shape[0] != 2:
+        # K and V per block, or MLA's one latent part.
+        self.parts = 1 if self.kv_layout == "MLA" else 2
+        if self.parts == 1:
+            if not isinstance(first, torch.Tensor) or first.dim() != 3:
+                raise ValueError("MLA KV caches must be [num_blocks, block_size, head_dim]")
+        elif not isinstance(first, torch.Tensor) or first.dim() != 5 or first.shape[0] != 2:
             raise ValueError("KV caches must be [2, num_blocks, block_size, kv_heads, head_dim]")
         for t in kv_caches:
             if not isinstance(t, torch.Tensor) or t.shape != first.shape or t.dtype != first.dtype:
@@ -152,12 +159,14 @@ class DpukvConnector:
         self.kv = kv_caches
         if self.kv_layout == "NHD":
             _, self.num_blocks, self.block_size, heads, dim = first.shape
-        else:
+        elif self.kv_layout == "HND":
             _, self.num_blocks, heads, self.block_size, dim = first.shape
+        else:
+            (self.num_blocks, self.block_size, dim), heads = first.shape, 1
         if self.chunk_tokens % self.block_size:
             raise ValueError("chunk_tokens must be a multiple of the block size")
         self.blocks_per_chunk = self.chunk_tokens // self.block_size
-        self.chunk_bytes = 2 * self.chunk_tokens * heads * dim * first.element_size()
+        self.chunk_bytes = self.parts * self.chunk_tokens * heads * dim * first.element_size()
         dtype = str(first.dtype).replace("torch.", "")
         self.layouts = layer_layouts(dtype, len(kv_caches), heads, dim, self.kv_layout)
         # Two halves of staging: loads and saves run at the same time.
@@ -171,12 +180,13 @@ class DpukvConnector:
         # (a chunk: its K blocks, then its V blocks). The rows are viewed as 4- or
         # 2-byte integers: torch moves those with plain copies, and bf16 elementwise,
         # about 6x slower on a CPU.
-        row_bytes = self.chunk_bytes // (2 * self.blocks_per_chunk)
+        row_bytes = self.chunk_bytes // (self.parts * self.blocks_per_chunk)
         self.row_dtype = (torch.int32 if row_bytes % 4 == 0 else
                           torch.int16 if row_bytes % 2 == 0 else torch.uint8)
-        self.kv_rows = [kv.view(2 * self.num_blocks, -1).view(self.row_dtype) for kv in kv_caches]
+        self.kv_rows = [kv.view(self.parts * self.num_blocks, -1).view(self.row_dtype)
+                        for kv in kv_caches]
         self.staging_rows = self.staging_u8.view(self.row_dtype).view(
-            2 * self.slots * 2 * self.blocks_per_chunk, -1)
+            2 * self.slots * self.parts * self.blocks_per_chunk, -1)
         # Per slot: the event after which its bytes were last read on the device
         # (a scatter); the agent may write the slot again only after it.
         self.slot_events = [None] * (2 * self.slots)
@@ -202,9 +212,11 @@ class DpukvConnector:
 
     def _rows(self, block_ids, chunks, device):
         """The rows of `chunks` chunks in the caches' row view, in staging's order:
-        per chunk its K blocks' rows, then its V blocks' rows."""
+        per chunk its K blocks' rows, then its V blocks' rows (MLA: its blocks' rows)."""
         b = torch.tensor(block_ids[:chunks * self.blocks_per_chunk],
                          dtype=torch.int64).view(chunks, self.blocks_per_chunk)
+        if self.parts == 1:
+            return b.reshape(-1).to(device)
         return torch.cat([b, b + self.num_blocks], dim=1).reshape(-1).to(device)
 
     def _slots_ready(self, first, n):
@@ -397,7 +409,7 @@ class DpukvConnector:
         # slot, each [2, blocks_per_chunk, block_size, heads, dim].
         n = load.n
         kv = self.kv[layer]
-        rows = 2 * self.blocks_per_chunk  # per chunk
+        rows = self.parts * self.blocks_per_chunk  # per chunk
         src = self.staging_rows[load.slot * rows:(load.slot + n) * rows]
         if req.rows_t is None:
             req.rows_t = self._rows(req.block_ids, req.matched_chunks, kv.device)
@@ -456,7 +468,7 @@ class DpukvConnector:
             # (two when the ring of slots wraps).
             c0 = skip_chunks + first
             n = len(batch)
-            rows = 2 * self.blocks_per_chunk
+            rows = self.parts * self.blocks_per_chunk
             idx = self._rows(block_ids[c0 * self.blocks_per_chunk:], n, kv.device)
             offsets = []
             if self.dev is not None:

@@ -36,15 +36,17 @@ kv_connector_extra_config: "dpukv.socket" (default: the client's search path),
 "dpukv.chunk_tokens" (256; a multiple of the block size), "dpukv.staging_bytes"
 (per worker, both directions; default 512 MiB), "dpukv.model" (the name keys are
 made from; default the served model), "dpukv.kv_layout" (NHD or HND, for
-[2, num_blocks, ...] caches; default NHD).
+[2, num_blocks, ...] caches; default NHD; an MLA model's latent cache is taken as
+such), "dpukv.save" (all: every prompt's whole chunks; seen_twice: only prefixes
+an earlier request's lookup saw too, so one-off prompts stay out).
 
 KV events: take_events() turns the agent's event feed (SUBSCRIBE, docs/protocols.md)
 into vLLM's BlockStored / BlockRemoved with the engine's block hashes, for the
 chunks this scheduler saved or found; `dpukv events` prints the same feed for a
 router outside the engine.
 
-Not built yet: MLA's single latent cache, the cross-layer registration, the
-seen-twice save policy.
+Not built yet: the cross-layer registration (register_cross_layers_kv_cache; the
+connector prefers per-layer caches, prefer_cross_layer_blocks is False).
 """
 import logging
 import re
@@ -84,6 +86,7 @@ class DpukvConnectorMetadata(KVConnectorMetadata):
 @dataclass
 class _SchedReq:
     tokens: list
+    savable: int = 1 << 62  # leading chunks the save policy lets go to dpukv
     block_hashes: list = field(default_factory=list)  # vLLM's, per full block
     keys0: list = field(default_factory=list)  # layer 0, rank 0: the chunk's event key
     local: int = 0  # tokens vLLM's own prefix cache computed (at the lookup)
@@ -117,6 +120,11 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         self.kv_layout = str(_extra(tc, "dpukv.kv_layout", "NHD")).upper()
         if self.kv_layout not in ("NHD", "HND"):
             raise ValueError(f"dpukv.kv_layout must be NHD or HND, not {self.kv_layout!r}")
+        if getattr(mc, "use_mla", False):
+            self.kv_layout = "MLA"  # one latent cache per layer: [num_blocks, block_size, dim]
+        self.save_policy = str(_extra(tc, "dpukv.save", "all"))
+        if self.save_policy not in ("all", "seen_twice"):
+            raise ValueError(f"dpukv.save must be all or seen_twice, not {self.save_policy!r}")
         # What the keys are made of, from the configuration: the scheduler has no
         # KV cache to read it from, and the worker checks its tensors against it.
         self.layers = mc.get_num_layers(pc)
@@ -138,6 +146,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             self._chunk_blocks = OrderedDict()  # prefix hash -> (hashes, parent, tokens)
             self._subscribed = False
             self._subscribe()  # now, so that the first step's saves are heard
+            self._seen = OrderedDict()  # seen_twice: prefix hash -> lookups that saw it
         else:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
             self.rank = get_tensor_model_parallel_rank()
@@ -177,6 +186,9 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         self._reqs[request.request_id] = st
         keys = self._keys_all_ranks(tokens)
         st.keys0 = keys[0]
+        if self.save_policy == "seen_twice":
+            # Asked again about the same request: it is not seen a second time.
+            st.savable = old.savable if old is not None else self._count_seen(st.keys0)
         try:
             hits = self.client.lookup_layers(keys, pin=True)
         except native.AgentUnavailable:
@@ -232,8 +244,10 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         return meta
 
     def _plan(self, meta, req_id, st, computed_after_step):
-        # Save the prompt's whole chunks computed by the end of this step.
+        # Save the prompt's whole chunks computed by the end of this step (with
+        # seen_twice, only a prefix an earlier request's lookup saw too).
         done = min(computed_after_step, len(st.tokens)) // self.chunk_tokens
+        done = min(done, st.savable)
         rm = ReqMeta(req_id, st.tokens, list(st.block_ids))
         if st.load_to > st.load_from:
             rm.load_from, rm.load_to = st.load_from, st.load_to
@@ -244,6 +258,20 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             st.saved = done
         if rm.load_to > rm.load_from or rm.save_to > rm.save_from:
             meta.requests.append(rm)
+
+    def _count_seen(self, keys0):
+        """Counts this lookup of each chunk; returns how many leading chunks have
+        now been looked up at least twice (a prefix seen before is worth keeping:
+        one-off prompts stay out of the cache)."""
+        twice = None
+        for i, k in enumerate(keys0):
+            n = self._seen.pop(k.prefix_hash, 0) + 1
+            self._seen[k.prefix_hash] = n
+            if n < 2 and twice is None:
+                twice = i
+        while len(self._seen) > self.max_event_chunks:
+            self._seen.popitem(last=False)
+        return len(keys0) if twice is None else twice
 
     def request_finished(self, request, block_ids):
         st = self._reqs.pop(request.request_id, None)
