@@ -1,7 +1,10 @@
 /* The C ABI compiled as C: connects to the agent named by argv[1], stores and
- * retrieves one chunk, checks the bytes. Exit 0 on success. */
+ * retrieves two chunks, checks the bytes and the event feed's two stored events.
+ * Exit 0 on success. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep under -std=c11 */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "dpukv/client.h"
 
@@ -13,6 +16,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "connect: %s\n", dpukv_status_name(rc));
     return 3;
   }
+  if (dpukv_subscribe_events(c) != 0) return 12; /* before the stores: their events */
   void* data = NULL;
   uint64_t id = 0;
   if (dpukv_alloc_staging(c, 1 << 20, &data, &id) != 0) return 4;
@@ -30,6 +34,30 @@ int main(int argc, char** argv) {
   if (dpukv_retrieve(c, id, keys, offs, lens, 2, st) != 0) return 8;
   for (int i = 0; i < 131072; ++i)
     if (((unsigned char*)data)[i] != 0x5a) return 9;
+  /* The event feed: the two stored chunks, as they arrive (batched by the agent). */
+  dpukv_event ev[8];
+  uint32_t got = 0;
+  int lost = 0;
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (got < 2) {
+    uint32_t n = 0;
+    if (dpukv_take_events(c, ev + got, 8 - got, &n, &lost) != 0) return 13;
+    got += n;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec - t0.tv_sec > 30) {
+      fprintf(stderr, "events: %u of 2 after 30 s\n", got);
+      return 14;
+    }
+    if (n == 0) {
+      struct timespec d = {0, 1000000};
+      nanosleep(&d, NULL);
+    }
+  }
+  for (uint32_t i = 0; i < 2; ++i)
+    if (!ev[i].stored || (memcmp(&ev[i].key, &keys[0], sizeof(dpukv_key)) != 0 &&
+                          memcmp(&ev[i].key, &keys[1], sizeof(dpukv_key)) != 0))
+      return 15;
   /* The GPU export entry points: an agent without a GPU path says so. */
   uint64_t gid = 0;
   if (!dpukv_agent_gpu(c)) {

@@ -29,6 +29,10 @@ class ChunkKey(ctypes.Structure):
                 ("prefix_hash", ctypes.c_uint64)]
 
 
+class _Event(ctypes.Structure):
+    _fields_ = [("key", ChunkKey), ("stored", ctypes.c_uint8), ("reserved", ctypes.c_uint8 * 7)]
+
+
 _lib = ctypes.CDLL(os.environ.get("DPUKV_CLIENT_LIB", "libdpukv_client.so.0"))
 _u64, _u32, _int, _p = ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p
 _KEYS = ctypes.POINTER(ChunkKey)
@@ -54,6 +58,9 @@ for name, res, args in [
     ("dpukv_submit_store", _int, [_p, _u64, _KEYS, _U64S, _U64S, _u32, _INTS, _U64S]),
     ("dpukv_submit_retrieve", _int, [_p, _u64, _KEYS, _U64S, _U64S, _u32, _INTS, _U64S]),
     ("dpukv_wait", _int, [_p, _u64]),
+    ("dpukv_subscribe_events", _int, [_p]),
+    ("dpukv_take_events", _int, [_p, ctypes.POINTER(_Event), _u32, ctypes.POINTER(_u32),
+                                 ctypes.POINTER(_int)]),
     ("dpukv_chunk_keys", _u32, [_u64, _u32, _u32, _u64, ctypes.POINTER(ctypes.c_int32),
                                 ctypes.c_size_t, _u32, _int, _KEYS, _u32]),
     ("dpukv_model_id", _u64, [ctypes.c_char_p]),
@@ -171,6 +178,24 @@ class Client:
         _check(_lib.dpukv_lookup_status(self._c, _keys(keys), len(keys), int(pin), ctypes.byref(hits)),
                "lookup")
         return hits.value
+
+    def subscribe_events(self):
+        _check(_lib.dpukv_subscribe_events(self._c), "subscribe_events")
+
+    def take_events(self):
+        out, lost_any = [], False
+        buf = (_Event * 1024)()
+        while True:
+            n, lost = _u32(), _int()
+            rc = _lib.dpukv_take_events(self._c, buf, len(buf), ctypes.byref(n), ctypes.byref(lost))
+            if rc != 0 and _name(rc) == "BAD_STATE":
+                raise RuntimeError("take_events: subscribe first")
+            _check(rc, "take_events")
+            lost_any = lost_any or bool(lost.value)
+            out += [(ChunkKey.from_buffer_copy(buf[i].key), bool(buf[i].stored))
+                    for i in range(n.value)]
+            if n.value < len(buf):
+                return out, lost_any
 
     def lookup_layers(self, layers, pin=False):
         per = len(layers[0]) if layers else 0

@@ -1,6 +1,7 @@
 // The C ABI over dpukv::Client: no exceptions cross it; every error is a status.
 #include "dpukv/client.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -9,8 +10,12 @@
 
 #include "client/client.h"
 
+static_assert(sizeof(dpukv_event) == sizeof(dpukv::agent::ChunkEvent));
+
 struct dpukv_client {
   std::unique_ptr<dpukv::Client> c;
+  std::vector<dpukv::agent::ChunkEvent> events;  // taken from the client, not handed over
+  bool events_lost = false;
   std::vector<dpukv::Staging> staging;  // host and GPU (a GPU one has no data)
   std::vector<dpukv::GpuStaging> gpu;
   struct Submitted {  // an asynchronous call: its statuses until dpukv_wait
@@ -198,6 +203,29 @@ int dpukv_stats_json(dpukv_client* c, char* buf, size_t cap, size_t* len) {
   if (len != nullptr) *len = j.size();
   if (j.size() + 1 > cap) return code(dpukv::Code::kTooBig);
   std::memcpy(buf, j.c_str(), j.size() + 1);
+  return 0;
+}
+
+int dpukv_subscribe_events(dpukv_client* c) {
+  if (c == nullptr) return code(dpukv::Code::kInvalidValue);
+  return code(c->c->subscribe_events());
+}
+
+int dpukv_take_events(dpukv_client* c, dpukv_event* out, uint32_t max, uint32_t* n, int* lost) {
+  if (c == nullptr || (out == nullptr && max != 0) || n == nullptr)
+    return code(dpukv::Code::kInvalidValue);
+  std::vector<dpukv::agent::ChunkEvent> more;
+  bool l = false;
+  const dpukv::Status st = c->c->take_events(&more, &l);
+  if (st == dpukv::Code::kBadState) return code(st);  // not subscribed
+  c->events.insert(c->events.end(), more.begin(), more.end());
+  c->events_lost = c->events_lost || l;
+  const uint32_t k = static_cast<uint32_t>(std::min<size_t>(max, c->events.size()));
+  if (k != 0) std::memcpy(out, c->events.data(), k * sizeof(dpukv_event));
+  c->events.erase(c->events.begin(), c->events.begin() + k);
+  *n = k;
+  if (lost != nullptr) *lost = c->events_lost ? 1 : 0;
+  c->events_lost = false;
   return 0;
 }
 
