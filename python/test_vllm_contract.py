@@ -484,6 +484,54 @@ mw.clear_connector_metadata()
 assert all(torch.equal(mkv[n][8:10], msaved[n]) for n in mkv)
 assert not torch.equal(mkv[list(mkv)[0]][8:10], mkv[list(mkv)[0]][11:13])
 
+# 6e. A cross-layer cache (dpukv.cross_layer): one tensor, blocks first, every
+# layer's K and V in a block, as vLLM allocates it for connectors that prefer it;
+# the backend's stride order says how. Chunks keep their per-layer keys: a worker
+# with per-layer caches loads what the cross-layer one saved.
+class CrossLayerBackend:  # what the connector asks of vLLM's attention backend
+    @staticmethod
+    def get_kv_cache_stride_order(include_num_layers_dimension=False):
+        assert include_num_layers_dimension
+        return (2, 0, 1, 3, 4, 5)  # [layers, 2, blocks, ...] kept blocks-first
+
+
+cl_vc = vllm_config(cfg, "contract-cross", extra={"dpukv.cross_layer": True})
+cw = DpukvConnectorV1(cl_vc, KVConnectorRole.WORKER)
+assert cw.prefer_cross_layer_blocks
+phys = torch.randn(16, cfg.layers, 2, BLOCK, cfg.kv_heads, cfg.head_dim).to(torch.bfloat16)
+cw.register_cross_layers_kv_cache(phys, CrossLayerBackend)
+assert cw.core.strided
+cprompt = torch.randint(0, cfg.vocab_size, (64,)).tolist()
+cnames = [f"model.layers.{l}.self_attn.attn" for l in range(cfg.layers)]
+cw.bind_connector_metadata(DpukvConnectorMetadata([ReqMeta("x", cprompt, [0, 1, 2, 3], 0, 0, 0, 2)]))
+cw.start_load_kv(None)
+for n in cnames:
+    cw.save_kv_layer(n, None, None)
+cw.wait_for_save()
+cw.clear_connector_metadata()
+before = phys[0:4].clone()
+phys[8:12] = 0
+cw.bind_connector_metadata(DpukvConnectorMetadata([ReqMeta("x", cprompt, list(range(8, 12)), 0, 2)]))
+cw.start_load_kv(None)
+for n in cnames:
+    cw.wait_for_layer_load(n)
+cw.wait_for_save()
+assert not cw.get_block_ids_with_load_errors()
+cw.clear_connector_metadata()
+assert torch.equal(phys[8:12], before)
+pw = DpukvConnectorV1(vllm_config(cfg, "contract-cross"), KVConnectorRole.WORKER)
+pkv = {n: torch.zeros(2, 8, BLOCK, cfg.kv_heads, cfg.head_dim, dtype=torch.bfloat16)
+       for n in cnames}
+pw.register_kv_caches(pkv)
+pw.bind_connector_metadata(DpukvConnectorMetadata([ReqMeta("x", cprompt, [4, 5, 6, 7], 0, 2)]))
+pw.start_load_kv(None)
+for n in cnames:
+    pw.wait_for_layer_load(n)
+pw.wait_for_save()
+pw.clear_connector_metadata()
+for l, n in enumerate(cnames):
+    assert torch.equal(pkv[n][:, 4:8], before[:, l].transpose(0, 1)), l
+
 # 6d. The seen-twice save policy: a prompt's first request saves nothing, the
 # second (same prefix) saves it, the third hits it; asking again about the same
 # request does not count as seeing it twice.

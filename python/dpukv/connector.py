@@ -154,8 +154,11 @@ class DpukvConnector:
         for t in kv_caches:
             if not isinstance(t, torch.Tensor) or t.shape != first.shape or t.dtype != first.dtype:
                 raise ValueError("every layer's KV cache must have the same shape and dtype")
-            if not t.is_contiguous():
-                raise ValueError("KV caches must be contiguous tensors")
+            # A block's K (or V, or latent) bytes must be contiguous; the blocks and
+            # the layers may be strided (vLLM's cross-layer caches: blocks first).
+            inner = t[0, 0] if self.parts == 2 else t[0]
+            if not inner.is_contiguous():
+                raise ValueError("each block of a KV cache must be contiguous")
         self.kv = kv_caches
         if self.kv_layout == "NHD":
             _, self.num_blocks, self.block_size, heads, dim = first.shape
@@ -183,8 +186,14 @@ class DpukvConnector:
         row_bytes = self.chunk_bytes // (self.parts * self.blocks_per_chunk)
         self.row_dtype = (torch.int32 if row_bytes % 4 == 0 else
                           torch.int16 if row_bytes % 2 == 0 else torch.uint8)
-        self.kv_rows = [kv.view(self.parts * self.num_blocks, -1).view(self.row_dtype)
-                        for kv in kv_caches]
+        # Contiguous caches: one row index per row. Strided ones (cross-layer): a
+        # (block, part) view of rows, indexed by two index tensors.
+        self.strided = not all(kv.is_contiguous() for kv in kv_caches)
+        if self.strided:
+            self.kv_rows = [self._rows_view(kv) for kv in kv_caches]
+        else:
+            self.kv_rows = [kv.view(self.parts * self.num_blocks, -1).view(self.row_dtype)
+                            for kv in kv_caches]
         self.staging_rows = self.staging_u8.view(self.row_dtype).view(
             2 * self.slots * self.parts * self.blocks_per_chunk, -1)
         # Per slot: the event after which its bytes were last read on the device
@@ -210,14 +219,46 @@ class DpukvConnector:
         if self.dev is not None and self.path == "host":
             self.dev = None  # nothing asynchronous to order: plain host copies
 
+    def _rows_view(self, kv):
+        """[num_blocks, parts, row] over a strided layer cache, in row_dtype units."""
+        v = kv.view(self.row_dtype)
+        row = v[0, 0].numel() if self.parts == 2 else v[0].numel()
+        if self.parts == 2:
+            return v.as_strided((self.num_blocks, 2, row), (v.stride(1), v.stride(0), 1),
+                                v.storage_offset())
+        return v.as_strided((self.num_blocks, 1, row), (v.stride(0), row, 1), v.storage_offset())
+
     def _rows(self, block_ids, chunks, device):
         """The rows of `chunks` chunks in the caches' row view, in staging's order:
-        per chunk its K blocks' rows, then its V blocks' rows (MLA: its blocks' rows)."""
+        per chunk its K blocks' rows, then its V blocks' rows (MLA: its blocks' rows).
+        Strided caches: a (blocks, parts) pair of index tensors."""
         b = torch.tensor(block_ids[:chunks * self.blocks_per_chunk],
                          dtype=torch.int64).view(chunks, self.blocks_per_chunk)
+        if self.strided:
+            if self.parts == 1:
+                return (b.reshape(-1).to(device), torch.zeros(b.numel(), dtype=torch.int64,
+                                                              device=device))
+            parts = torch.cat([torch.zeros_like(b), torch.ones_like(b)], dim=1)
+            return (torch.cat([b, b], dim=1).reshape(-1).to(device), parts.reshape(-1).to(device))
         if self.parts == 1:
             return b.reshape(-1).to(device)
         return torch.cat([b, b + self.num_blocks], dim=1).reshape(-1).to(device)
+
+    def _scatter(self, layer, rows, k, src):
+        """Staging rows src into the first k rows of `rows` of a layer's cache."""
+        if self.strided:
+            self.kv_rows[layer][rows[0][:k], rows[1][:k]] = src
+        else:
+            self.kv_rows[layer][rows[:k]] = src
+
+    def _gather(self, layer, rows, a, b, dst):
+        """Rows [a, b) of `rows` of a layer's cache into staging rows dst."""
+        if not self.strided and dst.device == self.kv_rows[layer].device:
+            torch.index_select(self.kv_rows[layer], 0, rows[a:b], out=dst)  # one pass
+        elif self.strided:
+            dst.copy_(self.kv_rows[layer][rows[0][a:b], rows[1][a:b]])
+        else:  # host-pinned: gathered on the device, then copied down
+            dst.copy_(torch.index_select(self.kv_rows[layer], 0, rows[a:b]))
 
     def _slots_ready(self, first, n):
         """Before the agent writes slots again: the device reads of them are done."""
@@ -415,7 +456,7 @@ class DpukvConnector:
             req.rows_t = self._rows(req.block_ids, req.matched_chunks, kv.device)
         if self.dev is None:
             # One row scatter: the bytes move once, staging to blocks.
-            self.kv_rows[layer][req.rows_t[:n * rows]] = src
+            self._scatter(layer, req.rows_t, n * rows, src)
         else:
             # On the connector's stream (the host-pinned path's copy to the device
             # first); the compute stream waits for its event, and the slots are
@@ -423,7 +464,7 @@ class DpukvConnector:
             side = self.dev.stream()
             with self.dev.use(side):
                 src = src.to(kv.device, non_blocking=True)
-                self.kv_rows[layer][req.rows_t[:n * rows]] = src
+                self._scatter(layer, req.rows_t, n * rows, src)
                 ev = self.dev.record(side)
             self.dev.compute_wait(ev)
             for j in range(load.slot, load.slot + n):
@@ -480,11 +521,7 @@ class DpukvConnector:
                     slot = self.slots + (self.save_slot + done) % self.slots
                     run = min(n - done, 2 * self.slots - slot)
                     dst = self.staging_rows[slot * rows:(slot + run) * rows]
-                    part = idx[done * rows:(done + run) * rows]
-                    if dst.device == kv.device:  # one gather, straight into staging
-                        torch.index_select(self.kv_rows[layer], 0, part, out=dst)
-                    else:  # host-pinned: gathered on the device, then copied down
-                        dst.copy_(torch.index_select(self.kv_rows[layer], 0, part))
+                    self._gather(layer, idx, done * rows, (done + run) * rows, dst)
                     offsets += [(slot + i) * self.chunk_bytes for i in range(run)]
                     done += run
                 if self.dev is not None:

@@ -45,8 +45,11 @@ into vLLM's BlockStored / BlockRemoved with the engine's block hashes, for the
 chunks this scheduler saved or found; `dpukv events` prints the same feed for a
 router outside the engine.
 
-Not built yet: the cross-layer registration (register_cross_layers_kv_cache; the
-connector prefers per-layer caches, prefer_cross_layer_blocks is False).
+Cross-layer caches ("dpukv.cross_layer": true makes prefer_cross_layer_blocks true):
+register_cross_layers_kv_cache takes vLLM's one tensor (blocks first, every layer
+in a block), sees it layer-major through the attention backend's stride order, and
+the core moves each layer's part of a block in place; chunks keep their per-layer
+keys, so a cross-layer engine and a per-layer one share the cache.
 """
 import logging
 import re
@@ -336,6 +339,39 @@ class DpukvConnectorV1(KVConnectorBase_V1):
 
     # ---- worker side ------------------------------------------------------------
 
+    @property
+    def prefer_cross_layer_blocks(self):
+        """dpukv.cross_layer true: vLLM gives one cache whose blocks hold every
+        layer (register_cross_layers_kv_cache)."""
+        return str(_extra(self._kv_transfer_config, "dpukv.cross_layer", "false")).lower() in (
+            "1", "true", "yes")
+
+    def register_cross_layers_kv_cache(self, kv_cache, attn_backend):
+        """One tensor for every layer, in the attention backend's physical order
+        (blocks first): seen layer-major through the backend's stride order, each
+        layer a strided view whose blocks the core gathers and scatters in place."""
+        view = kv_cache
+        order = getattr(attn_backend, "get_kv_cache_stride_order", None)
+        if order is not None:
+            try:
+                stride_order = order(include_num_layers_dimension=True)
+                view = kv_cache.permute(*[stride_order.index(i) for i in range(len(stride_order))])
+            except (NotImplementedError, TypeError):
+                view = kv_cache
+        if view.shape[0] != self.layers:
+            raise ValueError(f"a cross-layer KV cache of shape {tuple(kv_cache.shape)} does not "
+                             f"lead with the model's {self.layers} layers")
+        self.layer_index = {}  # by the number in the names vLLM calls with (_layer)
+        self._register([view[l] for l in range(self.layers)], f"{self.layers} layers in one")
+
+    def _layer(self, name):
+        layer = self.layer_index.get(name)
+        if layer is None and self.core.kv is not None:
+            m = re.search(r"layers\.(\d+)\.", name)
+            if m and int(m.group(1)) < len(self.core.kv):
+                layer = self.layer_index[name] = int(m.group(1))
+        return layer
+
     def register_kv_caches(self, kv_caches):
         """kv_caches: layer name -> [2, num_blocks, block_size, kv_heads, head_dim]
         (NHD; HND: [2, num_blocks, kv_heads, block_size, head_dim]). Layers are
@@ -348,14 +384,17 @@ class DpukvConnectorV1(KVConnectorBase_V1):
 
         names.sort(key=order)
         self.layer_index = {n: i for i, n in enumerate(names)}
-        self.core.register_kv_caches([kv_caches[n] for n in names])
+        self._register([kv_caches[n] for n in names], f"{len(names)} layers")
+
+    def _register(self, caches, what):
+        self.core.register_kv_caches(caches)
         if self.core.layouts != self.layouts:
             raise ValueError(
                 "the KV caches do not match the model configuration the scheduler uses "
-                f"({len(names)} layers of {tuple(kv_caches[names[0]].shape)} "
-                f"{kv_caches[names[0]].dtype}; config: {self.layers} layers, "
-                f"{self.kv_heads} KV heads of {self.head_dim}, {self.dtype})")
-        logger.info("dpukv: %d layers registered, %s path%s", len(names), self.core.path,
+                f"({len(caches)} layers of {tuple(caches[0].shape)} {caches[0].dtype}; "
+                f"config: {self.layers} layers, {self.kv_heads} KV heads of {self.head_dim}, "
+                f"{self.dtype})")
+        logger.info("dpukv: %s registered, %s path%s", what, self.core.path,
                     (": " + self.core.path_reason) if self.core.path_reason else "")
 
     def start_load_kv(self, forward_context, **kwargs):
@@ -370,7 +409,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             self._loading.append(rm)
 
     def wait_for_layer_load(self, layer_name):
-        layer = self.layer_index.get(layer_name)
+        layer = self._layer(layer_name)
         if layer is None:
             return  # not a layer with a KV cache registered here
         for rm in self._loading:
@@ -386,7 +425,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
                 self._load_errors.update(failed)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
-        layer = self.layer_index.get(layer_name)
+        layer = self._layer(layer_name)
         if layer is None:
             return
         meta = self._get_connector_metadata()
