@@ -120,10 +120,10 @@ class Blocks:  # vllm.v1.core.kv_cache_manager.KVCacheBlocks, as the connector u
 # connector --------------------------------------------------------------------
 
 class Engine:
-    def __init__(self, cfg, model, name, num_blocks=256):
+    def __init__(self, cfg, model, name, num_blocks=256, extra=None):
         self.cfg, self.model = cfg, model
         self.cache = PagedKVCache(cfg, num_blocks=num_blocks, block_size=BLOCK)
-        vc = vllm_config(cfg, name)
+        vc = vllm_config(cfg, name, extra=extra)
         parallel_state.set_tp(0, 1) if STANDINS else None
         self.sched = DpukvConnectorV1(vc, KVConnectorRole.SCHEDULER)
         self.worker = DpukvConnectorV1(vc, KVConnectorRole.WORKER)
@@ -222,6 +222,11 @@ class Engine:
             req.output.append(int(lg.argmax()))
         return done
 
+    def flush(self):
+        """The worker's stores run past the step that gathered them; where the test
+        needs them landed (a lookup that must hit, a counter), it waits for them."""
+        self.worker.core.wait_for_save()
+
     def preempt(self, req):
         """vLLM's preemption: the request's blocks are freed, and it waits again."""
         self.running.remove(req)
@@ -289,6 +294,7 @@ for _ in range(2):
     eng.step()  # decode
 assert len(a.output) == 3
 eng.finish(a)
+eng.flush()
 st = eng.worker.core.counters
 assert st["saved_chunks"] == 3 * cfg.layers and st["save_failures"] == 0, st
 # KV events: one BlockStored per chunk, with the engine's block hashes.
@@ -317,6 +323,8 @@ kv_d0 = chunk_kv(eng, d, 2)  # D's own two chunks, as it computed them
 for _ in range(3):
     eng.step()
 assert len(b.output) == 4 and len(d.output) == 4
+
+eng.flush()
 
 # 3. Preemption: D's blocks are freed; back in the queue it is looked up again (its
 # own two whole chunks were saved), loaded into new blocks, and goes on.
@@ -366,6 +374,32 @@ assert eng.step() == ["f"]  # recomputed
 assert torch.equal(eng.prefill_logits["f"], reference(model, cfg, f.prompt_token_ids))
 eng.finish(f)
 
+# 5b. The scheduler's own lease (dpukv.lease_ms): a hit looked up longer ago than
+# that is not loaded; its blocks are reported and recomputed.
+le = Engine(cfg, model, "contract-lease", extra={"dpukv.lease_ms": 1})
+g1 = Request("g1", torch.randint(0, cfg.vocab_size, (80,)).tolist())
+le.add(g1)
+assert le.step() == ["g1"]
+le.finish(g1)
+le.flush()
+g2 = Request("g2", g1.prompt_token_ids)
+assert le.sched.get_num_new_matched_tokens(g2, 0) == (64, False)
+le.add(g2)
+
+
+def outlive_lease():
+    """Between the step's lookup and its forward: until the 1 ms lease is 2 ms old."""
+    looked_up = le.sched._reqs["g2"].lookup_ns
+    while time.monotonic_ns() - looked_up < 2000000:
+        time.sleep(0.001)
+
+
+assert le.step(before_forward=outlive_lease) == []
+assert le.load_errors_seen == 4 and le.worker.core.counters["loaded_chunks"] == 0
+assert le.step() == ["g2"]
+assert torch.equal(le.prefill_logits["g2"], reference(model, cfg, g2.prompt_token_ids))
+le.finish(g2)
+
 # 6. Tensor parallelism as two ranks: each rank's worker stores its own shard of
 # the heads under its rank's keys; the scheduler (world size 2) reports a hit only
 # when both ranks hold it, and each rank loads its own shard back.
@@ -394,6 +428,7 @@ if STANDINS:
         for n in names:
             w.save_kv_layer(n, kv[n], None)
         w.wait_for_save()
+        w.core.wait_for_save()
         w.clear_connector_metadata()
 
     t = Request("t", prompt)
@@ -437,6 +472,7 @@ hw.start_load_kv(None)
 for n in hnames:
     hw.save_kv_layer(n, hkv[n], None)
 hw.wait_for_save()
+hw.core.wait_for_save()
 hw.clear_connector_metadata()
 hs = DpukvConnectorV1(hnd_vc, KVConnectorRole.SCHEDULER)
 assert hs.get_num_new_matched_tokens(Request("h", hprompt), 0) == (32, False)
@@ -469,6 +505,7 @@ mw.start_load_kv(None)
 for n in mkv:
     mw.save_kv_layer(n, mkv[n], None)
 mw.wait_for_save()
+mw.core.wait_for_save()
 mw.clear_connector_metadata()
 assert DpukvConnectorV1(mla_vc, KVConnectorRole.SCHEDULER).get_num_new_matched_tokens(
     Request("m", mprompt), 0) == (32, False)
@@ -508,6 +545,7 @@ cw.start_load_kv(None)
 for n in cnames:
     cw.save_kv_layer(n, None, None)
 cw.wait_for_save()
+cw.core.wait_for_save()
 cw.clear_connector_metadata()
 before = phys[0:4].clone()
 phys[8:12] = 0
@@ -531,6 +569,19 @@ pw.wait_for_save()
 pw.clear_connector_metadata()
 for l, n in enumerate(cnames):
     assert torch.equal(pkv[n][:, 4:8], before[:, l].transpose(0, 1)), l
+# Shutdown waits for stores still in flight: a save just before it is in the cache.
+cw.bind_connector_metadata(DpukvConnectorMetadata([ReqMeta("y", cprompt[::-1], [0, 1, 2, 3], 0, 0,
+                                                           0, 2)]))
+cw.start_load_kv(None)
+for n in cnames:
+    cw.save_kv_layer(n, None, None)
+cw.wait_for_save()
+cw.clear_connector_metadata()
+cw.shutdown()
+pending_saves = len(cw.core.saves)
+ys = DpukvConnectorV1(cl_vc, KVConnectorRole.SCHEDULER)
+assert pending_saves == 0 and ys.get_num_new_matched_tokens(Request("y", cprompt[::-1]),
+                                                            0) == (32, False)
 
 # 6d. The seen-twice save policy: a prompt's first request saves nothing, the
 # second (same prefix) saves it, the third hits it; asking again about the same
@@ -544,11 +595,13 @@ assert st_eng.sched.get_num_new_matched_tokens(r1, 0) == (0, False)  # asked twi
 st_eng.add(r1)                                                       # one sighting
 assert st_eng.step() == ["s1"]
 st_eng.finish(r1)
+st_eng.flush()
 assert st_eng.worker.core.counters["saved_chunks"] == saved0
 r2 = Request("s2", p1)
 st_eng.add(r2)
 assert st_eng.step() == ["s2"]
 st_eng.finish(r2)
+st_eng.flush()
 assert st_eng.worker.core.counters["saved_chunks"] == saved0 + 2 * cfg.layers
 r3 = Request("s3", p1)
 assert st_eng.sched.get_num_new_matched_tokens(r3, 0) == (64, False)
@@ -557,7 +610,8 @@ st_eng.sched.request_finished(r3, [])
 # 7. Bad configuration is refused with a clear error, before anything moves.
 for extra, words in (({"dpukv.chunk_tokens": 24}, "multiple of the block size"),
                      ({"dpukv.kv_layout": "XYZ"}, "NHD or HND"),
-                     ({"dpukv.save": "sometimes"}, "all or seen_twice")):
+                     ({"dpukv.save": "sometimes"}, "all or seen_twice"),
+                     ({"dpukv.lease_ms": -1}, "lease_ms must be >= 0")):
     try:
         DpukvConnectorV1(vllm_config(cfg, "x", extra=extra), KVConnectorRole.SCHEDULER)
         raise AssertionError(f"{extra} was accepted")

@@ -537,6 +537,25 @@ class DpukvConnector:
                 continue
             self.saves.append((pending, len(batch)))
 
+    def collect_saves(self):
+        """Counts the stores that have finished, oldest first, without blocking (an
+        engine's step need not wait for the agent: the gathers already copied the
+        blocks out). Their save slots go back as they are counted."""
+        poll = getattr(self.client, "poll", None)
+        while self.saves:
+            pending, n = self.saves[0]
+            try:
+                if poll is not None and not poll(pending):
+                    return
+                status = self.client.wait(pending)
+            except native.AgentUnavailable:
+                status = []
+            ok = sum(1 for s in status if s == "SUCCESS")
+            self.counters["saved_chunks"] += ok
+            self.counters["save_failures"] += n - ok
+            self.saves.pop(0)
+            self.saving_chunks -= n
+
     def wait_for_save(self):
         for pending, n in self.saves:
             try:

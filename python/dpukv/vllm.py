@@ -28,9 +28,11 @@ builds each step):
              them); save_kv_layer gathers the layer's chunks into staging and
              stores them; wait_for_save waits for the stores.
 Loads are synchronous within the step (get_num_new_matched_tokens answers
-load_async=False), and saves copy out of the paged blocks during the step (the
-gather into staging), so request_finished never holds blocks: it answers
-(False, None), and get_finished has nothing to report.
+load_async=False). Saves copy out of the paged blocks during the step (the gather
+into staging) and are stored asynchronously: the agent's stores finish while later
+steps run, so a step never waits for them, and request_finished holds no blocks
+(it answers (False, None); get_finished has nothing to report). A lookup right
+after a save may miss what is still being stored: a miss, never wrong bytes.
 
 kv_connector_extra_config: "dpukv.socket" (default: the client's search path),
 "dpukv.chunk_tokens" (256; a multiple of the block size), "dpukv.staging_bytes"
@@ -38,7 +40,10 @@ kv_connector_extra_config: "dpukv.socket" (default: the client's search path),
 made from; default the served model), "dpukv.kv_layout" (NHD or HND, for
 [2, num_blocks, ...] caches; default NHD; an MLA model's latent cache is taken as
 such), "dpukv.save" (all: every prompt's whole chunks; seen_twice: only prefixes
-an earlier request's lookup saw too, so one-off prompts stay out).
+an earlier request's lookup saw too, so one-off prompts stay out),
+"dpukv.lease_ms" (0: none; else a hit looked up longer ago than that is not
+loaded but recomputed: the agent's --pin-timeout-ms is the lease the cache keeps,
+this one bounds how old a hit the engine accepts), "dpukv.cross_layer".
 
 KV events: take_events() turns the agent's event feed (SUBSCRIBE, docs/protocols.md)
 into vLLM's BlockStored / BlockRemoved with the engine's block hashes, for the
@@ -53,6 +58,7 @@ keys, so a cross-layer engine and a per-layer one share the cache.
 """
 import logging
 import re
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -79,6 +85,7 @@ class ReqMeta:
     load_to: int = 0
     save_from: int = 0
     save_to: int = 0
+    lookup_ns: int = 0  # when the scheduler looked the hit up (CLOCK_MONOTONIC, this host)
 
 
 @dataclass
@@ -99,6 +106,7 @@ class _SchedReq:
     load_from: int = 0
     load_to: int = 0  # > load_from: a load the next metadata carries
     saved: int = 0  # chunks present in dpukv (loaded or saved)
+    lookup_ns: int = 0  # when the hit was looked up (its lease began)
 
 
 def _extra(config, name, default):
@@ -125,6 +133,9 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             raise ValueError(f"dpukv.kv_layout must be NHD or HND, not {self.kv_layout!r}")
         if getattr(mc, "use_mla", False):
             self.kv_layout = "MLA"  # one latent cache per layer: [num_blocks, block_size, dim]
+        self.lease_ns = int(float(_extra(tc, "dpukv.lease_ms", 0)) * 1e6)
+        if self.lease_ns < 0:
+            raise ValueError("dpukv.lease_ms must be >= 0")
         self.save_policy = str(_extra(tc, "dpukv.save", "all"))
         if self.save_policy not in ("all", "seen_twice"):
             raise ValueError(f"dpukv.save must be all or seen_twice, not {self.save_policy!r}")
@@ -185,7 +196,8 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         if old is not None:  # asked again (vLLM retries, or a preempted request)
             self._unpin(old)
         st = _SchedReq(tokens=tokens, local=num_computed_tokens,
-                       block_hashes=list(getattr(request, "block_hashes", None) or []))
+                       block_hashes=list(getattr(request, "block_hashes", None) or []),
+                       lookup_ns=time.monotonic_ns())
         self._reqs[request.request_id] = st
         keys = self._keys_all_ranks(tokens)
         st.keys0 = keys[0]
@@ -255,6 +267,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         if st.load_to > st.load_from:
             rm.load_from, rm.load_to = st.load_from, st.load_to
             st.load_from = st.load_to = 0
+            rm.lookup_ns = st.lookup_ns
         if done > st.saved:
             rm.save_from, rm.save_to = st.saved, done
             self._remember(st, st.saved, done)
@@ -400,8 +413,15 @@ class DpukvConnectorV1(KVConnectorBase_V1):
     def start_load_kv(self, forward_context, **kwargs):
         meta = self._get_connector_metadata()
         self._loading = []
+        bpc = self.chunk_tokens // self.block_size
+        now = time.monotonic_ns()
         for rm in meta.requests:
             if rm.load_to <= rm.load_from:
+                continue
+            # dpukv.lease_ms: a hit looked up longer ago than that is not loaded; its
+            # blocks are reported and vLLM recomputes them.
+            if self.lease_ns > 0 and now - rm.lookup_ns > self.lease_ns:
+                self._load_errors.update(rm.block_ids[rm.load_from * bpc:rm.load_to * bpc])
                 continue
             self.core.prepare_load(rm.req_id, rm.token_ids, rm.block_ids, rm.load_from,
                                    rm.load_to)
@@ -435,7 +455,10 @@ class DpukvConnectorV1(KVConnectorBase_V1):
                                         rm.block_ids, skip_chunks=rm.save_from)
 
     def wait_for_save(self):
-        self.core.wait_for_save()
+        # The step's gathers copied its blocks into staging already: the stores
+        # finish while the next steps run (collected here as they do, and waited
+        # for when their staging slots are needed or at shutdown).
+        self.core.collect_saves()
         for rm in self._loading:  # the step's loads are over: their slots go back
             self.core.request_finished(rm.req_id)
         self._loading = []
@@ -448,6 +471,8 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         return None, None
 
     def shutdown(self):
+        if self._role != KVConnectorRole.SCHEDULER and self.core.kv is not None:
+            self.core.wait_for_save()  # the last stores land before the client goes
         close = getattr(self.client, "close", None)
         if close is not None:
             close()
