@@ -43,7 +43,7 @@ import subprocess  # noqa: E402
 
 import dpukv  # noqa: E402
 from dpukv.model import LlamaConfig, LlamaModel, PagedKVCache  # noqa: E402
-from dpukv.vllm import DpukvConnectorV1  # noqa: E402
+from dpukv.vllm import DpukvConnectorMetadata, DpukvConnectorV1, ReqMeta  # noqa: E402
 
 SOCKET = sys.argv[2]
 BLOCK, CHUNK = 16, 32
@@ -259,6 +259,22 @@ def take_events_until(engine, pred, what):
     return got
 
 
+def worker_step(w, names, metas, kv=None):
+    """One worker step as vLLM runs it with this metadata: bind, start the loads,
+    per layer wait for its load and save it, wait for the saves; then until the
+    stores landed (a lookup right after must hit them). Returns the load errors."""
+    w.bind_connector_metadata(DpukvConnectorMetadata(list(metas)))
+    w.start_load_kv(None)
+    for n in names:
+        w.wait_for_layer_load(n)
+        w.save_kv_layer(n, kv[n] if kv is not None else None, None)
+    w.wait_for_save()
+    w.core.wait_for_save()
+    errors = w.get_block_ids_with_load_errors()
+    w.clear_connector_metadata()
+    return errors
+
+
 def reference(model, cfg, prompt, prefix_kv=None):
     """The same model with the first len(prefix_kv) chunks' KV reused from memory
     (per chunk, per layer: [2, blocks_per_chunk, BLOCK, heads, dim]), the rest
@@ -418,18 +434,10 @@ if STANDINS:
     parallel_state.set_tp(0, 1)
     sched = DpukvConnectorV1(vc, KVConnectorRole.SCHEDULER)
     names = [f"model.layers.{l}.attn" for l in range(tp_cfg.layers)]
-    from dpukv.vllm import DpukvConnectorMetadata, ReqMeta  # noqa: E402
-
+    
     def save_rank(rank):
         w, kv = workers[rank]
-        w.bind_connector_metadata(DpukvConnectorMetadata(
-            [ReqMeta("t", prompt, list(range(5)), save_from=0, save_to=2)]))
-        w.start_load_kv(None)
-        for n in names:
-            w.save_kv_layer(n, kv[n], None)
-        w.wait_for_save()
-        w.core.wait_for_save()
-        w.clear_connector_metadata()
+        worker_step(w, names, [ReqMeta("t", prompt, list(range(5)), save_from=0, save_to=2)], kv)
 
     t = Request("t", prompt)
     save_rank(0)
@@ -442,14 +450,8 @@ if STANDINS:
         before = {n: kv[n][:, :4].clone() for n in names}
         for n in names:
             kv[n][:, 10:14] = 0
-        w.bind_connector_metadata(DpukvConnectorMetadata(
-            [ReqMeta("t", prompt, list(range(10, 15)), load_from=0, load_to=2)]))
-        w.start_load_kv(None)
-        for n in names:
-            w.wait_for_layer_load(n)
-        w.wait_for_save()
-        assert not w.get_block_ids_with_load_errors()
-        w.clear_connector_metadata()
+        assert not worker_step(
+            w, names, [ReqMeta("t", prompt, list(range(10, 15)), load_from=0, load_to=2)], kv)
         for n in names:
             assert torch.equal(kv[n][:, 10:14], before[n]), (rank, n)
     assert not torch.equal(workers[0][1][names[0]][:, :4], workers[1][1][names[0]][:, :4])
@@ -466,14 +468,7 @@ hkv = {f"model.layers.{l}.attn": torch.randn(2, 16, cfg.kv_heads, BLOCK, cfg.hea
 hw.register_kv_caches(hkv)
 hnames = list(hkv)
 hprompt = torch.randint(0, cfg.vocab_size, (40,)).tolist()
-from dpukv.vllm import DpukvConnectorMetadata, ReqMeta  # noqa: E402
-hw.bind_connector_metadata(DpukvConnectorMetadata([ReqMeta("h", hprompt, [0, 1, 2], 0, 0, 0, 1)]))
-hw.start_load_kv(None)
-for n in hnames:
-    hw.save_kv_layer(n, hkv[n], None)
-hw.wait_for_save()
-hw.core.wait_for_save()
-hw.clear_connector_metadata()
+worker_step(hw, hnames, [ReqMeta("h", hprompt, [0, 1, 2], save_from=0, save_to=1)], hkv)
 hs = DpukvConnectorV1(hnd_vc, KVConnectorRole.SCHEDULER)
 assert hs.get_num_new_matched_tokens(Request("h", hprompt), 0) == (32, False)
 nhd = DpukvConnectorV1(vllm_config(cfg, "contract-hnd"), KVConnectorRole.SCHEDULER)
@@ -481,13 +476,7 @@ assert nhd.get_num_new_matched_tokens(Request("h", hprompt), 0) == (0, False)
 saved = {n: hkv[n][:, 0:2].clone() for n in hnames}
 for n in hnames:
     hkv[n][:, 5:7] = 0
-hw.bind_connector_metadata(DpukvConnectorMetadata([ReqMeta("h", hprompt, [5, 6, 7], 0, 1)]))
-hw.start_load_kv(None)
-for n in hnames:
-    hw.wait_for_layer_load(n)
-hw.wait_for_save()
-assert not hw.get_block_ids_with_load_errors()
-hw.clear_connector_metadata()
+assert not worker_step(hw, hnames, [ReqMeta("h", hprompt, [5, 6, 7], 0, 1)], hkv)
 assert all(torch.equal(hkv[n][:, 5:7], saved[n]) for n in hnames)
 hs.request_finished(Request("h", hprompt), [])
 
@@ -500,24 +489,13 @@ mkv = {f"model.layers.{l}.attn": torch.randn(16, BLOCK, cfg.head_dim).to(torch.b
 mw.register_kv_caches(mkv)
 assert mw.core.kv_layout == "MLA" and mw.core.chunk_bytes == CHUNK * cfg.head_dim * 2
 mprompt = torch.randint(0, cfg.vocab_size, (33,)).tolist()
-mw.bind_connector_metadata(DpukvConnectorMetadata([ReqMeta("m", mprompt, [3, 4, 5], 0, 0, 0, 1)]))
-mw.start_load_kv(None)
-for n in mkv:
-    mw.save_kv_layer(n, mkv[n], None)
-mw.wait_for_save()
-mw.core.wait_for_save()
-mw.clear_connector_metadata()
+worker_step(mw, list(mkv), [ReqMeta("m", mprompt, [3, 4, 5], save_from=0, save_to=1)], mkv)
 assert DpukvConnectorV1(mla_vc, KVConnectorRole.SCHEDULER).get_num_new_matched_tokens(
     Request("m", mprompt), 0) == (32, False)
 msaved = {n: mkv[n][3:5].clone() for n in mkv}
 for n in mkv:
     mkv[n][8:10] = 0
-mw.bind_connector_metadata(DpukvConnectorMetadata([ReqMeta("m", mprompt, [8, 9, 10], 0, 1)]))
-mw.start_load_kv(None)
-for n in mkv:
-    mw.wait_for_layer_load(n)
-mw.wait_for_save()
-mw.clear_connector_metadata()
+assert not worker_step(mw, list(mkv), [ReqMeta("m", mprompt, [8, 9, 10], 0, 1)], mkv)
 assert all(torch.equal(mkv[n][8:10], msaved[n]) for n in mkv)
 assert not torch.equal(mkv[list(mkv)[0]][8:10], mkv[list(mkv)[0]][11:13])
 
@@ -540,33 +518,16 @@ cw.register_cross_layers_kv_cache(phys, CrossLayerBackend)
 assert cw.core.strided
 cprompt = torch.randint(0, cfg.vocab_size, (64,)).tolist()
 cnames = [f"model.layers.{l}.self_attn.attn" for l in range(cfg.layers)]
-cw.bind_connector_metadata(DpukvConnectorMetadata([ReqMeta("x", cprompt, [0, 1, 2, 3], 0, 0, 0, 2)]))
-cw.start_load_kv(None)
-for n in cnames:
-    cw.save_kv_layer(n, None, None)
-cw.wait_for_save()
-cw.core.wait_for_save()
-cw.clear_connector_metadata()
+worker_step(cw, cnames, [ReqMeta("x", cprompt, [0, 1, 2, 3], save_from=0, save_to=2)])
 before = phys[0:4].clone()
 phys[8:12] = 0
-cw.bind_connector_metadata(DpukvConnectorMetadata([ReqMeta("x", cprompt, list(range(8, 12)), 0, 2)]))
-cw.start_load_kv(None)
-for n in cnames:
-    cw.wait_for_layer_load(n)
-cw.wait_for_save()
-assert not cw.get_block_ids_with_load_errors()
-cw.clear_connector_metadata()
+assert not worker_step(cw, cnames, [ReqMeta("x", cprompt, list(range(8, 12)), 0, 2)])
 assert torch.equal(phys[8:12], before)
 pw = DpukvConnectorV1(vllm_config(cfg, "contract-cross"), KVConnectorRole.WORKER)
 pkv = {n: torch.zeros(2, 8, BLOCK, cfg.kv_heads, cfg.head_dim, dtype=torch.bfloat16)
        for n in cnames}
 pw.register_kv_caches(pkv)
-pw.bind_connector_metadata(DpukvConnectorMetadata([ReqMeta("x", cprompt, [4, 5, 6, 7], 0, 2)]))
-pw.start_load_kv(None)
-for n in cnames:
-    pw.wait_for_layer_load(n)
-pw.wait_for_save()
-pw.clear_connector_metadata()
+assert not worker_step(pw, cnames, [ReqMeta("x", cprompt, [4, 5, 6, 7], 0, 2)], pkv)
 for l, n in enumerate(cnames):
     assert torch.equal(pkv[n][:, 4:8], before[:, l].transpose(0, 1)), l
 # Shutdown waits for stores still in flight: a save just before it is in the cache.

@@ -537,15 +537,15 @@ class DpukvConnector:
                 continue
             self.saves.append((pending, len(batch)))
 
-    def collect_saves(self):
-        """Counts the stores that have finished, oldest first, without blocking (an
-        engine's step need not wait for the agent: the gathers already copied the
-        blocks out). Their save slots go back as they are counted."""
+    def collect_saves(self, block: bool = False):
+        """Counts the stores that have finished, oldest first; without block, only
+        those finished already (an engine's step need not wait for the agent: the
+        gathers copied the blocks out). Their save slots go back as they are counted."""
         poll = getattr(self.client, "poll", None)
         while self.saves:
             pending, n = self.saves[0]
             try:
-                if poll is not None and not poll(pending):
+                if not block and poll is not None and not poll(pending):
                     return
                 status = self.client.wait(pending)
             except native.AgentUnavailable:
@@ -557,13 +557,4 @@ class DpukvConnector:
             self.saving_chunks -= n
 
     def wait_for_save(self):
-        for pending, n in self.saves:
-            try:
-                status = self.client.wait(pending)
-            except native.AgentUnavailable:
-                status = []
-            ok = sum(1 for s in status if s == "SUCCESS")
-            self.counters["saved_chunks"] += ok
-            self.counters["save_failures"] += n - ok
-        self.saves = []
-        self.saving_chunks = 0
+        self.collect_saves(block=True)
