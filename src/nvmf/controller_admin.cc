@@ -82,9 +82,11 @@ uint16_t ControllerCore::identify(Request* r) {
       d[260] = 0x03;  // FRMW: one slot, read-only
       d[261] = 0x04;  // LPA: extended Get Log Page offsets
       d[262] = static_cast<uint8_t>(error_log_.size() - 1);
-      put16(d + 266, 343);                                                      // WCTEMP
-      put16(d + 268, 373);                                                      // CCTEMP
-      put16(d + 320, 10);                                                       // KAS: 100 ms units
+      put16(d + 266, 343);  // WCTEMP
+      put16(d + 268, 373);  // CCTEMP
+      put16(d + 320, 10);   // KAS: 100 ms units
+      // CTRATT TBKAS: any command on any queue restarts the keep-alive timer.
+      if (cfg_.fabrics) put32(d + 96, 1u << 6);
       d[512] = 0x66;                                                            // SQES: 64 bytes
       d[513] = 0x44;                                                            // CQES: 16 bytes
       if (cfg_.fabrics) put16(d + 514, static_cast<uint16_t>(cfg_.mqes + 1u));  // MAXCMD
@@ -318,7 +320,7 @@ uint16_t ControllerCore::get_features(Request* r) {
       dw0 = dflt ? 0 : feat_aec_;
       break;
     case kFeatKeepAlive:
-      dw0 = dflt ? 0 : feat_kato_;
+      dw0 = dflt ? kato_connect_ : feat_kato_;
       break;
     default:
       return kInvalidField;

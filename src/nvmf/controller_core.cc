@@ -179,7 +179,8 @@ void ControllerCore::registers_to_power_on() {
   cc_ = csts_ = aqa_ = intms_ = 0;
   asq_ = acq_ = 0;
   feat_arbitration_ = feat_power_ = feat_error_recovery_ = feat_coalescing_ = feat_aec_ = 0;
-  feat_kato_ = feat_write_atomicity_ = 0;
+  feat_kato_ = kato_connect_;
+  feat_write_atomicity_ = 0;
   feat_vwc_ = 1;
   temp_over_ = 343;
   temp_under_ = 0;

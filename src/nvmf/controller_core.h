@@ -122,6 +122,10 @@ class ControllerCore {
   const ControllerStats& stats() const { return stats_; }
   const ControllerConfig& config() const { return cfg_; }
   uint32_t keep_alive_timeout_ms() const { return feat_kato_; }
+  // The KATO a Fabrics Connect gave: the feature's value from then on (Get
+  // Features reports the KATO in force, as hosts adopt what it says), kept over
+  // controller resets; Set Features changes it as the host asks.
+  void set_connect_kato(uint32_t ms) { kato_connect_ = feat_kato_ = ms; }
   uint16_t allocated_queues() const { return allocated_queues_; }
   uint32_t inflight() const { return inflight_; }
 
@@ -182,6 +186,7 @@ class ControllerCore {
   // Features (current values).
   uint32_t feat_arbitration_ = 0, feat_power_ = 0, feat_error_recovery_ = 0, feat_vwc_ = 1;
   uint32_t feat_coalescing_ = 0, feat_aec_ = 0, feat_kato_ = 0, feat_write_atomicity_ = 0;
+  uint32_t kato_connect_ = 0;
   uint16_t temp_over_ = 343, temp_under_ = 0;  // Kelvin, composite sensor
   uint16_t temperature_ = 313;
   uint8_t critical_warning_ = 0;

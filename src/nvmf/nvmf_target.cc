@@ -139,15 +139,18 @@ void NvmfTarget::Impl::run() {
     uint64_t ms = monotonic_ms();
     if (ms - last_ka_check >= 100) {
       last_ka_check = ms;
-      for (auto& s : subsystems)
-        for (auto& c : s.second->controllers)
-          if (c->kato_ms > 0 && ms - c->last_activity_ms > c->kato_ms + opts.keep_alive_grace_ms) {
+      for (auto& s : subsystems) {
+        for (auto& c : s.second->controllers) {
+          const uint32_t kato = c->keep_alive_timeout_ms();
+          if (kato > 0 && ms - c->last_activity_ms > kato + opts.keep_alive_grace_ms) {
             LOG_WARN("nvme-tcp: controller %u of %s: keep alive timeout (%u ms)",
-                     c->config().cntlid, s.first.c_str(), c->kato_ms);
+                     c->config().cntlid, s.first.c_str(), kato);
             ++stats.keep_alive_expiries;
             c->last_activity_ms = ms;  // once
             close_controller(c.get(), "keep alive timeout");
           }
+        }
+      }
     }
     if (calls.run_pending()) last_work = monotonic_us();
   }

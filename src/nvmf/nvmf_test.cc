@@ -380,6 +380,43 @@ TEST_F(NvmfTest, KeepAliveTimeoutEndsTheAssociation) {
   write_read_verify(*h2, 1, 3, 3);
 }
 
+// SPDK's host adopts the KATO Get Features reports and then sends no Keep Alive
+// while I/O flows: the KATO in force is reported (the Connect's), TBKAS says any
+// command keeps the association, and I/O on an I/O queue alone does.
+TEST_F(NvmfTest, KatoInForceIsReportedAndIoKeepsTheAssociation) {
+  start_target();
+  TcpHostOptions o = opts();
+  o.kato_ms = 300;
+  ASSERT_TRUE(NvmeTcpHost::connect(o, &host_).ok());
+  Cqe e;
+  Sqe g{};
+  g.opc = kAdminGetFeatures;
+  g.cdw10 = kFeatKeepAlive;
+  ASSERT_TRUE(host_->admin(g, &e).ok());
+  EXPECT_EQ(sc(e), kSuccess);
+  EXPECT_EQ(e.dw0, 300u);
+  uint8_t id[kIdentifySize];
+  uint16_t st = 0;
+  ASSERT_TRUE(host_->identify(kCnsController, 0, id, &st).ok());
+  EXPECT_NE(id[96] & (1u << 6), 0u) << "CTRATT: traffic-based keep alive";
+  // I/O only, past the KATO and the target's grace (300 + 1000 ms), twice over.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2600);
+  for (uint32_t i = 0; std::chrono::steady_clock::now() < until; ++i)
+    write_read_verify(*host_, 1, i % 8, i);
+  Sqe k{};
+  k.opc = kAdminKeepAlive;
+  ASSERT_TRUE(host_->admin(k, &e).ok());
+  EXPECT_EQ(sc(e), kSuccess);
+  // Set Features changes the KATO in force (0: none).
+  Sqe f{};
+  f.opc = kAdminSetFeatures;
+  f.cdw10 = kFeatKeepAlive;
+  f.cdw11 = 0;
+  ASSERT_TRUE(host_->admin(f, &e).ok());
+  ASSERT_TRUE(host_->admin(g, &e).ok());
+  EXPECT_EQ(e.dw0, 0u);
+}
+
 TEST_F(NvmfTest, SeveralHostsSeveralQueues) {
   start_target();
   TcpHostOptions o = opts();

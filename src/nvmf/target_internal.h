@@ -30,11 +30,8 @@ class FabricsController final : public ControllerCore {
 
   Subsystem* subsys;
   std::string hostnqn;
-  std::vector<TcpConnection*> queues;  // [qid]; admin at 0
-  uint64_t last_activity_ms = monotonic_ms();
-  uint32_t kato_ms = 0;
-
-  void set_kato(uint32_t ms) { kato_ms = ms; }
+  std::vector<TcpConnection*> queues;          // [qid]; admin at 0
+  uint64_t last_activity_ms = monotonic_ms();  // the last command on any of its queues
 
  private:
   void complete(Request* r, uint16_t status) override;

@@ -382,7 +382,7 @@ void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dle
     s->next_cntlid = s->next_cntlid >= 0xffef ? 1 : static_cast<uint16_t>(s->next_cntlid + 1);
     uint32_t pool = 128u + uint32_t{t_->opts.max_io_queues} * t_->opts.max_queue_depth;
     auto c = std::make_unique<FabricsController>(cc, s->ns, pool, s, hostnqn);
-    c->set_kato(kato);
+    c->set_connect_kato(kato);
     c->queues.assign(t_->opts.max_io_queues + 1u, nullptr);
     if (!setup_queue(static_cast<uint16_t>(sqsize + 1))) return reject(kConnectControllerBusy, 0);
     ctrl_ = c.get();
@@ -429,7 +429,9 @@ bool TcpConnection::on_capsule(const uint8_t* p, uint32_t plen, const uint8_t* d
     send_resp(sqe.cid, kCommandSequenceError, 0, 0);
     return true;
   }
-  if (qid_ == 0) ctrl_->last_activity_ms = monotonic_ms();
+  // Traffic-based keep alive (TBKAS in Identify): a command on any queue shows
+  // the host is there, as a Keep Alive does.
+  ctrl_->last_activity_ms = monotonic_ms();
   if (free_slots_.empty()) {
     fatal(kFesPduSequence, 0, p, sizeof(CapsuleCmd));  // the host overran its queue
     return false;
