@@ -57,6 +57,17 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
 
 
+def release_pins(client, key_lists):
+    """Unpins what lookups pinned (a list of key lists); an agent that went away
+    took its pins with it."""
+    for keys in key_lists:
+        if keys:
+            try:
+                client.unpin(keys)
+            except native.AgentUnavailable:
+                pass
+
+
 def layer_layouts(dtype: str, layers: int, kv_heads: int, head_dim: int, kv_layout="NHD"):
     """The layout field of each layer's chunk keys: the cache's dtype, shape and
     layout (the bytes of an HND block are not those of an NHD block), and the layer."""
@@ -331,12 +342,7 @@ class DpukvConnector:
                 self._settle(load)
                 req.loads[layer] = None
         self.inflight = deque(x for x in self.inflight if x[0] != request_id)
-        for keys in req.pinned:
-            if keys:
-                try:
-                    self.client.unpin(keys)
-                except native.AgentUnavailable:
-                    pass  # the agent went away, and its pins with it
+        release_pins(self.client, req.pinned)
 
     def prepare_load(self, request_id, tokens, block_ids, first: int, end: int):
         """A load the caller looked up (and pinned) elsewhere, as a vLLM worker

@@ -69,7 +69,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from . import _native as native
-from .connector import DpukvConnector, LoadMiss, layer_layouts
+from .connector import DpukvConnector, LoadMiss, layer_layouts, release_pins
 
 logger = logging.getLogger("dpukv.vllm")
 
@@ -182,12 +182,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         return out
 
     def _unpin(self, st):
-        for keys in st.pinned:
-            if keys:
-                try:
-                    self.client.unpin(keys)
-                except native.AgentUnavailable:
-                    pass  # the agent went away, and its pins with it
+        release_pins(self.client, st.pinned)
         st.pinned = []
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
