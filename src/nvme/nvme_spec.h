@@ -128,6 +128,7 @@ enum FeatureId : uint8_t {
   kFeatWriteAtomicity = 0x0a,
   kFeatAsyncEventConfig = 0x0b,
   kFeatKeepAlive = 0x0f,
+  kFeatHostBehavior = 0x16,
 };
 
 enum LogPageId : uint8_t {

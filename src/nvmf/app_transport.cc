@@ -11,9 +11,9 @@ using rpc::RpcError;
 
 // ---- TCP ----------------------------------------------------------------------
 
-RpcError TcpAppTransport::create(const TcpTransportOptions& o) {
+RpcError TcpAppTransport::create(const TransportOptions& o) {
   if (created_) return RpcError{-EEXIST, "transport TCP already exists"};
-  if (Status st = target_->set_tcp_options(o); !st.ok())
+  if (Status st = target_->set_tcp_options(o.tcp); !st.ok())
     return rpc::from_status(st, "TCP transport options");
   created_ = true;
   return {};
@@ -85,9 +85,10 @@ VfioUserAppTransport::~VfioUserAppTransport() {
   }
 }
 
-RpcError VfioUserAppTransport::create(const TcpTransportOptions&) {
+RpcError VfioUserAppTransport::create(const TransportOptions& o) {
   if (created_) return RpcError{-EEXIST, "transport VFIOUSER already exists"};
   created_ = true;
+  mappable_bar0_ = o.mappable_bar0;
   return {};
 }
 
@@ -163,6 +164,7 @@ RpcError VfioUserAppTransport::make_function(const std::string& nqn, const std::
       spec.config.controller.model = s.model;
       spec.config.controller.subnqn = s.nqn;
     }
+  spec.config.mappable_doorbells = mappable_bar0_;
   std::string id;
   Status st = target_->run_on_poller([&] { return emu_->create_function(spec, &id); });
   if (!st.ok()) return rpc::from_status(st, "function at " + path);

@@ -21,12 +21,19 @@ struct ListenAddress {
   uint16_t port = 0;  // TCP only
 };
 
+// What nvmf_create_transport sets: the TCP target's options, and what a
+// vfio-user function offers its host.
+struct TransportOptions {
+  TcpTransportOptions tcp;
+  bool mappable_bar0 = true;  // the doorbell page mmap-able by the host
+};
+
 class AppTransport {
  public:
   virtual ~AppTransport() = default;
   virtual const char* trtype() const = 0;
   bool created() const { return created_; }
-  virtual rpc::RpcError create(const TcpTransportOptions& o) = 0;
+  virtual rpc::RpcError create(const TransportOptions& o) = 0;
   virtual rpc::Json describe() const = 0;
   // Reads trsvcid/adrfam where the transport has them (a problem is left in l).
   virtual void parse_address(rpc::Params& l, ListenAddress* a) const = 0;
@@ -44,7 +51,7 @@ class TcpAppTransport final : public AppTransport {
  public:
   explicit TcpAppTransport(NvmfTarget* t) : target_(t) {}
   const char* trtype() const override { return "TCP"; }
-  rpc::RpcError create(const TcpTransportOptions& o) override;
+  rpc::RpcError create(const TransportOptions& o) override;
   rpc::Json describe() const override;
   void parse_address(rpc::Params& l, ListenAddress* a) const override;
   rpc::RpcError add_listener(const std::string& nqn, const ListenAddress& a) override;
@@ -61,7 +68,7 @@ class VfioUserAppTransport final : public AppTransport {
   VfioUserAppTransport(NvmfTarget* t, EmulationManager* m) : target_(t), emu_(m) {}
   ~VfioUserAppTransport() override;
   const char* trtype() const override { return "VFIOUSER"; }
-  rpc::RpcError create(const TcpTransportOptions& o) override;
+  rpc::RpcError create(const TransportOptions& o) override;
   rpc::Json describe() const override;
   void parse_address(rpc::Params&, ListenAddress*) const override {}
   rpc::RpcError add_listener(const std::string& nqn, const ListenAddress& a) override;
@@ -85,6 +92,7 @@ class VfioUserAppTransport final : public AppTransport {
   NvmfTarget* target_;
   EmulationManager* emu_;
   std::vector<Function> functions_;  // RPC thread only
+  bool mappable_bar0_ = true;
 };
 
 }  // namespace dpukv::nvme

@@ -106,12 +106,9 @@ uint16_t ControllerCore::identify(Request* r) {
       break;
     }
     case kCnsNamespace: {
-      if (cmd.nsid == 0 || (cmd.nsid > kMaxNamespaces && cmd.nsid != kNsidAll))
-        return kInvalidNamespace;
-      if (cmd.nsid == kNsidAll) {  // capabilities common to all namespaces
-        d[128 + 2] = 12;
-        break;
-      }
+      // NSID FFFFFFFFh (capabilities common to all namespaces) is for controllers
+      // with namespace management (OACS bit 3), which this one is not.
+      if (cmd.nsid == 0 || cmd.nsid > kMaxNamespaces) return kInvalidNamespace;
       const Bdev* b = ns_->get(cmd.nsid);
       if (b == nullptr) break;  // allocated but inactive: zeroes
       put64(d + 0, b->num_blocks());
@@ -244,10 +241,10 @@ uint16_t ControllerCore::set_features(Request* r) {
       if (queues_created_since_reset_) return kCommandSequenceError;
       uint32_t nsq = v & 0xffff, ncq = v >> 16;
       if (nsq == 0xffff || ncq == 0xffff) return kInvalidField;
-      allocated_queues_ =
-          static_cast<uint16_t>(std::min<uint32_t>({nsq + 1, ncq + 1, cfg_.max_io_queues}));
-      uint32_t a = allocated_queues_ - 1u;
-      r->dw0 = a | a << 16;
+      // Each count is granted up to the limit on its own: SQs may share CQs.
+      allocated_sqs_ = static_cast<uint16_t>(std::min<uint32_t>(nsq + 1, cfg_.max_io_queues));
+      allocated_cqs_ = static_cast<uint16_t>(std::min<uint32_t>(ncq + 1, cfg_.max_io_queues));
+      r->dw0 = (allocated_sqs_ - 1u) | (allocated_cqs_ - 1u) << 16;
       break;
     }
     case kFeatIntCoalescing:
@@ -265,6 +262,17 @@ uint16_t ControllerCore::set_features(Request* r) {
     case kFeatKeepAlive:
       feat_kato_ = v;
       break;
+    case kFeatHostBehavior: {
+      std::array<uint8_t, 512> hb{};
+      uint16_t st = copy_from_data(r, hb.data(), hb.size());
+      if (st != kSuccess) return st;
+      // Bytes 0-2 (ACRE, ETDAS, LBAFEE) are enables: other values than 0 and 1
+      // are not defined.
+      for (int i = 0; i < 3; ++i)
+        if (hb[i] > 1) return kInvalidField;
+      feat_host_behavior_ = hb;
+      break;
+    }
     default:
       return kInvalidField;
   }
@@ -302,8 +310,8 @@ uint16_t ControllerCore::get_features(Request* r) {
       dw0 = dflt ? 1 : feat_vwc_;
       break;
     case kFeatNumQueues: {
-      uint32_t a = (dflt ? cfg_.max_io_queues : allocated_queues_) - 1u;
-      dw0 = a | a << 16;
+      uint32_t max = cfg_.max_io_queues - 1u;
+      dw0 = dflt ? (max | max << 16) : ((allocated_sqs_ - 1u) | (allocated_cqs_ - 1u) << 16);
       break;
     }
     case kFeatIntCoalescing:
@@ -322,6 +330,10 @@ uint16_t ControllerCore::get_features(Request* r) {
     case kFeatKeepAlive:
       dw0 = dflt ? kato_connect_ : feat_kato_;
       break;
+    case kFeatHostBehavior: {
+      std::array<uint8_t, 512> zero{};
+      return copy_to_data(r, dflt ? zero.data() : feat_host_behavior_.data(), 512);
+    }
     default:
       return kInvalidField;
   }

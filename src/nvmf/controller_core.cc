@@ -18,7 +18,7 @@ ControllerCore::ControllerCore(const ControllerConfig& cfg,
          | (uint64_t{15} << 24)                     // TO: 7.5 s to become ready
          | (uint64_t{1} << 37)                      // CSS: NVM command set
          | (uint64_t{0} << 48) | (uint64_t{cfg_.fabrics ? 0u : 4u} << 52);  // MPSMIN 4K, MPSMAX
-  allocated_queues_ = cfg_.max_io_queues;
+  allocated_sqs_ = allocated_cqs_ = cfg_.max_io_queues;
   requests_.resize(std::max<uint32_t>(pool_size, 1));
   for (auto& r : requests_) {
     r.ctrl = this;
@@ -165,14 +165,20 @@ void ControllerCore::write_cc(uint32_t v) {
 
 void ControllerCore::controller_reset() {
   drain_inflight();
-  for (Request* r : aers_) release(r);  // outstanding AERs end with the reset, unanswered
-  aers_.clear();
+  drop_async_events();  // outstanding AERs end with the reset, unanswered
   events_.clear();
   event_masked_.fill(false);
   on_disable();
-  allocated_queues_ = cfg_.max_io_queues;
+  allocated_sqs_ = allocated_cqs_ = cfg_.max_io_queues;
   queues_created_since_reset_ = false;
   csts_ &= ~(kCstsRdy | kCstsCfs);
+}
+
+void ControllerCore::drop_async_events() {
+  std::vector<Request*> aers;
+  aers.swap(aers_);
+  for (Request* r : aers) drop(r);
+  aers_.reserve(kAerLimit);
 }
 
 void ControllerCore::registers_to_power_on() {
@@ -182,6 +188,7 @@ void ControllerCore::registers_to_power_on() {
   feat_kato_ = kato_connect_;
   feat_write_atomicity_ = 0;
   feat_vwc_ = 1;
+  feat_host_behavior_.fill(0);
   temp_over_ = 343;
   temp_under_ = 0;
   critical_warning_ = 0;
@@ -244,6 +251,11 @@ uint16_t ControllerCore::data_length(const Sqe& c, bool admin, uint64_t* len, bo
       case kAdminGetLogPage:
         *len = (((uint64_t{c.cdw11} & 0xffff) << 16 | (c.cdw10 >> 16)) + 1) * 4;
         *to_host = true;
+        break;
+      case kAdminGetFeatures:
+      case kAdminSetFeatures:
+        if ((c.cdw10 & 0xff) == kFeatHostBehavior) *len = 512;  // the only feature with data
+        *to_host = c.opc == kAdminGetFeatures;
         break;
       default:
         break;

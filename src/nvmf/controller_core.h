@@ -126,8 +126,14 @@ class ControllerCore {
   // Features reports the KATO in force, as hosts adopt what it says), kept over
   // controller resets; Set Features changes it as the host asks.
   void set_connect_kato(uint32_t ms) { kato_connect_ = feat_kato_ = ms; }
-  uint16_t allocated_queues() const { return allocated_queues_; }
+  // Number of Queues as granted: SQs and CQs apart (PCIe SQs may share a CQ); a
+  // Fabrics queue is a pair, so it may use the smaller of the two.
+  uint16_t allocated_sqs() const { return allocated_sqs_; }
+  uint16_t allocated_cqs() const { return allocated_cqs_; }
   uint32_t inflight() const { return inflight_; }
+  // The admin queue is gone (a Fabrics host disconnected): its outstanding
+  // Asynchronous Event Requests end unanswered, giving their slots back.
+  void drop_async_events();
 
  protected:
   // Transport hooks.
@@ -139,6 +145,9 @@ class ControllerCore {
   virtual bool on_enable() { return true; }  // false: fatal
   virtual void on_disable() {}
   virtual void on_event_ready() {}  // an AER completed (PCIe raises the admin vector)
+  // A request ends without a completion (an AER at reset): the transport gives
+  // back what it holds for it, then release()s it.
+  virtual void drop(Request* r) { release(r); }
 
   void fatal(const char* why);
   void controller_reset();  // CC.EN 1 -> 0
@@ -155,7 +164,7 @@ class ControllerCore {
   uint64_t cap_;
   uint32_t cc_ = 0, csts_ = 0, aqa_ = 0, intms_ = 0;
   uint64_t asq_ = 0, acq_ = 0;
-  uint16_t allocated_queues_;  // Number of Queues feature
+  uint16_t allocated_sqs_, allocated_cqs_;  // Number of Queues feature
   bool queues_created_since_reset_ = false;
   ControllerStats stats_;
 
@@ -187,6 +196,10 @@ class ControllerCore {
   uint32_t feat_arbitration_ = 0, feat_power_ = 0, feat_error_recovery_ = 0, feat_vwc_ = 1;
   uint32_t feat_coalescing_ = 0, feat_aec_ = 0, feat_kato_ = 0, feat_write_atomicity_ = 0;
   uint32_t kato_connect_ = 0;
+  // Host Behavior Support (FID 16h): the host's 512-byte data structure, kept and
+  // read back; nothing here acts on it (no LBA migration queues, no NVMe-oF
+  // specific behaviours are changed by it).
+  std::array<uint8_t, 512> feat_host_behavior_{};
   uint16_t temp_over_ = 343, temp_under_ = 0;  // Kelvin, composite sensor
   uint16_t temperature_ = 313;
   uint8_t critical_warning_ = 0;

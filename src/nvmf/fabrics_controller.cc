@@ -14,6 +14,10 @@ void FabricsController::complete(Request* r, uint16_t status) {
   static_cast<TcpConnection*>(r->transport)->complete(r, status);
 }
 
+void FabricsController::drop(Request* r) {
+  static_cast<TcpConnection*>(r->transport)->drop(r);
+}
+
 // Property Get/Set: the registers over the admin queue.
 uint16_t FabricsController::admin_transport(Request* r) {
   if (r->cmd.opc != kFabricsOpcode) return kInvalidOpcode;

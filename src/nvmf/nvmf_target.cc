@@ -49,6 +49,7 @@ void NvmfTarget::Impl::accept_on(Listener* l) {
     epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
     conns.push_back(std::move(c));
     ++stats.connections;
+    stats.active_connections = conns.size();
   }
 }
 
@@ -78,7 +79,6 @@ void NvmfTarget::Impl::reap_closed() {
       ++i;
       continue;
     }
-    epoll_ctl(epfd, EPOLL_CTL_DEL, c->fd(), nullptr);
     if (ctrl != nullptr) {
       ctrl->queues[c->qid()] = nullptr;
       bool empty = std::all_of(ctrl->queues.begin(), ctrl->queues.end(),

@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cache/cache_engine.h"
 #include "nvme/tcp_host.h"
 #include "nvme/tcp_wire.h"
@@ -417,6 +419,56 @@ TEST_F(NvmfTest, KatoInForceIsReportedAndIoKeepsTheAssociation) {
   EXPECT_EQ(e.dw0, 0u);
 }
 
+// What SPDK's compliance suite checks of the admin command set: Identify
+// Namespace of NSID FFFFFFFFh without namespace management, Number of Queues
+// granting SQs and CQs apart, Host Behavior Support kept and read back.
+TEST_F(NvmfTest, AdminCommandsAsTheComplianceSuiteChecksThem) {
+  start_target();
+  ASSERT_TRUE(NvmeTcpHost::connect(opts(), &host_).ok());
+  uint8_t id[kIdentifySize];
+  uint16_t st = 0;
+  ASSERT_TRUE(host_->identify(kCnsNamespace, kNsidAll, id, &st).ok());
+  EXPECT_EQ(st, kInvalidNamespace);
+  ASSERT_TRUE(host_->identify(kCnsNamespace, 1, id, &st).ok());
+  EXPECT_EQ(st, kSuccess);
+  Cqe e;
+  Sqe nq{};
+  nq.opc = kAdminSetFeatures;
+  nq.cdw10 = kFeatNumQueues;
+  nq.cdw11 = 3u | 1u << 16;  // 4 SQs, 2 CQs (0's based)
+  ASSERT_TRUE(host_->admin(nq, &e).ok());
+  EXPECT_EQ(sc(e), kSuccess);
+  EXPECT_EQ(e.dw0, 3u | 1u << 16) << "each count granted as asked";
+  nq.cdw11 = 1000u | 1000u << 16;  // beyond the limit: the limit (8 I/O queues)
+  ASSERT_TRUE(host_->admin(nq, &e).ok());
+  EXPECT_EQ(e.dw0, 7u | 7u << 16);
+  Sqe gq{};
+  gq.opc = kAdminGetFeatures;
+  gq.cdw10 = kFeatNumQueues;
+  ASSERT_TRUE(host_->admin(gq, &e).ok());
+  EXPECT_EQ(e.dw0, 7u | 7u << 16);
+
+  std::vector<uint8_t> hb(512, 0), back(512, 0xee);
+  hb[0] = 1;  // ACRE
+  Sqe sh{};
+  sh.opc = kAdminSetFeatures;
+  sh.cdw10 = kFeatHostBehavior;
+  ASSERT_TRUE(host_->admin(sh, &e, hb.data(), 512, false).ok());
+  EXPECT_EQ(sc(e), kSuccess);
+  Sqe gh{};
+  gh.opc = kAdminGetFeatures;
+  gh.cdw10 = kFeatHostBehavior;
+  ASSERT_TRUE(host_->admin(gh, &e, back.data(), 512, true).ok());
+  EXPECT_EQ(sc(e), kSuccess);
+  EXPECT_EQ(back, hb);
+  hb[1] = 2;  // ETDAS is 0 or 1
+  ASSERT_TRUE(host_->admin(sh, &e, hb.data(), 512, false).ok());
+  EXPECT_EQ(sc(e), kInvalidField);
+  ASSERT_TRUE(host_->admin(gh, &e, back.data(), 512, true).ok());
+  EXPECT_EQ(back[0], 1) << "a refused Set Features leaves the value as it was";
+  EXPECT_EQ(back[1], 0);
+}
+
 TEST_F(NvmfTest, SeveralHostsSeveralQueues) {
   start_target();
   TcpHostOptions o = opts();
@@ -554,6 +606,39 @@ TEST_F(NvmfTest, CacheEngineSpillsToAnNvmeTier) {
   std::filesystem::remove_all(dir);
 }
 
+// `dpukv nvme` (the target application) from a JSON config, and its JSON-RPC
+// answers through `dpukv rpc`, as an operator would ask.
+pid_t spawn_app(const std::string& dir) {
+  std::vector<std::string> args = {
+      "--lib-log-level", "critical",          "nvme", "-r", dir + "/rpc.sock",
+      "--config",        dir + "/config.json"};
+  std::vector<char*> argv;
+  std::string bin = DPUKV_BIN;
+  argv.push_back(bin.data());
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t app = -1;
+  EXPECT_EQ(posix_spawn(&app, bin.c_str(), nullptr, nullptr, argv.data(), environ), 0);
+  return app;
+}
+
+nlohmann::json rpc_result(const std::string& dir, const std::string& method) {
+  std::string cmd = std::string(DPUKV_BIN) + " rpc -s " + dir + "/rpc.sock " + method;
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; f != nullptr && (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  if (f != nullptr) pclose(f);
+  return nlohmann::json::parse(out, nullptr, false);
+}
+
+void stop_app(pid_t app) {
+  signal_child(app, SIGTERM);
+  int status = 0;
+  waitpid(app, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "app exit " << status;
+}
+
 // The target application (`dpukv nvme` from a JSON config): a KV-cache namespace
 // exported over NVMe/TCP and, through a vfio-user function, as an emulated PCIe
 // device; what a host writes over TCP reads back over PCIe (one namespace set).
@@ -583,16 +668,8 @@ TEST(NvmfApp, KvNamespaceSharedByTcpAndVfioUser) {
         << nqn << R"(", "listen_address": {"trtype": "VFIOUSER", "traddr": ")" << dir
         << R"(/fn"}}}]}]})";
   }
-  std::vector<std::string> args = {
-      "--lib-log-level", "critical",          "nvme", "-r", dir + "/rpc.sock",
-      "--config",        dir + "/config.json"};
-  std::vector<char*> argv;
-  std::string bin = DPUKV_BIN;
-  argv.push_back(bin.data());
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t app = -1;
-  ASSERT_EQ(posix_spawn(&app, bin.c_str(), nullptr, nullptr, argv.data(), environ), 0);
+  pid_t app = spawn_app(dir);
+  ASSERT_GT(app, 0);
   TcpHostOptions o;
   o.port = static_cast<uint16_t>(port);
   o.subnqn = nqn;
@@ -635,10 +712,73 @@ TEST(NvmfApp, KvNamespaceSharedByTcpAndVfioUser) {
   }
   d.reset();
   h.reset();
-  signal_child(app, SIGTERM);
-  int status = 0;
-  waitpid(app, &status, 0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  stop_app(app);
+  std::filesystem::remove_all(dir);
+}
+
+// A host that leaves cleanly with its Asynchronous Event Requests outstanding
+// (SPDK's host keeps 4) leaves nothing behind: no controller in the subsystem,
+// no connection in the stats, and a later host gets the same service.
+TEST(NvmfApp, HostLeavingWithAersOutstandingLeavesNoControllerBehind) {
+  log_set_level(LogSource::kLib, LogLevel::kError);
+  std::string dir = "/tmp/dpukv-nvmf-aer-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  int port = 20000 + (getpid() + 29) % 12000;
+  std::string nqn = "nqn.2026-11.io.dpukv:aer";
+  {
+    std::ofstream cfg(dir + "/config.json");
+    cfg << R"({"subsystems": [{"subsystem": "bdev", "config": [
+      {"method": "bdev_malloc_create", "params": {"name": "M0", "num_blocks": 4096, "block_size": 4096}}]},
+      {"subsystem": "nvmf", "config": [
+      {"method": "nvmf_create_transport", "params": {"trtype": "TCP"}},
+      {"method": "nvmf_create_subsystem", "params": {"nqn": ")"
+        << nqn << R"(", "allow_any_host": true}},
+      {"method": "nvmf_subsystem_add_ns", "params": {"nqn": ")"
+        << nqn << R"(", "namespace": {"bdev_name": "M0"}}},
+      {"method": "nvmf_subsystem_add_listener", "params": {"nqn": ")"
+        << nqn << R"(", "listen_address": {"trtype": "TCP", "traddr": "127.0.0.1", "trsvcid": ")"
+        << port << R"("}}}]}]})";
+  }
+  pid_t app = spawn_app(dir);
+  ASSERT_GT(app, 0);
+  TcpHostOptions o;
+  o.port = static_cast<uint16_t>(port);
+  o.subnqn = nqn;
+  o.io_queues = 2;
+  auto controllers = [&] {
+    nlohmann::json r = rpc_result(dir, "nvmf_get_subsystems");
+    return r.is_array() && r.size() == 1 ? r[0].value("controllers", -1) : -1;
+  };
+  auto active_connections = [&] {
+    nlohmann::json r = rpc_result(dir, "nvmf_get_stats");
+    if (!r.is_object()) return -1;
+    return r["poll_groups"][0]["transports"][0].value("active_connections", -1);
+  };
+  for (int round = 0; round < 2; ++round) {
+    std::unique_ptr<NvmeTcpHost> h;
+    ASSERT_TRUE(NvmeTcpHost::connect(o, &h).ok());
+    for (uint16_t i = 0; i < 4; ++i) {
+      Sqe a{};
+      a.opc = kAdminAsyncEvent;
+      a.cid = static_cast<uint16_t>(100 + i);
+      ASSERT_TRUE(h->submit(NvmeTcpHost::kAdmin, a, nullptr, 0, false).ok());
+    }
+    ASSERT_TRUE(h->flush_queue(NvmeTcpHost::kAdmin).ok());
+    EXPECT_EQ(controllers(), 1);
+    EXPECT_EQ(active_connections(), 3);
+    // A clean leave, as SPDK's host does it: shutdown notification, then close.
+    uint16_t st = 0;
+    ASSERT_TRUE(h->property_set(kRegCc, 4, 0x00460001u | 1u << 14, &st).ok());
+    h.reset();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while ((controllers() != 0 || active_connections() != 0) &&
+           std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(controllers(), 0) << "round " << round;
+    EXPECT_EQ(active_connections(), 0) << "round " << round;
+  }
+  stop_app(app);
   std::filesystem::remove_all(dir);
 }
 

@@ -4,6 +4,7 @@
 #include <cerrno>
 
 #include "nvmf/nvmf_app.h"
+#include "runtime/log.h"
 
 namespace dpukv::nvme {
 
@@ -13,25 +14,66 @@ using rpc::RpcError;
 
 void NvmfApp::register_transport_methods() {
   rpc_.add("nvmf_create_transport", [this](const Json& p, Json* r) {
-    Params a(p, {"trtype", "max_queue_depth", "max_io_qpairs_per_ctrlr", "in_capsule_data_size",
-                 "max_io_size", "io_unit_size", "c2h_success", "max_aq_depth", "num_shared_buffers",
-                 "buf_cache_size"});
+    // Every parameter SPDK's rpc.py may send is known: those that mean something
+    // here are applied, those of other transports or of SPDK's own buffer and
+    // poll-group machinery are taken and logged, and only a value that cannot
+    // be honoured is refused.
+    Params a(p, {"trtype",
+                 "tgt_name",
+                 "max_queue_depth",
+                 "max_io_qpairs_per_ctrlr",
+                 "in_capsule_data_size",
+                 "max_io_size",
+                 "io_unit_size",
+                 "c2h_success",
+                 "max_aq_depth",
+                 "num_shared_buffers",
+                 "buf_cache_size",
+                 "zcopy",
+                 "num_cqe",
+                 "max_srq_depth",
+                 "no_srq",
+                 "dif_insert_or_strip",
+                 "sock_priority",
+                 "acceptor_backlog",
+                 "abort_timeout_sec",
+                 "no_wr_batching",
+                 "control_msg_num",
+                 "disable_mappable_bar0",
+                 "disable_adaptive_irq",
+                 "disable_shadow_doorbells",
+                 "acceptor_poll_rate"});
     std::string tr = a.str("trtype", "", true);
-    TcpTransportOptions o = target_->options();
-    o.max_queue_depth =
-        static_cast<uint16_t>(a.num("max_queue_depth", o.max_queue_depth, false, 2, 1024));
+    TransportOptions o;
+    o.tcp = target_->options();
+    o.tcp.max_queue_depth =
+        static_cast<uint16_t>(a.num("max_queue_depth", o.tcp.max_queue_depth, false, 2, 1024));
     // SPDK counts the admin queue in max_qpairs_per_ctrlr; this is I/O queues only.
-    o.max_io_queues =
-        static_cast<uint16_t>(a.num("max_io_qpairs_per_ctrlr", o.max_io_queues, false, 1, 64));
-    o.in_capsule_data_size = static_cast<uint32_t>(
-        a.num("in_capsule_data_size", o.in_capsule_data_size, false, 0, 131072));
-    o.max_io_size =
-        static_cast<uint32_t>(a.num("max_io_size", o.max_io_size, false, 4096, 1u << 20));
-    o.c2h_success = a.boolean("c2h_success", o.c2h_success);
-    a.num("io_unit_size", 0, false, 0, 1u << 20);
-    a.num("max_aq_depth", 0, false, 0, 4096);
-    a.num("num_shared_buffers", 0, false, 0, 1u << 20);
-    a.num("buf_cache_size", 0, false, 0, 1u << 20);
+    o.tcp.max_io_queues =
+        static_cast<uint16_t>(a.num("max_io_qpairs_per_ctrlr", o.tcp.max_io_queues, false, 1, 64));
+    o.tcp.in_capsule_data_size = static_cast<uint32_t>(
+        a.num("in_capsule_data_size", o.tcp.in_capsule_data_size, false, 0, 131072));
+    o.tcp.max_io_size =
+        static_cast<uint32_t>(a.num("max_io_size", o.tcp.max_io_size, false, 4096, 1u << 20));
+    o.tcp.c2h_success = a.boolean("c2h_success", o.tcp.c2h_success);
+    o.mappable_bar0 = !a.boolean("disable_mappable_bar0", false);
+    // No namespace here carries protection information, so there is nothing to
+    // insert or strip: the flag changes no byte and is accepted as SPDK does.
+    (void)a.boolean("dif_insert_or_strip", false);
+    // Data moves without a bounce buffer already (the bdev reads into the PDU's
+    // buffer); zcopy asks for what is done anyway.
+    (void)a.boolean("zcopy", false);
+    // RDMA only, or SPDK's shared-buffer pools and interrupt tuning, which this
+    // target does not have: taken and logged.
+    for (const char* k :
+         {"no_srq", "no_wr_batching", "disable_adaptive_irq", "disable_shadow_doorbells"})
+      if (a.boolean(k, false)) LOG_DBG("nvmf_create_transport: %s has no effect here", k);
+    for (const char* k : {"io_unit_size", "max_aq_depth", "num_shared_buffers", "buf_cache_size",
+                          "num_cqe", "max_srq_depth", "sock_priority", "acceptor_backlog",
+                          "abort_timeout_sec", "control_msg_num", "acceptor_poll_rate"})
+      if (a.has(k) && a.num(k, 0, false, 0, 1ull << 32) != 0)
+        LOG_DBG("nvmf_create_transport: %s has no effect here", k);
+    (void)a.str("tgt_name", "");
     AppTransport* t = a.ok() ? find_transport(tr) : nullptr;
     if (a.ok() && t == nullptr) a.fail("trtype must be TCP or VFIOUSER");
     if (!a.ok()) return a.error();

@@ -35,6 +35,7 @@ class FabricsController final : public ControllerCore {
 
  private:
   void complete(Request* r, uint16_t status) override;
+  void drop(Request* r) override;
   uint16_t admin_transport(Request* r) override;
   void on_disable() override;
 };

@@ -126,6 +126,56 @@ bool parse_count(const std::string& text, uint64_t max, uint64_t* out, std::stri
   return true;
 }
 
+bool parse_cpu_mask(const std::string& text, std::vector<int>* cpus, std::string* err) {
+  constexpr int kMaxCpu = 1023;
+  std::vector<bool> set(kMaxCpu + 1, false);
+  auto bad = [&] {
+    *err = "'" + text + "' is not a CPU mask (0x3) or a CPU list ([0,2-3]) of CPUs 0 to 1023";
+    return false;
+  };
+  if (text.size() >= 2 && text.front() == '[' && text.back() == ']') {
+    const std::string body = text.substr(1, text.size() - 2);
+    size_t p = 0;
+    if (body.empty()) return bad();
+    while (p <= body.size()) {
+      size_t q = body.find(',', p);
+      if (q == std::string::npos) q = body.size();
+      const std::string item = body.substr(p, q - p);
+      size_t dash = item.find('-');
+      uint64_t lo = 0, hi = 0;
+      std::string e;
+      if (dash == std::string::npos) {
+        if (!parse_count(item, kMaxCpu, &lo, &e)) return bad();
+        hi = lo;
+      } else if (!parse_count(item.substr(0, dash), kMaxCpu, &lo, &e) ||
+                 !parse_count(item.substr(dash + 1), kMaxCpu, &hi, &e) || hi < lo) {
+        return bad();
+      }
+      for (uint64_t c = lo; c <= hi; ++c) set[c] = true;
+      p = q + 1;
+    }
+  } else {
+    std::string hex = text;
+    if (hex.size() > 2 && hex[0] == '0' && (hex[1] == 'x' || hex[1] == 'X')) hex = hex.substr(2);
+    if (hex.empty() || hex.size() > (kMaxCpu + 1) / 4) return bad();
+    for (size_t i = 0; i < hex.size(); ++i) {
+      const char c = hex[hex.size() - 1 - i];
+      int v = c >= '0' && c <= '9'   ? c - '0'
+              : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                     : -1;
+      if (v < 0) return bad();
+      for (int b = 0; b < 4; ++b)
+        if (v >> b & 1) set[4 * i + b] = true;
+    }
+  }
+  cpus->clear();
+  for (int c = 0; c <= kMaxCpu; ++c)
+    if (set[c]) cpus->push_back(c);
+  if (cpus->empty()) return bad();
+  return true;
+}
+
 bool parse_port(const std::string& text, int* port, std::string* err) {
   uint64_t v = 0;
   if (!parse_count(text, 65535, &v, err)) {

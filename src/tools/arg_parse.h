@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dpukv {
 
@@ -19,6 +20,10 @@ bool parse_byte_size(const std::string& text, uint64_t* bytes, std::string* err)
 bool parse_port(const std::string& text, int* port, std::string* err);
 // A non-negative integer no larger than max.
 bool parse_count(const std::string& text, uint64_t max, uint64_t* out, std::string* err);
+// CPUs as SPDK's -m takes them: a hex mask with or without 0x ("0x6", "6") or
+// a list in brackets ("[1,2]", "[0-3,8]"); CPUs 0..1023, at least one. cpus
+// comes back in ascending order without repeats.
+bool parse_cpu_mask(const std::string& text, std::vector<int>* cpus, std::string* err);
 // true/false, yes/no, on/off, 1/0.
 bool parse_bool(const std::string& text, bool* out, std::string* err);
 

@@ -20,6 +20,7 @@
 #include "nvmf/vfio_user/emulation_manager.h"
 #include "runtime/host_port.h"
 #include "runtime/log.h"
+#include "tools/arg_parse.h"
 #include "tools/bench_common.h"
 #include "tools/nvme_perf.h"
 
@@ -274,15 +275,31 @@ void add_nvme_commands(CLI::App* app, int* exit_code) {
       "(bdevs, TCP and vfio-user transports, subsystems); target, identify, perf");
   nvme->require_subcommand(0, 1);
   static AppOptions ao;
-  static std::string rpcs_allowed;
+  static std::string rpcs_allowed, cpu_mask;
   nvme->add_option("-r,--rpc-socket", ao.rpc_socket, "JSON-RPC UNIX socket")->capture_default_str();
   nvme->add_option("-c,--config", ao.config, "JSON config (SPDK format) replayed at start");
   nvme->add_flag("--wait-for-rpc", ao.wait_for_rpc,
                  "Serve only startup RPCs until framework_start_init");
   nvme->add_option("--rpcs-allowed", rpcs_allowed, "Comma-separated methods served (default: all)");
-  nvme->add_option("-m,--poll-cpu", ao.cpu, "Pin the poll group to this CPU");
+  nvme->add_option("-m,--cpu-mask", cpu_mask,
+                   "CPUs as SPDK's -m: a hex mask (0x2) or a list ([1,3]); the poll group "
+                   "runs pinned to the lowest");
   nvme->callback([nvme, exit_code] {
     if (!nvme->get_subcommands().empty()) return;
+    if (!cpu_mask.empty()) {
+      std::vector<int> cpus;
+      std::string err;
+      if (!parse_cpu_mask(cpu_mask, &cpus, &err)) {
+        std::cerr << "dpukv nvme: -m: " << err << "\n";
+        *exit_code = 2;
+        return;
+      }
+      // One poll group serves every connection and function (SPDK would start a
+      // reactor per CPU): it takes the lowest CPU, as SPDK's main reactor does.
+      ao.cpu = cpus.front();
+      if (cpus.size() > 1)
+        std::cerr << "dpukv nvme: one poll group: pinned to CPU " << ao.cpu << " of the mask\n";
+    }
     for (size_t p = 0; p < rpcs_allowed.size();) {
       size_t q = rpcs_allowed.find(',', p);
       if (q == std::string::npos) q = rpcs_allowed.size();

@@ -38,6 +38,9 @@ void TcpConnection::close(const char* why) {
   closing_ = true;
   LOG_INFO("nvme-tcp: connection %d (qid %u) closed: %s", fd_, qid_, why);
   ::shutdown(fd_, SHUT_RDWR);
+  // A shut-down socket is readable forever (EOF): out of the poll set now, or the
+  // poll group would wake on it in every pass until the connection is reaped.
+  epoll_ctl(t_->epfd, EPOLL_CTL_DEL, fd_, nullptr);
   // Commands waiting for data will never get it; those on a block device finish
   // and are dropped in complete().
   for (uint16_t i = 0; i < slots_.size(); ++i) {
@@ -49,6 +52,9 @@ void TcpConnection::close(const char* why) {
       --busy_slots_;
     }
   }
+  // The host's Asynchronous Event Requests wait in the controller, each holding
+  // a slot of this queue: with the admin queue gone nobody can receive them.
+  if (qid_ == 0 && ctrl_ != nullptr) ctrl_->drop_async_events();
 }
 
 void TcpConnection::put_header(uint8_t type, uint8_t flags, uint8_t hlen, uint8_t pdo,
@@ -399,7 +405,7 @@ void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dle
   if (c == nullptr || c->hostnqn != hostnqn)
     return reject(kConnectInvalidParameters, (1u << 16) | 16);
   if (!c->ready()) return reject(kCommandSequenceError, 0);  // enable the controller first
-  if (qid > c->allocated_queues() || c->queues[qid] != nullptr)
+  if (qid > std::min(c->allocated_sqs(), c->allocated_cqs()) || c->queues[qid] != nullptr)
     return reject(kConnectInvalidParameters, kConnectQid);
   if (!setup_queue(static_cast<uint16_t>(sqsize + 1))) return reject(kConnectControllerBusy, 0);
   ctrl_ = c;
@@ -544,6 +550,11 @@ void TcpConnection::complete(ControllerCore::Request* r, uint16_t status) {
     if (data_out) send_c2h(cid, s.buf, s.len, success_flag);
     if (!success_flag) send_resp(cid, status, dw0, dw1);
   }
+  drop(r);
+}
+
+void TcpConnection::drop(ControllerCore::Request* r) {
+  Slot& s = slots_[r->tag];
   ctrl_->release(r);
   s.r = nullptr;
   s.busy = false;

@@ -38,6 +38,8 @@ class TcpConnection {
   bool has_output() const { return opos_ < obuf_.size(); }
   void close(const char* why);
   void complete(ControllerCore::Request* r, uint16_t status);
+  // Ends a request without a response (an AER at reset or disconnect).
+  void drop(ControllerCore::Request* r);
 
  private:
   struct Slot {

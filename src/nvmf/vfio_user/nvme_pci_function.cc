@@ -321,7 +321,10 @@ int NvmePciFunction::on_region_info(const uint8_t* p, size_t n, std::vector<uint
   vu::RegionInfo r{};
   r.argsz = sizeof r;
   r.index = in.index;
-  if (in.index == vu::kBar0) {
+  if (in.index == vu::kBar0 && !cfg_.mappable_doorbells) {
+    r.flags = vu::kRegionRead_ | vu::kRegionWrite_;
+    r.size = kBar0Size;
+  } else if (in.index == vu::kBar0) {
     vu::SparseMmap cap{};
     cap.header = vu::CapHeader{vu::kCapSparseMmap, 1, 0};
     cap.nr_areas = 1;

@@ -24,6 +24,10 @@ struct FunctionConfig {
   ControllerConfig controller;
   uint16_t device_id = 0x6001;
   uint16_t subsystem_id = 0x0001;
+  // The doorbell page as a sparse mmap area of BAR0 (the host writes doorbells
+  // to shared memory); false: every doorbell write is a region-write message
+  // (SPDK's disable_mappable_bar0).
+  bool mappable_doorbells = true;
 };
 
 class NvmePciFunction final : public InterruptSink {

@@ -285,7 +285,7 @@ uint16_t PcieController::create_cq(const Sqe& cmd) {
   uint32_t qsize = (cmd.cdw10 >> 16) + 1;
   bool pc = cmd.cdw11 & 1, ien = (cmd.cdw11 >> 1) & 1;
   uint16_t iv = static_cast<uint16_t>(cmd.cdw11 >> 16);
-  if (qid == 0 || qid > allocated_queues_ || cqs_[qid].active) return kInvalidQueueId;
+  if (qid == 0 || qid > allocated_cqs_ || cqs_[qid].active) return kInvalidQueueId;
   if (qsize < 2 || qsize > cfg_.mqes + 1u) return kInvalidQueueSize;
   if (!pc) return kInvalidField;  // CAP.CQR: only physically contiguous queues
   if (cc_iocqes(cc_) != 4) return kInvalidField;
@@ -313,11 +313,14 @@ uint16_t PcieController::create_sq(const Sqe& cmd) {
   uint32_t qsize = (cmd.cdw10 >> 16) + 1;
   bool pc = cmd.cdw11 & 1;
   uint16_t cqid = static_cast<uint16_t>(cmd.cdw11 >> 16);
-  if (qid == 0 || qid > allocated_queues_ || sqs_[qid].active) return kInvalidQueueId;
+  if (qid == 0 || qid > allocated_sqs_ || sqs_[qid].active) return kInvalidQueueId;
   if (qsize < 2 || qsize > cfg_.mqes + 1u) return kInvalidQueueSize;
   if (!pc) return kInvalidField;
   if (cc_iosqes(cc_) != 6) return kInvalidField;
-  if (cqid == 0 || cqid >= cqs_.size() || !cqs_[cqid].active) return kCqInvalid;
+  // A CQID outside what Number of Queues granted names no queue at all; one
+  // inside it that the host has not created is an invalid CQ.
+  if (cqid == 0 || cqid > allocated_cqs_) return kInvalidQueueId;
+  if (!cqs_[cqid].active) return kCqInvalid;
   if (cmd.prp1 & (page_size() - 1)) return kPrpOffsetInvalid;
   auto* base = reinterpret_cast<const Sqe*>(
       dma_->translate(cmd.prp1, uint64_t{qsize} * 64, DmaMapTable::kRead));

@@ -262,9 +262,12 @@ TEST_F(NvmeTest, QueueCreationAndDeletionAreValidated) {
   EXPECT_EQ(create_cq(2, 16, 1, 0, q.iova + 64), kPrpOffsetInvalid);
   EXPECT_EQ(create_cq(2, 16, 1, 0, 0x1000), kDataTransferError);
   EXPECT_EQ(create_cq(3, 16, 1, 0, q.iova), kInvalidQueueId);  // beyond the queues granted
+  // A CQID within the grant but not created: Completion Queue Invalid; CQID 0
+  // or one beyond the grant names no I/O CQ at all: Invalid Queue Identifier.
+  EXPECT_EQ(create_sq(2, 16, 2, q.iova + 4096), kCqInvalid);
   EXPECT_EQ(create_cq(2, 16, 1, 0, q.iova), kSuccess);
-  EXPECT_EQ(create_sq(2, 16, 3, q.iova + 4096), kCqInvalid);
-  EXPECT_EQ(create_sq(2, 16, 0, q.iova + 4096), kCqInvalid);
+  EXPECT_EQ(create_sq(2, 16, 3, q.iova + 4096), kInvalidQueueId);
+  EXPECT_EQ(create_sq(2, 16, 0, q.iova + 4096), kInvalidQueueId);
   DmaBuffer sq = buf(16 * 64);
   EXPECT_EQ(create_sq(2, 16, 2, sq.iova), kSuccess);
   EXPECT_EQ(del(kAdminDeleteCq, 2), kInvalidQueueDeletion);  // an SQ still uses it
