@@ -133,6 +133,7 @@ enum FeatureId : uint8_t {
 
 enum LogPageId : uint8_t {
   kLogError = 0x01,
+  kLogDiscovery = 0x70,
   kLogSmart = 0x02,
   kLogFirmwareSlot = 0x03,
 };
@@ -180,6 +181,7 @@ enum AsyncEventType : uint8_t { kAerError = 0, kAerSmart = 1, kAerNotice = 2 };
 inline constexpr uint8_t kAerInfoInvalidDoorbell = 0x00;       // write to an invalid doorbell
 inline constexpr uint8_t kAerInfoInvalidDoorbellValue = 0x01;  // invalid doorbell value
 inline constexpr uint8_t kAerInfoTemperature = 0x01;           // SMART: temperature threshold
+inline constexpr uint8_t kAerInfoDiscoveryChange = 0xf0;       // notice: discovery log changed
 
 // A Read or Write of nlb (>= 1) blocks at lba: the one builder hosts use.
 inline Sqe rw_command(uint16_t cid, bool write, uint32_t nsid, uint64_t lba, uint32_t nlb) {

@@ -271,6 +271,93 @@ Status NvmeTcpHost::connect_admin_only(const TcpHostOptions& o, uint16_t* status
   return Code::kSuccess;
 }
 
+Status NvmeTcpHost::enable() {
+  uint16_t status = 0;
+  if (Status st = property_set(kRegCc, 4, kCcEn | 6u << 16 | 4u << 20, &status);
+      !st.ok() || status != kSuccess)
+    return Code::kIoFailed;
+  uint64_t deadline = monotonic_ms() + static_cast<uint64_t>(opts_.timeout_ms);
+  for (;;) {
+    uint64_t csts = 0;
+    if (Status st = property_get(kRegCsts, 4, &csts, &status); !st.ok()) return st;
+    if (csts & kCstsRdy) return Code::kSuccess;
+    if ((csts & kCstsCfs) || monotonic_ms() > deadline) return Code::kIoFailed;
+    usleep(1000);
+  }
+}
+
+Status NvmeTcpHost::read_log(uint8_t lid, uint64_t offset, uint8_t* out, uint32_t len) {
+  for (uint32_t done = 0; done < len;) {
+    const uint32_t n = std::min(len - done, max_transfer_);
+    const uint32_t numd = n / 4 - 1;
+    Sqe c{};
+    c.opc = kAdminGetLogPage;
+    c.cdw10 = lid | (numd & 0xffff) << 16;
+    c.cdw11 = numd >> 16;
+    c.cdw12 = static_cast<uint32_t>(offset + done);
+    c.cdw13 = static_cast<uint32_t>((offset + done) >> 32);
+    Cqe e{};
+    if (Status st = admin(c, &e, out + done, n, true); !st.ok()) return st;
+    if (status_of_cqe(e.status) != kSuccess) return Code::kIoFailed;
+    done += n;
+  }
+  return Code::kSuccess;
+}
+
+Status NvmeTcpHost::discover(const TcpHostOptions& o, uint64_t* genctr,
+                             std::vector<DiscoveryEntry>* out) {
+  TcpHostOptions d = o;
+  d.subnqn = tcp::kDiscoveryNqn;
+  uint16_t status = 0;
+  std::unique_ptr<NvmeTcpHost> h;
+  if (Status st = connect_admin_only(d, &status, &h); !st.ok()) return st;
+  if (status != kSuccess) return Code::kNotPermitted;
+  if (Status st = h->enable(); !st.ok()) return st;
+  uint8_t id[kIdentifySize];
+  if (Status st = h->identify(kCnsController, 0, id, &status); !st.ok() || status != kSuccess)
+    return Code::kIoFailed;
+  if (id[111] != 2) return Code::kInvalidValue;  // CNTRLTYPE: not a discovery controller
+  h->max_transfer_ = id[77] == 0 ? (1u << 20) : std::min<uint32_t>(1u << 20, 4096u << id[77]);
+  // The header, then header and records in one read; a GENCTR that moved in
+  // between means the log changed while it was read: read it again.
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    uint8_t hdr[1024];
+    if (Status st = h->read_log(kLogDiscovery, 0, hdr, sizeof hdr); !st.ok()) return st;
+    uint64_t numrec;
+    std::memcpy(&numrec, hdr + 8, 8);
+    if (numrec > 1024) return Code::kTooBig;  // more records than a sane log has
+    std::vector<uint8_t> log(1024 * (numrec + 1));
+    if (Status st = h->read_log(kLogDiscovery, 0, log.data(), static_cast<uint32_t>(log.size()));
+        !st.ok())
+      return st;
+    if (std::memcmp(log.data(), hdr, 8) != 0) continue;
+    std::memcpy(genctr, hdr, 8);
+    auto text = [](const uint8_t* p, size_t n) {
+      std::string s(reinterpret_cast<const char*>(p), strnlen(reinterpret_cast<const char*>(p), n));
+      while (!s.empty() && s.back() == ' ') s.pop_back();
+      return s;
+    };
+    out->clear();
+    for (uint64_t i = 0; i < numrec; ++i) {
+      const uint8_t* e = log.data() + 1024 * (i + 1);
+      DiscoveryEntry x;
+      x.trtype = e[0];
+      x.adrfam = e[1];
+      x.subtype = e[2];
+      x.treq = e[3];
+      std::memcpy(&x.portid, e + 4, 2);
+      std::memcpy(&x.cntlid, e + 6, 2);
+      std::memcpy(&x.asqsz, e + 8, 2);
+      x.trsvcid = text(e + 32, 32);
+      x.subnqn = text(e + 256, 256);
+      x.traddr = text(e + 512, 256);
+      out->push_back(std::move(x));
+    }
+    return Code::kSuccess;
+  }
+  return Code::kAgain;  // the log kept changing
+}
+
 Status NvmeTcpHost::connect(const TcpHostOptions& o, std::unique_ptr<NvmeTcpHost>* out) {
   uint16_t status = 0;
   std::unique_ptr<NvmeTcpHost> h;
@@ -282,18 +369,7 @@ Status NvmeTcpHost::connect(const TcpHostOptions& o, std::unique_ptr<NvmeTcpHost
     return Code::kIoFailed;
   h->opts_.queue_depth =
       static_cast<uint16_t>(std::min<uint64_t>(o.queue_depth, (cap & 0xffff) + 1));
-  // Enable: CC.EN with 64-byte SQEs and 16-byte CQEs, then wait for CSTS.RDY.
-  if (Status st = h->property_set(kRegCc, 4, kCcEn | 6u << 16 | 4u << 20, &status);
-      !st.ok() || status != kSuccess)
-    return Code::kIoFailed;
-  uint64_t deadline = monotonic_ms() + static_cast<uint64_t>(o.timeout_ms);
-  for (;;) {
-    uint64_t csts = 0;
-    if (Status st = h->property_get(kRegCsts, 4, &csts, &status); !st.ok()) return st;
-    if (csts & kCstsRdy) break;
-    if ((csts & kCstsCfs) || monotonic_ms() > deadline) return Code::kIoFailed;
-    usleep(1000);
-  }
+  if (Status st = h->enable(); !st.ok()) return st;
   uint8_t id[kIdentifySize];
   if (Status st = h->identify(kCnsController, 0, id, &status); !st.ok() || status != kSuccess)
     return Code::kIoFailed;

@@ -28,11 +28,22 @@ struct TcpHostOptions {
   int timeout_ms = 5000;
 };
 
+// One record of a discovery log page (NVMe over Fabrics).
+struct DiscoveryEntry {
+  uint8_t trtype = 0, adrfam = 0, subtype = 0, treq = 0;
+  uint16_t portid = 0, cntlid = 0, asqsz = 0;
+  std::string trsvcid, subnqn, traddr;
+};
+
 class NvmeTcpHost {
  public:
   // Connects the admin queue, enables the controller, identifies it and its
   // namespaces, and connects the I/O queues.
   static Status connect(const TcpHostOptions& o, std::unique_ptr<NvmeTcpHost>* out);
+  // Connects to the discovery subsystem (o.subnqn is ignored), reads the whole
+  // discovery log (again if its GENCTR moved meanwhile) and disconnects.
+  static Status discover(const TcpHostOptions& o, uint64_t* genctr,
+                         std::vector<DiscoveryEntry>* out);
   // Only the admin queue's Connect (to test refusals); *status gets the NVMe status.
   static Status connect_admin_only(const TcpHostOptions& o, uint16_t* status,
                                    std::unique_ptr<NvmeTcpHost>* out);
@@ -90,6 +101,8 @@ class NvmeTcpHost {
   };
   NvmeTcpHost() = default;
   Status open_queue(Queue* q, uint16_t qid, uint16_t depth, uint16_t* status);
+  Status enable();  // CC.EN with 64/16-byte entries, then CSTS.RDY
+  Status read_log(uint8_t lid, uint64_t offset, uint8_t* out, uint32_t len);
   Status send_capsule(Queue& q, const Sqe& cmd, const uint8_t* icd, uint32_t icd_len,
                       bool now = true);
   Status flush(Queue& q);

@@ -62,10 +62,7 @@ Status VfioUserDriver::attach(const std::string& socket_path, const DriverOption
   MemRegionOptions mo;
   mo.name = "dpukv-nvme-host";
   if (Status st = MemRegion::create(o.memory_bytes, mo, &d->mem_); !st.ok()) return st;
-  if (Status st = d->client_->dma_map(kIovaBase, d->mem_->size(), d->mem_->fd(), 0,
-                                      vu::kDmaRead_ | vu::kDmaWrite_);
-      !st.ok())
-    return st;
+  if (Status st = d->map_memory(); !st.ok()) return st;
   d->queues_.resize(o.io_queues + 1);
   if (o.interrupts) {
     std::vector<int> fds;
@@ -102,6 +99,14 @@ Status VfioUserDriver::write32(uint32_t reg, uint32_t v) {
 }
 Status VfioUserDriver::write64(uint32_t reg, uint64_t v) {
   return client_->region_write(vu::kBar0, reg, &v, 8);
+}
+
+Status VfioUserDriver::map_memory() {
+  return client_->dma_map(kIovaBase, mem_->size(), mem_->fd(), 0, vu::kDmaRead_ | vu::kDmaWrite_);
+}
+
+Status VfioUserDriver::unmap_memory() {
+  return client_->dma_unmap(kIovaBase, mem_->size());
 }
 
 Status VfioUserDriver::alloc(size_t len, DmaBuffer* out) {

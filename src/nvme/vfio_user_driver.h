@@ -51,6 +51,11 @@ class VfioUserDriver {
   Status function_level_reset();  // PCIe FLR through config space
   Status shutdown(bool abrupt);   // CC.SHN, wait for CSTS.SHST complete
 
+  // Takes the host memory out of the controller's reach and gives it back, as
+  // SPDK's host does around a detach (its queues stay created meanwhile).
+  Status unmap_memory();
+  Status map_memory();
+
   // Host memory inside the DMA window (bump allocation, page aligned).
   Status alloc(size_t len, DmaBuffer* out);
 

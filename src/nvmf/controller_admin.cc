@@ -67,6 +67,10 @@ uint16_t ControllerCore::identify(Request* r) {
   alignas(8) uint8_t d[kIdentifySize] = {};
   switch (cns) {
     case kCnsController: {
+      if (cfg_.discovery) {
+        identify_discovery(d);
+        break;
+      }
       put16(d + 0, cfg_.vendor_id);
       put16(d + 2, cfg_.vendor_id);
       put_ascii(d + 4, 20, cfg_.serial);
@@ -146,6 +150,35 @@ uint16_t ControllerCore::identify(Request* r) {
   return copy_to_data(r, d, sizeof d);
 }
 
+// A discovery controller's Identify: what NVMe over Fabrics asks of one (no
+// namespaces, no I/O command set, CNTRLTYPE 2).
+void ControllerCore::identify_discovery(uint8_t* d) const {
+  put16(d + 0, cfg_.vendor_id);
+  put16(d + 2, cfg_.vendor_id);
+  put_ascii(d + 4, 20, cfg_.serial);
+  put_ascii(d + 24, 40, cfg_.model);
+  put_ascii(d + 64, 8, cfg_.firmware);
+  d[77] = cfg_.mdts;
+  put16(d + 78, cfg_.cntlid);
+  put32(d + 80, 0x00010400);
+  put32(d + 92, 1u << 31);  // OAES: discovery log page change notices
+  put32(d + 96, 1u << 6);   // CTRATT: traffic-based keep alive
+  d[111] = 2;               // CNTRLTYPE: discovery controller
+  d[259] = kAerLimit - 1;
+  d[261] = 0x04;  // LPA: extended Get Log Page offsets
+  d[262] = static_cast<uint8_t>(error_log_.size() - 1);
+  put16(d + 320, 10);                                     // KAS: 100 ms units
+  put16(d + 514, static_cast<uint16_t>(cfg_.mqes + 1u));  // MAXCMD
+  put32(d + 536, 1u | 1u << 20);                          // SGLs; offsets in data blocks
+  std::memcpy(d + 768, cfg_.subnqn.data(), std::min<size_t>(cfg_.subnqn.size(), 255));
+  d[1803] = 1;  // MSDBD
+}
+
+void ControllerCore::discovery_log_changed() {
+  if (cfg_.discovery && (feat_aec_ >> 31 & 1))
+    queue_event(kAerNotice, kAerInfoDiscoveryChange, kLogDiscovery);
+}
+
 uint16_t ControllerCore::get_log_page(Request* r) {
   const Sqe& cmd = r->cmd;
   uint8_t lid = cmd.cdw10 & 0xff;
@@ -197,8 +230,15 @@ uint16_t ControllerCore::get_log_page(Request* r) {
       log[0] = 1;  // active slot 1
       put_ascii(log + 8, 8, cfg_.firmware);
       break;
-    default:
-      return kInvalidLogPage;
+    default: {
+      std::vector<uint8_t> page;  // admin path: a small allocation is fine
+      if (!transport_log(lid, &page)) return kInvalidLogPage;
+      if (lid == kLogDiscovery && !rae) event_masked_[kAerNotice] = false;
+      if (offset >= page.size()) return kInvalidField;
+      std::vector<uint8_t> out(len, 0);
+      std::memcpy(out.data(), page.data() + offset, std::min<uint64_t>(len, page.size() - offset));
+      return copy_to_data(r, out.data(), out.size());
+    }
   }
   if (offset >= size) return kInvalidField;
   std::vector<uint8_t> out(len, 0);  // admin path: a small allocation is fine
@@ -238,6 +278,7 @@ uint16_t ControllerCore::set_features(Request* r) {
       feat_vwc_ = v & 1;
       break;
     case kFeatNumQueues: {
+      if (cfg_.discovery) return kInvalidField;  // no I/O queues
       if (queues_created_since_reset_) return kCommandSequenceError;
       uint32_t nsq = v & 0xffff, ncq = v >> 16;
       if (nsq == 0xffff || ncq == 0xffff) return kInvalidField;

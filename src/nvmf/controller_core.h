@@ -38,6 +38,7 @@ struct ControllerConfig {
   uint16_t num_vectors = 32;      // MSI-X vectors (PCIe)
   uint8_t mdts = 8;               // max transfer = 2^mdts minimum pages (1 MiB)
   bool fabrics = false;           // NVMe over Fabrics identify fields and rules
+  bool discovery = false;         // a discovery controller: no I/O, the discovery log
   uint32_t in_capsule_bytes = 0;  // fabrics: in-capsule data the I/O queues accept
 };
 
@@ -131,6 +132,8 @@ class ControllerCore {
   uint16_t allocated_sqs() const { return allocated_sqs_; }
   uint16_t allocated_cqs() const { return allocated_cqs_; }
   uint32_t inflight() const { return inflight_; }
+  // The discovery log changed: a notice to hosts that asked for one (AEC bit 31).
+  void discovery_log_changed();
   // The admin queue is gone (a Fabrics host disconnected): its outstanding
   // Asynchronous Event Requests end unanswered, giving their slots back.
   void drop_async_events();
@@ -145,6 +148,12 @@ class ControllerCore {
   virtual bool on_enable() { return true; }  // false: fatal
   virtual void on_disable() {}
   virtual void on_event_ready() {}  // an AER completed (PCIe raises the admin vector)
+  // Log pages the transport keeps (the discovery log): false if it has no such page.
+  virtual bool transport_log(uint8_t lid, std::vector<uint8_t>* page) {
+    (void)lid;
+    (void)page;
+    return false;
+  }
   // A request ends without a completion (an AER at reset): the transport gives
   // back what it holds for it, then release()s it.
   virtual void drop(Request* r) { release(r); }
@@ -173,6 +182,7 @@ class ControllerCore {
   void execute_admin(Request* r);
   void execute_io(Request* r);
   uint16_t identify(Request* r);
+  void identify_discovery(uint8_t* d) const;
   void nguid(uint32_t nsid, uint8_t* out) const;
   uint16_t get_log_page(Request* r);
   uint16_t set_features(Request* r);

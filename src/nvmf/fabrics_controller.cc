@@ -18,6 +18,12 @@ void FabricsController::drop(Request* r) {
   static_cast<TcpConnection*>(r->transport)->drop(r);
 }
 
+bool FabricsController::transport_log(uint8_t lid, std::vector<uint8_t>* page) {
+  if (!config().discovery || lid != kLogDiscovery) return false;
+  *page = target->discovery_log(hostnqn);
+  return true;
+}
+
 // Property Get/Set: the registers over the admin queue.
 uint16_t FabricsController::admin_transport(Request* r) {
   if (r->cmd.opc != kFabricsOpcode) return kInvalidOpcode;

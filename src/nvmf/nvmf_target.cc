@@ -61,12 +61,12 @@ void NvmfTarget::Impl::close_controller(FabricsController* c, const char* why) {
 // Connections that closed leave once their requests are back; a controller leaves
 // with its admin queue.
 void NvmfTarget::Impl::reap_closed() {
-  for (auto& s : subsystems) {
-    for (auto& c : s.second->controllers) {
+  each_subsystem([&](Subsystem& s) {
+    for (auto& c : s.controllers) {
       TcpConnection* admin = c->queues.empty() ? nullptr : c->queues[0];
       if (admin != nullptr && admin->closed()) close_controller(c.get(), "admin queue closed");
     }
-  }
+  });
   for (size_t i = 0; i < conns.size();) {
     TcpConnection* c = conns[i].get();
     if (!c->closed()) {
@@ -123,8 +123,9 @@ void NvmfTarget::Impl::run() {
         }
       if (!is_listener) work += static_cast<TcpConnection*>(ptr)->on_readable();
     }
-    for (auto& s : subsystems)
-      for (auto& c : s.second->controllers) work += c->poll_bdevs();
+    each_subsystem([&](Subsystem& s) {
+      for (auto& c : s.controllers) work += c->poll_bdevs();
+    });
     if (emu != nullptr) work += emu->poll_once();
     bool closed_any = false;
     for (auto& c : conns) {
@@ -139,21 +140,77 @@ void NvmfTarget::Impl::run() {
     uint64_t ms = monotonic_ms();
     if (ms - last_ka_check >= 100) {
       last_ka_check = ms;
-      for (auto& s : subsystems) {
-        for (auto& c : s.second->controllers) {
+      each_subsystem([&](Subsystem& s) {
+        for (auto& c : s.controllers) {
           const uint32_t kato = c->keep_alive_timeout_ms();
           if (kato > 0 && ms - c->last_activity_ms > kato + opts.keep_alive_grace_ms) {
             LOG_WARN("nvme-tcp: controller %u of %s: keep alive timeout (%u ms)",
-                     c->config().cntlid, s.first.c_str(), kato);
+                     c->config().cntlid, s.cfg.nqn.c_str(), kato);
             ++stats.keep_alive_expiries;
             c->last_activity_ms = ms;  // once
             close_controller(c.get(), "keep alive timeout");
           }
         }
-      }
+      });
     }
     if (calls.run_pending()) last_work = monotonic_us();
   }
+}
+
+// ---- discovery ------------------------------------------------------------------
+
+Subsystem NvmfTarget::Impl::make_discovery() {
+  Subsystem d;
+  d.discovery = true;
+  d.cfg.nqn = tcp::kDiscoveryNqn;
+  d.cfg.serial = "DPUKVDISCOVERY";
+  d.cfg.model = "dpukv discovery controller";
+  d.cfg.allow_any_host = true;
+  return d;
+}
+
+void NvmfTarget::Impl::discovery_changed() {
+  ++discovery_genctr;
+  for (auto& c : discovery.controllers) c->discovery_log_changed();
+}
+
+// NVMe over Fabrics' discovery log: a 1024-byte header (GENCTR, NUMREC, RECFMT)
+// and a 1024-byte entry per transport address of each subsystem the host may
+// reach. Addresses and service ids are space padded, NQNs NUL padded.
+std::vector<uint8_t> NvmfTarget::Impl::discovery_log(const std::string& hostnqn) const {
+  std::vector<uint8_t> log(1024, 0);
+  uint64_t n = 0;
+  for (const auto& [nqn, s] : subsystems) {
+    if (!s->host_allowed(hostnqn)) continue;
+    for (const std::string& key : s->listeners) {
+      // key: "tcp:ADDR:PORT"
+      const size_t colon = key.rfind(':');
+      const std::string addr = key.substr(4, colon - 4), port = key.substr(colon + 1);
+      uint16_t portid = 0;
+      for (size_t i = 0; i < listeners.size(); ++i)
+        if (listeners[i]->key == key) portid = static_cast<uint16_t>(i + 1);
+      std::vector<uint8_t> e(1024, 0);
+      e[0] = 3;              // TRTYPE: TCP
+      e[1] = 1;              // ADRFAM: IPv4
+      e[2] = 2;              // SUBTYPE: an NVM subsystem
+      e[3] = 2 | 1u << 2;    // TREQ: secure channel not required; SQ flow control may be off
+      put16(&e[4], portid);  // PORTID
+      put16(&e[6], 0xffff);  // CNTLID: dynamic controllers
+      put16(&e[8], 128);     // ASQSZ: the largest admin queue a Connect may ask
+      std::memset(&e[32], ' ', 32);
+      std::memcpy(&e[32], port.data(), std::min<size_t>(port.size(), 32));
+      std::memcpy(&e[256], nqn.data(), std::min<size_t>(nqn.size(), 255));
+      std::memset(&e[512], ' ', 256);
+      std::memcpy(&e[512], addr.data(), std::min<size_t>(addr.size(), 256));
+      e[768] = 1;  // TSAS.SECTYPE: no security
+      log.insert(log.end(), e.begin(), e.end());
+      ++n;
+    }
+  }
+  put64(&log[0], discovery_genctr);
+  put64(&log[8], n);
+  put16(&log[16], 0);  // RECFMT
+  return log;
 }
 
 // ---- configuration ------------------------------------------------------------
@@ -238,6 +295,7 @@ Status NvmfTarget::create_subsystem(const SubsystemConfig& c) {
     auto s = std::make_unique<Subsystem>();
     s->cfg = c;
     impl_->subsystems[c.nqn] = std::move(s);
+    impl_->discovery_changed();
     return Code::kSuccess;
   });
 }
@@ -250,6 +308,7 @@ Status NvmfTarget::delete_subsystem(const std::string& nqn) {
     // Connections finish their requests before the subsystem's memory goes.
     while (!s->controllers.empty()) impl_->reap_closed();
     impl_->subsystems.erase(nqn);
+    impl_->discovery_changed();
     return Code::kSuccess;
   });
 }
@@ -262,6 +321,7 @@ Status NvmfTarget::add_host(const std::string& nqn, const std::string& hostnqn) 
     if (std::find(s->cfg.hosts.begin(), s->cfg.hosts.end(), hostnqn) != s->cfg.hosts.end())
       return Code::kBadState;
     s->cfg.hosts.push_back(hostnqn);
+    impl_->discovery_changed();
     return Code::kSuccess;
   });
 }
@@ -276,6 +336,7 @@ Status NvmfTarget::remove_host(const std::string& nqn, const std::string& hostnq
     for (auto& c : s->controllers)
       if (c->hostnqn == hostnqn && !s->cfg.allow_any_host)
         impl_->close_controller(c.get(), "host removed");
+    impl_->discovery_changed();
     return Code::kSuccess;
   });
 }
@@ -357,6 +418,7 @@ Status NvmfTarget::add_listener(const std::string& nqn, const std::string& addr,
       return Code::kBadState;
     s->listeners.push_back(l->key);
     if (bound_port != nullptr) *bound_port = l->port;
+    impl_->discovery_changed();
     return Code::kSuccess;
   });
 }
@@ -381,6 +443,7 @@ Status NvmfTarget::remove_listener(const std::string& nqn, const std::string& ad
           impl_->listeners.erase(impl_->listeners.begin() + static_cast<long>(i));
           break;
         }
+    impl_->discovery_changed();
     return Code::kSuccess;
   });
 }

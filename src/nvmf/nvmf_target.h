@@ -95,7 +95,7 @@ class NvmfTarget {
   // Runs fn on the poll thread (for calls into an attached emulation manager).
   Status run_on_poller(std::function<Status()> fn) { return call(std::move(fn)); }
 
-  struct Impl;  // defined in tcp_target.cc
+  struct Impl;  // defined in target_internal.h
 
  private:
   NvmfTarget() = default;

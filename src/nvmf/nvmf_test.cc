@@ -469,6 +469,33 @@ TEST_F(NvmfTest, AdminCommandsAsTheComplianceSuiteChecksThem) {
   EXPECT_EQ(back[1], 0);
 }
 
+// The discovery subsystem answers on the target's listener: a discovery
+// controller (CNTRLTYPE 2, no I/O queues) whose log lists the subsystem's
+// address as nvme-cli and SPDK read it.
+TEST_F(NvmfTest, DiscoveryLogListsTheSubsystemsAddress) {
+  start_target();
+  uint64_t genctr = 0;
+  std::vector<DiscoveryEntry> entries;
+  ASSERT_TRUE(NvmeTcpHost::discover(opts(), &genctr, &entries).ok());
+  ASSERT_EQ(entries.size(), 1u);
+  const DiscoveryEntry& e = entries[0];
+  EXPECT_EQ(e.trtype, 3);   // TCP
+  EXPECT_EQ(e.adrfam, 1);   // IPv4
+  EXPECT_EQ(e.subtype, 2);  // NVM subsystem
+  EXPECT_EQ(e.cntlid, 0xffff);
+  EXPECT_EQ(e.subnqn, kNqn);
+  EXPECT_EQ(e.traddr, "127.0.0.1");
+  EXPECT_EQ(e.trsvcid, std::to_string(port_));
+  EXPECT_GT(genctr, 0u);
+  // A discovery controller has no I/O queues to connect.
+  TcpHostOptions d = opts();
+  d.subnqn = kDiscoveryNqn;
+  EXPECT_FALSE(NvmeTcpHost::connect(d, &host_).ok());
+  // And the subsystem still serves I/O through the same listener.
+  ASSERT_TRUE(NvmeTcpHost::connect(opts(), &host_).ok());
+  write_read_verify(*host_, 2, 40, 7);
+}
+
 TEST_F(NvmfTest, SeveralHostsSeveralQueues) {
   start_target();
   TcpHostOptions o = opts();
@@ -719,7 +746,7 @@ TEST(NvmfApp, KvNamespaceSharedByTcpAndVfioUser) {
 // A host that leaves cleanly with its Asynchronous Event Requests outstanding
 // (SPDK's host keeps 4) leaves nothing behind: no controller in the subsystem,
 // no connection in the stats, and a later host gets the same service.
-TEST(NvmfApp, HostLeavingWithAersOutstandingLeavesNoControllerBehind) {
+TEST(NvmfApp, HostsLeaveNothingBehindAndDiscoveryFollowsTheConfig) {
   log_set_level(LogSource::kLib, LogLevel::kError);
   std::string dir = "/tmp/dpukv-nvmf-aer-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
@@ -778,6 +805,24 @@ TEST(NvmfApp, HostLeavingWithAersOutstandingLeavesNoControllerBehind) {
     EXPECT_EQ(controllers(), 0) << "round " << round;
     EXPECT_EQ(active_connections(), 0) << "round " << round;
   }
+  // The discovery log follows the configuration: a second listener is a second
+  // record under a new generation counter.
+  uint64_t gen0 = 0, gen1 = 0;
+  std::vector<DiscoveryEntry> before, after;
+  ASSERT_TRUE(NvmeTcpHost::discover(o, &gen0, &before).ok());
+  ASSERT_EQ(before.size(), 1u);
+  const int port2 = 20000 + (getpid() + 31) % 12000;
+  nlohmann::json added =
+      rpc_result(dir, "nvmf_subsystem_add_listener nqn=" + nqn +
+                          " listen_address.trtype=TCP listen_address.traddr=127.0.0.1"
+                          " listen_address.trsvcid='\"" +
+                          std::to_string(port2) + "\"'");
+  EXPECT_EQ(added, true) << added.dump();
+  ASSERT_TRUE(NvmeTcpHost::discover(o, &gen1, &after).ok());
+  EXPECT_GT(gen1, gen0);
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_EQ(after[1].trsvcid, std::to_string(port2));
+  EXPECT_EQ(after[1].subnqn, nqn);
   stop_app(app);
   std::filesystem::remove_all(dir);
 }

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "nvme/tcp_wire.h"
 #include "nvmf/nvmf_target.h"
 #include "runtime/call_queue.h"
 #include "runtime/clock.h"
@@ -32,9 +33,11 @@ class FabricsController final : public ControllerCore {
   std::string hostnqn;
   std::vector<TcpConnection*> queues;          // [qid]; admin at 0
   uint64_t last_activity_ms = monotonic_ms();  // the last command on any of its queues
+  NvmfTarget::Impl* target = nullptr;          // for the discovery log
 
  private:
   void complete(Request* r, uint16_t status) override;
+  bool transport_log(uint8_t lid, std::vector<uint8_t>* page) override;
   void drop(Request* r) override;
   uint16_t admin_transport(Request* r) override;
   void on_disable() override;
@@ -42,6 +45,7 @@ class FabricsController final : public ControllerCore {
 
 struct Subsystem {
   SubsystemConfig cfg;
+  bool discovery = false;  // the discovery subsystem: reached through every listener
   std::shared_ptr<NamespaceSet> ns = std::make_shared<NamespaceSet>();
   std::vector<std::string> listeners;
   uint16_t next_cntlid = 1;
@@ -83,6 +87,26 @@ struct NvmfTarget::Impl {
     auto it = subsystems.find(nqn);
     return it == subsystems.end() ? nullptr : it->second.get();
   }
+
+  // The discovery subsystem (nqn.2014-08.org.nvmexpress.discovery): not one of
+  // `subsystems` (it is not configured, listed or deleted as they are), but a
+  // host connects to it on any listener and reads the discovery log.
+  Subsystem discovery = make_discovery();
+  uint64_t discovery_genctr = 0;  // GENCTR: bumped by every change the log shows
+  static Subsystem make_discovery();
+  // What a Connect to nqn reaches: a subsystem, the discovery subsystem, or nothing.
+  Subsystem* connect_target(const std::string& nqn) {
+    return nqn == tcp::kDiscoveryNqn ? &discovery : find_subsystem(nqn);
+  }
+  template <class F>
+  void each_subsystem(F f) {
+    f(discovery);
+    for (auto& s : subsystems) f(*s.second);
+  }
+  // Subsystems or listeners changed: a new GENCTR, and a notice to hosts that asked.
+  void discovery_changed();
+  // The discovery log for a host: one entry per listener of each subsystem it may use.
+  std::vector<uint8_t> discovery_log(const std::string& hostnqn) const;
 };
 
 }  // namespace dpukv::nvme

@@ -254,6 +254,50 @@ int run_identify(const std::string& socket, bool json) {
   return 0;
 }
 
+// `nvme discover` as nvme-cli prints it: the discovery log of a target.
+int run_discover(const std::string& where, const std::string& hostnqn, bool json) {
+  TcpHostOptions o;
+  if (!parse_host_port(where, &o.addr, &o.port, 4420)) {
+    std::cerr << "dpukv nvme discover: --connect: '" << where << "' is not ADDR[:PORT]\n";
+    return 2;
+  }
+  if (!hostnqn.empty()) o.hostnqn = hostnqn;
+  uint64_t genctr = 0;
+  std::vector<DiscoveryEntry> entries;
+  if (Status st = NvmeTcpHost::discover(o, &genctr, &entries); !st.ok()) {
+    std::cerr << "dpukv nvme discover: " << where << ": " << st.name()
+              << (st.code() == Code::kNotPermitted ? " (the Connect was refused)" : "") << "\n";
+    return 1;
+  }
+  auto subtype = [](uint8_t t) {
+    return t == 2 ? "nvme subsystem" : t == 3 ? "current discovery subsystem" : "discovery";
+  };
+  if (json) {
+    Json recs = Json::array();
+    for (const auto& e : entries)
+      recs.push_back(Json{{"trtype", e.trtype == 3 ? "tcp" : std::to_string(e.trtype)},
+                          {"adrfam", e.adrfam == 1 ? "ipv4" : std::to_string(e.adrfam)},
+                          {"subtype", subtype(e.subtype)},
+                          {"portid", e.portid},
+                          {"trsvcid", e.trsvcid},
+                          {"subnqn", e.subnqn},
+                          {"traddr", e.traddr}});
+    std::cout << Json{{"genctr", genctr}, {"records", recs}}.dump() << "\n";
+    return 0;
+  }
+  std::printf("Discovery Log Number of Records %zu, Generation counter %llu\n", entries.size(),
+              static_cast<unsigned long long>(genctr));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const DiscoveryEntry& e = entries[i];
+    std::printf("=====Discovery Log Entry %zu======\n", i);
+    std::printf("trtype:  %s\nadrfam:  %s\nsubtype: %s\nportid:  %u\ntrsvcid: %s\n",
+                e.trtype == 3 ? "tcp" : "other", e.adrfam == 1 ? "ipv4" : "other",
+                subtype(e.subtype), e.portid, e.trsvcid.c_str());
+    std::printf("subnqn:  %s\ntraddr:  %s\n", e.subnqn.c_str(), e.traddr.c_str());
+  }
+  return 0;
+}
+
 int run_app(const AppOptions& o) {
   std::unique_ptr<NvmfApp> app;
   if (Status st = NvmfApp::create(o, &app); !st.ok()) {
@@ -348,6 +392,15 @@ void add_nvme_commands(CLI::App* app, int* exit_code) {
   i->add_option("--socket", id_socket, "vfio-user socket path")->required();
   i->add_flag("--json", id_json, "One JSON object");
   i->callback([exit_code] { *exit_code = run_identify(id_socket, id_json); });
+
+  static std::string disc_where = "127.0.0.1:4420", disc_host;
+  static bool disc_json = false;
+  CLI::App* dc = nvme->add_subcommand(
+      "discover", "Read an NVMe/TCP target's discovery log (the subsystems a host may connect to)");
+  dc->add_option("--connect", disc_where, "The target's ADDR:PORT")->capture_default_str();
+  dc->add_option("--hostnqn", disc_host, "Host NQN to discover as");
+  dc->add_flag("--json", disc_json, "One JSON object");
+  dc->callback([exit_code] { *exit_code = run_discover(disc_where, disc_host, disc_json); });
 
   add_nvme_perf_command(nvme, exit_code);
 }

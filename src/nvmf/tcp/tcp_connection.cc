@@ -360,10 +360,11 @@ void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dle
   std::memcpy(&cd, data, sizeof cd);
   std::string subnqn = fixed_string(cd.subnqn, sizeof cd.subnqn);
   std::string hostnqn = fixed_string(cd.hostnqn, sizeof cd.hostnqn);
-  Subsystem* s = t_->find_subsystem(subnqn);
-  if (s == nullptr ||
-      std::find(s->listeners.begin(), s->listeners.end(), listener_) == s->listeners.end())
+  Subsystem* s = t_->connect_target(subnqn);
+  if (s == nullptr || (!s->discovery && std::find(s->listeners.begin(), s->listeners.end(),
+                                                  listener_) == s->listeners.end()))
     return reject(kConnectInvalidParameters, (1u << 16) | 256);
+  if (s->discovery && qid != 0) return reject(kConnectInvalidParameters, kConnectQid);
   if (!s->host_allowed(hostnqn)) {
     LOG_WARN("nvme-tcp: host %s is not allowed on %s", hostnqn.c_str(), subnqn.c_str());
     return reject(kConnectInvalidHost, 0);
@@ -376,6 +377,7 @@ void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dle
     if (cd.cntlid != kCntlidDynamic) return reject(kConnectInvalidParameters, (1u << 16) | 16);
     ControllerConfig cc;
     cc.fabrics = true;
+    cc.discovery = s->discovery;
     cc.serial = s->cfg.serial;
     cc.model = s->cfg.model;
     cc.subnqn = s->cfg.nqn;
@@ -387,9 +389,11 @@ void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dle
     cc.in_capsule_bytes = t_->opts.in_capsule_data_size;
     s->next_cntlid = s->next_cntlid >= 0xffef ? 1 : static_cast<uint16_t>(s->next_cntlid + 1);
     uint32_t pool = 128u + uint32_t{t_->opts.max_io_queues} * t_->opts.max_queue_depth;
+    if (s->discovery) pool = 128;  // the admin queue only
     auto c = std::make_unique<FabricsController>(cc, s->ns, pool, s, hostnqn);
+    c->target = t_;
     c->set_connect_kato(kato);
-    c->queues.assign(t_->opts.max_io_queues + 1u, nullptr);
+    c->queues.assign(s->discovery ? 1u : t_->opts.max_io_queues + 1u, nullptr);
     if (!setup_queue(static_cast<uint16_t>(sqsize + 1))) return reject(kConnectControllerBusy, 0);
     ctrl_ = c.get();
     c->queues[0] = this;

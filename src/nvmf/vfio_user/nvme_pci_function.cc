@@ -282,7 +282,9 @@ int NvmePciFunction::on_dma_map(const uint8_t* p, size_t n, int* fds, int nfds) 
   Status st = dma_.add(m.addr, m.size, fds[0], m.offset, m.flags);
   if (st.code() == Code::kBadState) return EEXIST;
   if (st.code() == Code::kFull) return ENOSPC;
-  return st.ok() ? 0 : EINVAL;
+  if (!st.ok()) return EINVAL;
+  ctrl_->dma_mapped();
+  return 0;
 }
 
 int NvmePciFunction::on_dma_unmap(const uint8_t* p, size_t n, std::vector<uint8_t>* out) {

@@ -62,6 +62,9 @@ bool PcieController::on_enable() {
 }
 
 void PcieController::on_disable() {
+  for (auto [r, st] : held_) release(r);  // their queues end with the reset
+  held_.clear();
+  parked_ = 0;
   delete_io_queues();
   sqs_[0] = Sq{};
   cqs_[0] = Cq{};
@@ -76,14 +79,44 @@ void PcieController::function_reset() {
 
 void PcieController::release_dma(uint64_t iova, uint64_t len) {
   drain_inflight();
-  bool hit = false;
+  auto inside = [&](uint64_t q, uint64_t bytes) { return q < iova + len && iova < q + bytes; };
+  uint32_t before = parked_;
   for (size_t i = 0; i < sqs_.size(); ++i) {
-    if (sqs_[i].active && sqs_[i].iova < iova + len && iova < sqs_[i].iova + sqs_[i].size * 64ull)
-      hit = true;
-    if (cqs_[i].active && cqs_[i].iova < iova + len && iova < cqs_[i].iova + cqs_[i].size * 16ull)
-      hit = true;
+    Sq& s = sqs_[i];
+    if (s.active && s.base != nullptr && inside(s.iova, s.size * 64ull)) {
+      s.base = nullptr;
+      ++parked_;
+    }
+    Cq& c = cqs_[i];
+    if (c.active && c.base != nullptr && inside(c.iova, c.size * 16ull)) {
+      c.base = nullptr;
+      ++parked_;
+    }
   }
-  if (hit) fatal("the host unmapped memory that holds a live queue");
+  if (parked_ > before)
+    LOG_INFO("nvme: host unmapped queue memory: %u queues parked until it is mapped again",
+             parked_);
+}
+
+void PcieController::dma_mapped() {
+  if (parked_ == 0) return;
+  for (size_t i = 0; i < sqs_.size(); ++i) {
+    Sq& s = sqs_[i];
+    if (s.active && s.base == nullptr) {
+      s.base = reinterpret_cast<const Sqe*>(
+          dma_->translate(s.iova, uint64_t{s.size} * 64, DmaMapTable::kRead));
+      parked_ -= s.base != nullptr;
+    }
+    Cq& c = cqs_[i];
+    if (c.active && c.base == nullptr) {
+      c.base = reinterpret_cast<Cqe*>(
+          dma_->translate(c.iova, uint64_t{c.size} * 16, DmaMapTable::kWrite));
+      parked_ -= c.base != nullptr;
+    }
+  }
+  std::vector<std::pair<Request*, uint16_t>> held;
+  held.swap(held_);
+  for (auto [r, st] : held) post(r, st);  // holds again what is still parked
 }
 
 void PcieController::write_doorbell(uint32_t offset, uint32_t value) {
@@ -151,6 +184,7 @@ int PcieController::process_sq(Sq& sq) {
   sq.bad_doorbell = false;
   if (sq.head == tail) return 0;
   Cq& cq = cqs_[sq.cqid];
+  if (sq.base == nullptr || cq.base == nullptr) return 0;  // parked: memory unmapped
   uint32_t room = cq_free(cq);
   int n = 0;
   // A bounded batch keeps one busy queue from starving the others (round robin).
@@ -184,7 +218,15 @@ int PcieController::process_sq(Sq& sq) {
 }
 
 void PcieController::complete(Request* r, uint16_t status) {
+  post(r, status);
+}
+
+void PcieController::post(Request* r, uint16_t status) {
   Sq& sq = sqs_[r->qid];
+  if (cqs_[sq.cqid].base == nullptr) {  // parked: posted once the host maps it again
+    held_.emplace_back(r, status);
+    return;
+  }
   Cq& cq = cqs_[sq.cqid];
   uint16_t cid = r->cmd.cid, sqid = r->qid;
   uint32_t dw0 = r->dw0;
@@ -347,8 +389,17 @@ uint16_t PcieController::delete_sq(const Sqe& cmd) {
   // Commands still on the medium finish first: their completions reach the CQ
   // before the deletion's own completion, as the host expects. Commands the host
   // submitted but the controller never fetched are dropped.
+  // Completions held for a parked CQ are dropped with their queue.
+  std::erase_if(held_, [&](const std::pair<Request*, uint16_t>& h) {
+    if (h.first->qid != qid) return false;
+    release(h.first);
+    --s.inflight;
+    --cqs_[s.cqid].reserved;
+    return true;
+  });
   while (s.inflight > 0) poll_bdevs();
   --cqs_[s.cqid].sq_refs;
+  parked_ -= s.base == nullptr;
   s = Sq{};
   std::erase(active_sqs_, qid);
   return kSuccess;
@@ -358,6 +409,7 @@ uint16_t PcieController::delete_cq(const Sqe& cmd) {
   uint16_t qid = cmd.cdw10 & 0xffff;
   if (qid == 0 || qid >= cqs_.size() || !cqs_[qid].active) return kInvalidQueueId;
   if (cqs_[qid].sq_refs > 0) return kInvalidQueueDeletion;
+  parked_ -= cqs_[qid].base == nullptr;
   cqs_[qid] = Cq{};
   return kSuccess;
 }

@@ -34,9 +34,13 @@ class PcieController final : public ControllerCore {
   int poll();
   // Function-level reset / DEVICE_RESET / client gone: reset plus power-on registers.
   void function_reset();
-  // The host is about to unmap [iova, iova+len): finish in-flight I/O and drop any
-  // queue that lives there (a fatal condition for the host's driver).
+  // The host is about to unmap [iova, iova+len): in-flight I/O finishes first, and
+  // a queue that lives there is parked, not failed (SPDK's host unmaps its memory
+  // after a shutdown with CC.EN still 1): it stays created but is neither
+  // fetched from nor posted to, and completions for a parked CQ wait.
   void release_dma(uint64_t iova, uint64_t len);
+  // The host mapped memory: parked queues inside it resume, with what waited.
+  void dma_mapped();
   uint32_t active_io_queues() const;
 
  private:
@@ -72,6 +76,7 @@ class PcieController final : public ControllerCore {
   bool on_enable() override;
   void on_disable() override;
   void on_event_ready() override { cqs_[0].irq_pending = true; }
+  void post(Request* r, uint16_t status);
 
   int process_sq(Sq& sq);
   uint32_t cq_free(Cq& cq);
@@ -89,6 +94,9 @@ class PcieController final : public ControllerCore {
   std::vector<Sq> sqs_;
   std::vector<Cq> cqs_;
   std::vector<uint16_t> active_sqs_;
+  // Completions for CQs whose memory is unmapped (an AER answered meanwhile).
+  std::vector<std::pair<Request*, uint16_t>> held_;
+  uint32_t parked_ = 0;  // queues waiting for their memory
 };
 
 }  // namespace dpukv::nvme
