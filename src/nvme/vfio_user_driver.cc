@@ -38,8 +38,6 @@ Status VfioUserDriver::attach(const std::string& socket_path, const DriverOption
     LOG_ERR("nvme driver: device class %02x%02x%02x is not NVMe", cls[3], cls[2], cls[1]);
     return Code::kNotSupported;
   }
-  uint16_t cmd = 0x0006;  // memory space + bus master
-  if (Status st = d->client_->region_write(vu::kConfig, 0x04, &cmd, 2); !st.ok()) return st;
   if (o.mmap_doorbells) {
     vu::RegionInfo ri{};
     int fd = -1;
@@ -73,6 +71,7 @@ Status VfioUserDriver::attach(const std::string& socket_path, const DriverOption
     }
     if (Status st = d->client_->set_irq_eventfds(0, fds); !st.ok()) return st;
   }
+  if (Status st = d->setup_pci_function(); !st.ok()) return st;
   if (Status st = d->initialize(); !st.ok()) return st;
   *out = std::move(d);
   return Code::kSuccess;
@@ -138,31 +137,79 @@ Status VfioUserDriver::reset_controller() {
   return wait_ready(false);
 }
 
-// The PCI Express capability, found as a driver finds it: by walking the
-// capability list from the pointer at 0x34 (ids and next pointers, bounded).
-Status VfioUserDriver::find_pcie_capability(uint16_t* offset) {
+// A PCI capability, found as a driver finds it: by walking the capability list
+// from the pointer at 0x34 (ids and next pointers, bounded).
+Status VfioUserDriver::find_capability(uint8_t id, uint16_t* offset) {
   uint8_t pos = 0;
   if (Status st = client_->region_read(vu::kConfig, 0x34, &pos, 1); !st.ok()) return st;
   for (int hops = 0; hops < 48 && pos >= 0x40; ++hops) {
     uint8_t hdr[2] = {};
     if (Status st = client_->region_read(vu::kConfig, pos & 0xfc, hdr, 2); !st.ok()) return st;
-    if (hdr[0] == 0x10) {  // PCI Express capability id
+    if (hdr[0] == id) {
       *offset = pos & 0xfc;
       return Code::kSuccess;
     }
     pos = hdr[1];
   }
-  LOG_ERR("nvme: the function has no PCI Express capability (no function level reset)");
-  return Code::kNotSupported;
+  return Code::kNotFound;
+}
+
+// PCI COMMAND as SPDK's host sets it: memory space, bus master, and INTx
+// disabled. A target that sees INTx enabled counts it as an interrupt mode and
+// tries to signal completions through it (SPDK's fails the controller when it
+// has no eventfd for it). With interrupts, MSI-X is enabled in its capability.
+Status VfioUserDriver::setup_pci_function() {
+  uint16_t cmd = 0x0406;
+  if (Status st = client_->region_write(vu::kConfig, 0x04, &cmd, 2); !st.ok()) return st;
+  if (!opts_.interrupts) return Code::kSuccess;
+  uint16_t msix = 0;
+  if (Status st = find_capability(0x11, &msix); !st.ok()) {
+    LOG_ERR("nvme driver: interrupts asked for, but the function has no MSI-X capability");
+    return Code::kNotSupported;
+  }
+  uint16_t ctl = 0;
+  uint32_t table = 0;
+  if (Status st = client_->region_read(vu::kConfig, msix + 2u, &ctl, 2); !st.ok()) return st;
+  if (Status st = client_->region_read(vu::kConfig, msix + 4u, &table, 4); !st.ok()) return st;
+  // Each vector this driver uses is unmasked in the table (vector control resets
+  // to masked), then MSI-X is enabled without the function mask.
+  const uint32_t bir = table & 7, base = table & ~7u;
+  if (bir > vu::kBar5 || queues_.size() > (ctl & 0x7ffu) + 1u) return Code::kNotSupported;
+  // A target that leaves the table to its client (SPDK's, as QEMU emulates it)
+  // refuses the write: it masks with SET_IRQS only, and nothing is masked there.
+  for (uint32_t v = 0; v < queues_.size(); ++v) {
+    uint32_t vector_control = 0;
+    if (!client_->region_write(bir, base + 16 * v + 12, &vector_control, 4).ok()) {
+      LOG_DBG("nvme driver: the MSI-X table is not the target's; masks through SET_IRQS only");
+      break;
+    }
+  }
+  ctl = static_cast<uint16_t>((ctl | 0x8000) & ~0x4000);
+  return client_->region_write(vu::kConfig, msix + 2u, &ctl, 2);
+}
+
+// CSTS as a driver reads it when something takes too long: a gone device reads
+// all ones; Controller Fatal Status means no command will complete.
+Status VfioUserDriver::check_controller() {
+  const uint32_t csts = read32(kRegCsts);
+  if (csts == 0xffffffffu) return Code::kConnectionReset;
+  if (csts & kCstsCfs) {
+    if (!fatal_logged_) LOG_ERR("nvme driver: the controller reports fatal status (CSTS.CFS)");
+    fatal_logged_ = true;
+    return Code::kIoFailed;
+  }
+  return Code::kSuccess;
 }
 
 Status VfioUserDriver::function_level_reset() {
   uint16_t cap = 0;
-  if (Status st = find_pcie_capability(&cap); !st.ok()) return st;
+  if (Status st = find_capability(0x10, &cap); !st.ok()) {  // PCI Express
+    LOG_ERR("nvme: the function has no PCI Express capability (no function level reset)");
+    return Code::kNotSupported;
+  }
   uint16_t devctl = 0x8000;  // Device Control: Initiate Function Level Reset
   if (Status st = client_->region_write(vu::kConfig, cap + 8u, &devctl, 2); !st.ok()) return st;
-  uint16_t cmd = 0x0006;  // FLR cleared the command register
-  return client_->region_write(vu::kConfig, 0x04, &cmd, 2);
+  return setup_pci_function();  // FLR cleared the command register and MSI-X
 }
 
 Status VfioUserDriver::shutdown(bool abrupt) {
@@ -331,7 +378,8 @@ Status VfioUserDriver::admin(Sqe cmd, Cqe* cqe, const DmaBuffer* data, int timeo
     if (Status st = build_prps(a, cmd.cid, data->iova, data->len, &cmd); !st.ok()) return st;
   (void)submit_raw(0, cmd);
   // Other completions (an AER answered late) are skipped: wait for this cid.
-  uint64_t deadline = monotonic_ms() + static_cast<uint64_t>(timeout_ms);
+  uint64_t now = monotonic_ms(), deadline = now + static_cast<uint64_t>(timeout_ms);
+  uint64_t next_check = now + kCheckControllerMs;
   for (;;) {
     Cqe e;
     if (reap(static_cast<uint32_t>(-1), &e, 1) == 1) {
@@ -340,8 +388,14 @@ Status VfioUserDriver::admin(Sqe cmd, Cqe* cqe, const DmaBuffer* data, int timeo
         return Code::kSuccess;
       }
       if (stray_.size() < 64) stray_.push_back(e);
+      continue;
     }
-    if (monotonic_ms() > deadline) return Code::kTimeout;
+    now = monotonic_ms();
+    if (now >= next_check) {
+      if (Status st = check_controller(); !st.ok()) return st;
+      next_check = now + kCheckControllerMs;
+    }
+    if (now > deadline) return Code::kTimeout;
   }
 }
 
@@ -403,10 +457,16 @@ Status VfioUserDriver::wait_interrupt(uint32_t qi, int timeout_ms) {
 }
 
 Status VfioUserDriver::wait_one(uint32_t qi, Cqe* out, int timeout_ms) {
-  uint64_t deadline = monotonic_ms() + static_cast<uint64_t>(timeout_ms);
+  uint64_t now = monotonic_ms(), deadline = now + static_cast<uint64_t>(timeout_ms);
+  uint64_t next_check = now + kCheckControllerMs;
   for (;;) {
     if (reap(qi, out, 1) == 1) return Code::kSuccess;
-    if (monotonic_ms() > deadline) return Code::kTimeout;
+    now = monotonic_ms();
+    if (now >= next_check) {
+      if (Status st = check_controller(); !st.ok()) return st;
+      next_check = now + kCheckControllerMs;
+    }
+    if (now > deadline) return Code::kTimeout;
     if (opts_.interrupts) (void)wait_interrupt(qi, 10);
   }
 }

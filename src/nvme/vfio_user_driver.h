@@ -100,7 +100,11 @@ class VfioUserDriver {
   std::vector<Cqe> take_stray_admin() { return std::exchange(stray_, {}); }
 
  private:
-  Status find_pcie_capability(uint16_t* offset);
+  // How often a wait for a completion reads CSTS (a message round trip).
+  static constexpr uint64_t kCheckControllerMs = 10;
+  Status find_capability(uint8_t id, uint16_t* offset);
+  Status setup_pci_function();
+  Status check_controller();
   struct Queue {
     uint16_t qid = 0;
     uint32_t entries = 0;
@@ -135,6 +139,7 @@ class VfioUserDriver {
   std::vector<uint64_t> ns_blocks_;
   uint32_t irqs_seen_ = 0;
   std::vector<Cqe> stray_;
+  bool fatal_logged_ = false;
 };
 
 }  // namespace dpukv::nvme

@@ -146,6 +146,27 @@ TEST_F(NvmeTest, MsixInterruptsAndMasking) {
   EXPECT_EQ(drv_->reap(0, &e, 1), 1);
 }
 
+// The driver's PCI set-up as SPDK's host does it (INTx disabled: a target may
+// count INTx as an interrupt mode), and a controller that reports fatal status
+// ends a wait at once instead of after its timeout.
+TEST_F(NvmeTest, DriverDisablesIntxAndStopsWaitingOnFatalStatus) {
+  start_target();
+  attach();
+  uint16_t cmd = 0;
+  ASSERT_TRUE(drv_->client().region_read(vu::kConfig, 0x04, &cmd, 2).ok());
+  EXPECT_EQ(cmd & 0x0406, 0x0406) << "memory space, bus master, INTx disable";
+  // Make the controller fatal: enable it with its admin queues outside the
+  // host's memory.
+  ASSERT_TRUE(drv_->reset_controller().ok());
+  ASSERT_TRUE(drv_->write64(kRegAsq, 0x7000000000ull).ok());
+  ASSERT_TRUE(drv_->write32(kRegCc, drv_->read32(kRegCc) | kCcEn).ok());
+  EXPECT_TRUE(drv_->read32(kRegCsts) & kCstsCfs);
+  Sqe c{};
+  c.opc = kAdminKeepAlive;
+  Cqe e{};
+  EXPECT_EQ(drv_->admin(c, &e, nullptr, 600000).code(), Code::kIoFailed);
+}
+
 TEST_F(NvmeTest, MalformedMessagesGetErrorsAndTheServerKeepsServing) {
   start_target();
   attach();
