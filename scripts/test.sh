@@ -16,6 +16,16 @@ if git grep -nE '(^|[^_a-z.])kill\(' -- '*.cc' '*.h' ':!src/runtime/child_proces
   echo "raw kill() above: use signal_child() from runtime/child_process.h"; exit 1
 fi
 
+# SPDK, for the interop test (release only): built once, kept in /tmp/spdk.
+echo "== SPDK (interop test)"
+spdk_rc=0
+spdk_dir=$(scripts/spdk.sh) || spdk_rc=$?
+if [ "$spdk_rc" -eq 0 ]; then
+  export DPUKV_SPDK_DIR=$spdk_dir
+elif [ "$spdk_rc" -ne 3 ]; then
+  echo "building SPDK failed"; exit 1
+fi
+
 for preset in release asan; do
   echo "== build and test: $preset"
   cmake --preset "$preset" >/dev/null

@@ -316,7 +316,9 @@ Status NvmeTcpHost::discover(const TcpHostOptions& o, uint64_t* genctr,
   uint8_t id[kIdentifySize];
   if (Status st = h->identify(kCnsController, 0, id, &status); !st.ok() || status != kSuccess)
     return Code::kIoFailed;
-  if (id[111] != 2) return Code::kInvalidValue;  // CNTRLTYPE: not a discovery controller
+  // CNTRLTYPE 2: a discovery controller; 0 ("not reported", before NVMe 1.4)
+  // is what SPDK's reports. An I/O or administrative controller is not one.
+  if (id[111] != 2 && id[111] != 0) return Code::kInvalidValue;
   h->max_transfer_ = id[77] == 0 ? (1u << 20) : std::min<uint32_t>(1u << 20, 4096u << id[77]);
   // The header, then header and records in one read; a GENCTR that moved in
   // between means the log changed while it was read: read it again.

@@ -77,7 +77,22 @@ Status VfioUserDriver::attach(const std::string& socket_path, const DriverOption
   return Code::kSuccess;
 }
 
+// A clean leave, as SPDK's host leaves: a normal shutdown (CC.SHN) the
+// controller completes, then the memory unmapped, then the socket closed. A
+// target then ends the association in order instead of finding a host gone
+// mid-run. A gone or failed controller is left at once.
+void VfioUserDriver::detach() {
+  if (client_ == nullptr || detached_) return;
+  detached_ = true;
+  const uint32_t csts = read32(kRegCsts);
+  if (csts == 0xffffffffu || (csts & kCstsCfs)) return;
+  if ((csts & kCstsRdy) && (csts & kCstsShstMask) != kCstsShstComplete)
+    if (!shutdown(false).ok()) LOG_WARN("nvme driver: the controller did not finish its shutdown");
+  if (mem_ != nullptr) (void)unmap_memory();  // already unmapped: refused, harmless
+}
+
 VfioUserDriver::~VfioUserDriver() {
+  detach();
   for (auto& q : queues_)
     if (q.irq_fd >= 0) ::close(q.irq_fd);
   if (doorbell_map_ != nullptr) munmap(doorbell_map_, doorbell_map_len_);

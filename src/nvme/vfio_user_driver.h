@@ -50,6 +50,9 @@ class VfioUserDriver {
   Status reset_controller();      // CC.EN 1 -> 0, wait for CSTS.RDY 0
   Status function_level_reset();  // PCIe FLR through config space
   Status shutdown(bool abrupt);   // CC.SHN, wait for CSTS.SHST complete
+  // Shutdown (unless done), memory unmapped: what the destructor does before it
+  // closes the socket. Once.
+  void detach();
 
   // Takes the host memory out of the controller's reach and gives it back, as
   // SPDK's host does around a detach (its queues stay created meanwhile).
@@ -140,6 +143,7 @@ class VfioUserDriver {
   uint32_t irqs_seen_ = 0;
   std::vector<Cqe> stray_;
   bool fatal_logged_ = false;
+  bool detached_ = false;
 };
 
 }  // namespace dpukv::nvme
