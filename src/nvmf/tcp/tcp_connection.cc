@@ -52,6 +52,7 @@ void TcpConnection::close(const char* why) {
       --busy_slots_;
     }
   }
+  discard_output();  // nothing queued will reach the host now
   // The host's Asynchronous Event Requests wait in the controller, each holding
   // a slot of this queue: with the admin queue gone nobody can receive them.
   if (qid_ == 0 && ctrl_ != nullptr) ctrl_->drop_async_events();
@@ -64,7 +65,7 @@ void TcpConnection::put_header(uint8_t type, uint8_t flags, uint8_t hlen, uint8_
   std::memcpy(h, &ch, sizeof ch);
   std::memcpy(h + sizeof ch, rest, rest_len);
   if (hdgst_ && type != kIcResp && type != kC2HTermReq) {
-    uint32_t d = crc32c(obuf_.data() + obuf_.size() - hlen, hlen);
+    uint32_t d = crc32c(obuf_.get() + olen_ - hlen, hlen);
     std::memcpy(out(4), &d, 4);
   }
   ++t_->stats.pdus_out;
@@ -89,22 +90,65 @@ void TcpConnection::fatal(uint16_t fes, uint32_t fei, const uint8_t* hdr, uint32
 }
 
 bool TcpConnection::flush() {
-  while (opos_ < obuf_.size()) {
-    ssize_t n =
-        ::send(fd_, obuf_.data() + opos_, obuf_.size() - opos_, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-    if (n <= 0) {
-      obuf_.clear();
-      opos_ = 0;
+  constexpr size_t kMaxIov = 64;
+  while (!segs_.empty()) {
+    iovec iov[kMaxIov];
+    size_t n = 0;
+    for (size_t i = 0; i < segs_.size() && n < kMaxIov; ++i, ++n) {
+      const OutSeg& g = segs_[i];
+      const uint8_t* base = g.data != nullptr ? g.data : obuf_.get() + g.off;
+      const size_t skip = i == 0 ? seg_pos_ : 0;
+      iov[n] = iovec{const_cast<uint8_t*>(base) + skip, g.len - skip};
+    }
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = n;
+    ssize_t sent = ::sendmsg(fd_, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    if (sent <= 0) {
+      discard_output();
       close("send failed");
       return false;
     }
-    opos_ += static_cast<size_t>(n);
+    // Whole segments leave the queue; a slot whose data went is free again.
+    size_t left = static_cast<size_t>(sent), done = 0;
+    while (done < segs_.size() && left >= segs_[done].len - seg_pos_) {
+      left -= segs_[done].len - seg_pos_;
+      seg_pos_ = 0;
+      if (segs_[done].data != nullptr) {
+        const uint16_t slot = segs_[done].slot;
+        slots_[slot].sending = false;
+        if (slots_[slot].r == nullptr) free_slot(slot);  // its command already completed
+      }
+      ++done;
+    }
+    seg_pos_ += left;
+    segs_.erase(segs_.begin(), segs_.begin() + static_cast<long>(done));
   }
-  obuf_.clear();
-  opos_ = 0;
+  olen_ = 0;
+  seg_pos_ = 0;
   return true;
+}
+
+void TcpConnection::discard_output() {
+  for (const OutSeg& g : segs_)
+    if (g.data != nullptr) {
+      slots_[g.slot].sending = false;
+      if (slots_[g.slot].r == nullptr && slots_[g.slot].busy) free_slot(g.slot);
+    }
+  segs_.clear();
+  olen_ = 0;
+  seg_pos_ = 0;
+}
+
+void TcpConnection::free_slot(uint16_t slot) {
+  Slot& s = slots_[slot];
+  s.busy = false;
+  s.waiting_h2c = false;
+  s.sending = false;
+  free_slots_.push_back(slot);
+  --busy_slots_;
 }
 
 int TcpConnection::on_readable() {
@@ -311,7 +355,8 @@ void TcpConnection::send_r2t(uint16_t cid, uint16_t ttag, uint32_t len) {
              sizeof h - sizeof(CommonHeader));
 }
 
-void TcpConnection::send_c2h(uint16_t cid, const uint8_t* data, uint32_t len, bool success) {
+void TcpConnection::send_c2h(uint16_t cid, uint16_t slot, uint32_t len, bool success) {
+  const uint8_t* data = slots_[slot].buf;
   uint32_t hd = hdgst_ ? kDigestLen : 0;
   uint32_t align = (hpda_ + 1) * 4;
   uint32_t pdo = (sizeof(DataHeader) + hd + align - 1) / align * align;
@@ -328,7 +373,7 @@ void TcpConnection::send_c2h(uint16_t cid, const uint8_t* data, uint32_t len, bo
              sizeof h - sizeof(CommonHeader));
   uint32_t pad = pdo - sizeof(DataHeader) - hd;
   if (pad > 0) std::memset(out(pad), 0, pad);
-  std::memcpy(out(len), data, len);
+  out_slot_data(slot, data, len);
   if (ddgst_) {
     uint32_t d = crc32c(data, len);
     std::memcpy(out(4), &d, 4);
@@ -545,26 +590,24 @@ bool TcpConnection::on_h2c_data(const uint8_t* p, const uint8_t* data, uint32_t 
 }
 
 void TcpConnection::complete(ControllerCore::Request* r, uint16_t status) {
-  Slot& s = slots_[r->tag];
+  const uint16_t slot = static_cast<uint16_t>(r->tag);
+  Slot& s = slots_[slot];
   uint16_t cid = r->cmd.cid;
   uint32_t dw0 = r->dw0, dw1 = r->dw1;
   if (!closing_) {
     bool data_out = status == kSuccess && s.to_host && s.len > 0;
     bool success_flag = data_out && t_->opts.c2h_success && !sq_flow_control_;
-    if (data_out) send_c2h(cid, s.buf, s.len, success_flag);
+    if (data_out) send_c2h(cid, slot, s.len, success_flag);
     if (!success_flag) send_resp(cid, status, dw0, dw1);
   }
   drop(r);
 }
 
 void TcpConnection::drop(ControllerCore::Request* r) {
-  Slot& s = slots_[r->tag];
+  const uint16_t slot = static_cast<uint16_t>(r->tag);
   ctrl_->release(r);
-  s.r = nullptr;
-  s.busy = false;
-  s.waiting_h2c = false;
-  free_slots_.push_back(static_cast<uint16_t>(r->tag));
-  --busy_slots_;
+  slots_[slot].r = nullptr;
+  if (!slots_[slot].sending) free_slot(slot);  // else once the socket has its data
 }
 
 }  // namespace dpukv::nvme

@@ -3,6 +3,10 @@
 // hands commands to its controller and sends responses, R2T and C2HData.
 #pragma once
 
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -35,7 +39,7 @@ class TcpConnection {
   int on_readable();
   // Sends pending output; returns false if the connection broke.
   bool flush();
-  bool has_output() const { return opos_ < obuf_.size(); }
+  bool has_output() const { return !segs_.empty(); }
   void close(const char* why);
   void complete(ControllerCore::Request* r, uint16_t status);
   // Ends a request without a response (an AER at reset or disconnect).
@@ -47,7 +51,16 @@ class TcpConnection {
     uint8_t* buf = nullptr;
     uint32_t len = 0, received = 0;
     bool to_host = false, waiting_h2c = false, digest_error = false, busy = false;
+    bool sending = false;  // its buffer is queued for the socket (C2H data)
     iovec iov{};
+  };
+  // Output in order: runs of obuf_ (headers, digests, small PDUs) and C2H data
+  // sent from the slot's own buffer, so read data is not copied once more on
+  // its way to the socket; the slot is freed when the socket has taken it.
+  struct OutSeg {
+    const uint8_t* data;  // nullptr: obuf_[off, off + len)
+    size_t off, len;
+    uint16_t slot;
   };
 
   bool handle_pdu(const uint8_t* p, uint32_t plen);
@@ -58,13 +71,31 @@ class TcpConnection {
   bool setup_queue(uint16_t depth);
   void send_resp(uint16_t cid, uint16_t status, uint32_t dw0, uint32_t dw1);
   void send_r2t(uint16_t cid, uint16_t ttag, uint32_t len);
-  void send_c2h(uint16_t cid, const uint8_t* data, uint32_t len, bool success);
+  void send_c2h(uint16_t cid, uint16_t slot, uint32_t len, bool success);
   void fatal(uint16_t fes, uint32_t fei, const uint8_t* hdr, uint32_t hlen);
+  // n bytes appended to the output (not zeroed: every caller writes them all).
   uint8_t* out(size_t n) {
-    size_t at = obuf_.size();
-    obuf_.resize(at + n);
-    return obuf_.data() + at;
+    if (olen_ + n > ocap_) {
+      const size_t cap = std::max({ocap_ * 2, olen_ + n, size_t{4096}});
+      std::unique_ptr<uint8_t[]> b(new uint8_t[cap]);
+      if (olen_ > 0) std::memcpy(b.get(), obuf_.get(), olen_);
+      obuf_ = std::move(b);
+      ocap_ = cap;
+    }
+    if (!segs_.empty() && segs_.back().data == nullptr)
+      segs_.back().len += n;
+    else
+      segs_.push_back(OutSeg{nullptr, olen_, n, 0});
+    uint8_t* at = obuf_.get() + olen_;
+    olen_ += n;
+    return at;
   }
+  void out_slot_data(uint16_t slot, const uint8_t* data, size_t len) {
+    slots_[slot].sending = true;
+    segs_.push_back(OutSeg{data, 0, len, slot});
+  }
+  void free_slot(uint16_t slot);
+  void discard_output();  // the socket is gone: queued slots are freed
   void put_header(uint8_t type, uint8_t flags, uint8_t hlen, uint8_t pdo, uint32_t plen,
                   const void* rest, size_t rest_len);
 
@@ -83,8 +114,10 @@ class TcpConnection {
 
   std::vector<uint8_t> rbuf_;
   size_t rlen_ = 0;
-  std::vector<uint8_t> obuf_;
-  size_t opos_ = 0;
+  std::unique_ptr<uint8_t[]> obuf_;
+  size_t olen_ = 0, ocap_ = 0;
+  std::vector<OutSeg> segs_;
+  size_t seg_pos_ = 0;  // bytes of segs_.front() already sent
 
   std::vector<Slot> slots_;
   std::vector<uint16_t> free_slots_;
