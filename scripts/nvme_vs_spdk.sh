@@ -6,17 +6,18 @@
 #   2. dpukv's host (`dpukv nvme perf`) and SPDK's host against SPDK's target.
 # Target on CPU 0, host on CPU 1; each point runs TIME seconds; the figure is
 # the median of ROUNDS rounds, the targets taking turns within each round.
-#   scripts/nvme_vs_spdk.sh [--time S] [--rounds N] [--json]
+#   scripts/nvme_vs_spdk.sh [--time S] [--rounds N] [--transports vfio-user,tcp] [--json]
 # Needs SPDK (scripts/spdk.sh) and hugepages (set up here, as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-time_s=10 rounds=3 json=0
+time_s=10 rounds=3 json=0 transports="vfio-user tcp"
 while [ $# -gt 0 ]; do
   case $1 in
     --time) time_s=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --json) json=1; shift ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --transports) transports=${2//,/ }; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -79,7 +80,7 @@ r=json.load(sys.stdin)["results"][0]; print(r["iops"], r["p99_us"])' 2>/dev/null
 }
 
 points=()
-for tr in vfio-user tcp; do for wl in randread randwrite; do for qd in 1 32; do
+for tr in $transports; do for wl in randread randwrite; do for qd in 1 32; do
   points+=("$tr $wl $qd"); done; done; done
 declare -A res
 for ((round = 1; round <= rounds; round++)); do

@@ -59,6 +59,19 @@ wait_for_socket() {  # until the JSON-RPC server answers
   done
   return 1
 }
+# The same set-up for either target, through rpc.py: TCP and VFIOUSER transports,
+# a 256 MiB malloc bdev of 4 KiB blocks as namespace 1, a listener on each.
+configure_target() {  # RPC_SOCKET SERIAL
+  rm -rf "$w/vu"; mkdir -p "$w/vu"
+  for m in "nvmf_create_transport -t TCP" "nvmf_create_transport -t VFIOUSER" \
+           "bdev_malloc_create 256 4096 -b Malloc0" "nvmf_create_subsystem $nqn -a -s $2 -m 32" \
+           "nvmf_subsystem_add_ns $nqn Malloc0" \
+           "nvmf_subsystem_add_listener $nqn -t TCP -a 127.0.0.1 -s $port" \
+           "nvmf_subsystem_add_listener $nqn -t VFIOUSER -a $w/vu -s 0"; do
+    # shellcheck disable=SC2086
+    rpc_py "$1" $m >/dev/null || fail "rpc.py -s $1 $m"
+  done
+}
 tcp_trid="trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$nqn"
 vu_trid="trtype:VFIOUSER traddr:$w/vu subnqn:$nqn"
 
@@ -68,14 +81,7 @@ step "dpukv's target, configured with SPDK's rpc.py"
 dpid=$!; pids+=("$dpid")
 wait_for_socket "$w/dpukv.sock" "$dpid" || fail "dpukv nvme did not answer on its RPC socket"
 r() { rpc_py "$w/dpukv.sock" "$@" >/dev/null || fail "rpc.py $*"; }
-r nvmf_create_transport -t TCP
-r nvmf_create_transport -t VFIOUSER
-r bdev_malloc_create 256 4096 -b Malloc0
-r nvmf_create_subsystem "$nqn" -a -s DPUKVINTEROP -m 32
-r nvmf_subsystem_add_ns "$nqn" Malloc0
-mkdir -p "$w/vu"
-r nvmf_subsystem_add_listener "$nqn" -t TCP -a 127.0.0.1 -s "$port"
-r nvmf_subsystem_add_listener "$nqn" -t VFIOUSER -a "$w/vu" -s 0
+configure_target "$w/dpukv.sock" DPUKVINTEROP
 
 step "spdk_nvme_identify over TCP and vfio-user"
 "$spdk/build/bin/spdk_nvme_identify" -r "$tcp_trid" >"$w/identify-tcp.log" 2>&1 || fail "identify (TCP)"
@@ -163,15 +169,7 @@ step "SPDK's nvmf_tgt"
 "$spdk/build/bin/nvmf_tgt" -m 0x1 -r "$w/spdk.sock" >"$w/nvmf_tgt.log" 2>&1 &
 spid=$!; pids+=("$spid")
 wait_for_socket "$w/spdk.sock" "$spid" || fail "nvmf_tgt did not answer on its RPC socket"
-s() { rpc_py "$w/spdk.sock" "$@" >/dev/null || fail "rpc.py (SPDK) $*"; }
-s nvmf_create_transport -t TCP
-s nvmf_create_transport -t VFIOUSER
-s bdev_malloc_create 256 4096 -b Malloc0
-s nvmf_create_subsystem "$nqn" -a -s SPDKINTEROP
-s nvmf_subsystem_add_ns "$nqn" Malloc0
-rm -rf "$w/vu"; mkdir -p "$w/vu"
-s nvmf_subsystem_add_listener "$nqn" -t TCP -a 127.0.0.1 -s "$port"
-s nvmf_subsystem_add_listener "$nqn" -t VFIOUSER -a "$w/vu" -s 0
+configure_target "$w/spdk.sock" SPDKINTEROP
 
 step "dpukv nvme discover, perf over TCP and vfio-user (polled, interrupts)"
 "$dpukv" nvme discover --connect "127.0.0.1:$port" --json >"$w/dpukv-discover.json" \
