@@ -10,6 +10,10 @@ echo "$out" | "$py" -c '
 import json, sys
 d = json.load(sys.stdin)
 assert d["bench"] == "compress"
+# What the figures were measured on, read from the machine itself.
+m = d["machine"]
+assert m["cpus"] >= 1 and m["isa"] in ("avx512", "avx2", "sse4.2", "neon", "scalar"), m
+assert m["cpu"] != "unknown" and m["kernel"] == __import__("os").uname().release, m
 rows = d["results"]
 assert {r["dataset"] for r in rows} == {"kv_bf16", "kv_fp16", "iid_bf16"}
 for r in rows:
@@ -17,11 +21,14 @@ for r in rows:
               "baseline_ratio", "baseline_compress_gbps"):
         assert k in r, (k, r)
     assert r["ratio"] > 0 and r["compress_gbps"] > 0 and r["baseline_compress_gbps"] > 0, r
+    assert r["kv_simd"] in ("avx512", "avx2", "scalar"), r
     if r["codec"] in ("kv-int8", "kv-int4"):
         assert 0 < r["rel_rmse"] < 0.1, r
 codecs = {r["codec"] for r in rows}
 assert {"kv-lossless-delta", "kv-int8", "kv-int4", "lz4", "zstd-1", "zstd-1+shuffle"} <= codecs, codecs
 '
+# The human table ends with the machine line.
+"$bin" bench compress --layers 1 --reps 1 --codecs lz4 | tail -1 | grep -q "^machine: .*, [0-9]* CPUs, "
 set +e
 "$bin" bench compress --codecs nosuch > /dev/null 2>&1; rc=$?
 set -e

@@ -366,7 +366,10 @@ int run(const Config& c) {
   }
   (void)src_map->stop();
   (void)dst_map->stop();
-  if (c.out.json) bench::print_json("cache", rows);
+  if (c.out.json)
+    bench::print_json("cache", rows);
+  else
+    bench::print_machine_line();
   return bench::write_csv(c.out, rows) ? 0 : 1;
 }
 

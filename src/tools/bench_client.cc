@@ -191,7 +191,10 @@ int run(const Config& c) {
         "lookup of one key: p50 %.1f us (p99 %.1f)   comch round trip p50 %.1f us   ratio %.2f\n",
         lk.percentile_us(50), lk.percentile_us(99), comch,
         comch > 0 ? lk.percentile_us(50) / comch : 0.0);
-  if (c.out.json) bench::print_json("client", rows);
+  if (c.out.json)
+    bench::print_json("client", rows);
+  else
+    bench::print_machine_line();
   return bench::write_csv(c.out, rows) ? 0 : 1;
 }
 

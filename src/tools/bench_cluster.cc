@@ -670,7 +670,10 @@ int run(const Config& c) {
     if (int rc = measure_directory(c, &rows); rc != 0) return rc;
   if (!c.no_pd)
     if (int rc = measure_pd(c, &rows); rc != 0) return rc;
-  if (c.out.json) bench::print_json("cluster", rows);
+  if (c.out.json)
+    bench::print_json("cluster", rows);
+  else
+    bench::print_machine_line();
   return bench::write_csv(c.out, rows) ? 0 : 1;
 }
 

@@ -501,7 +501,10 @@ int run(const Config& c) {
   (void)h.map->stop();
   reap();
   if (!ok) std::cerr << "dpukv bench comch: the peer went away mid-run\n";
-  if (c.out.json) bench::print_json("comch", rows);
+  if (c.out.json)
+    bench::print_json("comch", rows);
+  else
+    bench::print_machine_line();
   if (!bench::write_csv(c.out, rows)) return 1;
   return ok ? 0 : 1;
 }

@@ -7,6 +7,7 @@
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -163,9 +164,51 @@ bool write_csv(const OutputOptions& o, const std::vector<Json>& rows) {
   return static_cast<bool>(f);
 }
 
+Json machine_info() {
+  std::string cpu;
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; cpu.empty() && std::getline(f, line);) {
+    // x86: "model name"; Arm: "Model" (some kernels) or only "CPU part".
+    for (const char* key : {"model name", "Model", "CPU part"}) {
+      if (line.rfind(key, 0) != 0) continue;
+      const size_t colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      cpu = line.substr(colon + 1);
+      cpu.erase(0, cpu.find_first_not_of(" \t"));
+      if (std::string(key) == "CPU part") cpu = "Arm, CPU part " + cpu;
+      break;
+    }
+  }
+  const char* isa = "scalar";
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+    isa = "avx512";
+  else if (__builtin_cpu_supports("avx2"))
+    isa = "avx2";
+  else if (__builtin_cpu_supports("sse4.2"))
+    isa = "sse4.2";
+#elif defined(__aarch64__)
+  isa = "neon";  // Advanced SIMD is part of AArch64
+#endif
+  utsname u{};
+  const std::string kernel = uname(&u) == 0 ? u.release : "unknown";
+  return Json{{"cpu", cpu.empty() ? "unknown" : cpu},
+              {"cpus", num_cpus()},
+              {"isa", isa},
+              {"kernel", kernel}};
+}
+
+void print_machine_line() {
+  const Json m = machine_info();
+  std::printf("machine: %s, %d CPUs, %s, Linux %s\n", m["cpu"].get<std::string>().c_str(),
+              m["cpus"].get<int>(), m["isa"].get<std::string>().c_str(),
+              m["kernel"].get<std::string>().c_str());
+}
+
 void print_json(const std::string& name, const std::vector<Json>& rows) {
   Json out;
   out["bench"] = name;
+  out["machine"] = machine_info();
   out["results"] = rows;
   std::cout << out.dump(2) << std::endl;
 }

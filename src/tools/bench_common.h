@@ -75,7 +75,14 @@ void add_output_options(CLI::App* cmd, OutputOptions* out);
 // non-empty file. Returns false and prints why on failure.
 bool write_csv(const OutputOptions& o, const std::vector<Json>& rows);
 
-// Prints `{"bench": name, "results": rows}` on stdout.
+// What figures were measured on, so figures from different machines are not
+// compared by mistake: the CPU model, CPUs online, the widest vector ISA the CPU
+// offers ("avx512", "avx2", "sse4.2", "neon", "scalar"), the kernel release.
+Json machine_info();
+// "machine: <cpu>, <n> CPUs, <isa>, Linux <release>" on stdout (under a table).
+void print_machine_line();
+
+// Prints `{"bench": name, "machine": machine_info(), "results": rows}` on stdout.
 void print_json(const std::string& name, const std::vector<Json>& rows);
 
 // True if stderr is a terminal (progress lines go there).

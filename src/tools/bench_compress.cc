@@ -193,6 +193,7 @@ int run(const Config& c) {
         row["rel_rmse"] = m.err.rel_rmse;
         row["max_abs_err"] = m.err.max_abs_err;
       }
+      row["kv_simd"] = simd_level_name(kv_simd_level());  // the KV kernels' path
       row["baseline_codec"] = bname;
       row["baseline_ratio"] = b.ratio;
       row["baseline_compress_gbps"] = b.c_gbps;
@@ -235,7 +236,10 @@ int run(const Config& c) {
     }
   }
   if (bench::progress_enabled()) std::fprintf(stderr, "\r%50s\r", "");
-  if (c.out.json) bench::print_json("compress", rows);
+  if (c.out.json)
+    bench::print_json("compress", rows);
+  else
+    bench::print_machine_line();
   return bench::write_csv(c.out, rows) ? 0 : 1;
 }
 

@@ -492,7 +492,10 @@ int run(const Config& c) {
   (void)dst_map->stop();
   if (peer.map) (void)peer.map->stop();
 
-  if (c.out.json) bench::print_json("dma", rows);
+  if (c.out.json)
+    bench::print_json("dma", rows);
+  else
+    bench::print_machine_line();
   if (!bench::write_csv(c.out, rows)) rc = 1;
   return rc;
 }

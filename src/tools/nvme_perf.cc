@@ -501,7 +501,10 @@ int run_perf(PerfConfig c) {
     }
   }
   cleanup();
-  if (c.out.json) bench::print_json("nvme", rows);
+  if (c.out.json)
+    bench::print_json("nvme", rows);
+  else
+    bench::print_machine_line();
   if (!bench::write_csv(c.out, rows)) rc = 1;
   return rc;
 }
