@@ -27,10 +27,18 @@ for r in rows:
 codecs = {r["codec"] for r in rows}
 assert {"kv-lossless-delta", "kv-int8", "kv-int4", "lz4", "zstd-1", "zstd-1+shuffle"} <= codecs, codecs
 '
+# The portable kernels on request, named in every row.
+"$bin" bench compress --layers 1 --reps 1 --datasets kv_bf16 --codecs kv-int8 --simd scalar --json |
+  "$py" -c 'import json, sys; rows = json.load(sys.stdin)["results"]
+assert rows and all(r["kv_simd"] == "scalar" for r in rows), rows'
 # The human table ends with the machine line.
 "$bin" bench compress --layers 1 --reps 1 --codecs lz4 | tail -1 | grep -q "^machine: .*, [0-9]* CPUs, "
 set +e
 "$bin" bench compress --codecs nosuch > /dev/null 2>&1; rc=$?
 set -e
 [ "$rc" -eq 2 ]
+set +e
+"$bin" bench compress --simd sse9 > /dev/null 2>&1; rc=$?
+set -e
+[ "$rc" -ne 0 ]
 echo "cli bench compress: ok"
