@@ -193,7 +193,8 @@ Json machine_info() {
   utsname u{};
   const std::string kernel = uname(&u) == 0 ? u.release : "unknown";
   return Json{{"cpu", cpu.empty() ? "unknown" : cpu},
-              {"cpus", num_cpus()},
+              // Online CPUs, not this thread's affinity: benches pin themselves.
+              {"cpus", static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))},
               {"isa", isa},
               {"kernel", kernel}};
 }
