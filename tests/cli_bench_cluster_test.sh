@@ -37,6 +37,11 @@ if "netns" in rows:
     assert rows["netns"]["baseline"] == "raw TCP stream" and rows["netns"]["peer_failure_detection"]
 for r in rows.values():
     assert r["size_bytes"] == 1 << 20 and r["gbps"] > 0 and r["baseline_gbps"] > 0, r
+    # The UCX settings each row ran with; TCP segments as dpukv sets them unless
+    # the environment says otherwise.
+    assert r["ucx"].startswith("UCX 1.") and "UCX_TLS=" in r["ucx"], r
+    if "UCX_TCP_TX_SEG_SIZE" not in os.environ:
+        assert "UCX_TCP_TX_SEG_SIZE=256k" in r["ucx"], r
     assert abs(r["ratio"] - r["gbps"] / r["baseline_gbps"]) < 1e-9, r
 '
 echo "cli bench cluster: ok"

@@ -62,6 +62,12 @@ class UcxNode final : public Context {
   };
 
   static Status create(ProgressEngine* pe, const UcxNodeOptions& o, std::unique_ptr<UcxNode>* out);
+  // What create() sets in the environment where the user set nothing (UCX's
+  // transports read it when they open): non-blocking TCP connects, TCP segments
+  // of 256 KiB out and 512 KiB in.
+  static void set_transport_defaults();
+  // The UCX version and the transport settings from the environment.
+  static std::string settings();
   ~UcxNode() override;
 
   // Lets peers read [base, base + len). Once, while IDLE.

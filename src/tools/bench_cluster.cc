@@ -217,6 +217,8 @@ int measure(const Config& c, const std::string& transport, uint64_t bytes,
     peer_ip = net.ip(0);
   }
   setenv("UCX_TLS", transport == "shm" ? "sm,self" : "tcp", 1);
+  UcxNode::set_transport_defaults();
+  const std::string settings = UcxNode::settings();
   UcxNodeOptions no;
   no.detect_peer_failure = transport != "shm";
   double ucx_s = 0, base_s = 0;
@@ -276,11 +278,12 @@ int measure(const Config& c, const std::string& transport, uint64_t bytes,
                    {"gbps", g},
                    {"baseline", baseline},
                    {"baseline_gbps", b},
-                   {"ratio", g / b}});
+                   {"ratio", g / b},
+                   {"ucx", settings}});
   if (!c.out.json)
-    std::printf("remote_read %-5s %7s %8.2f GB/s   %-16s %8.2f GB/s   ratio %5.2f\n",
-                transport.c_str(), bench::format_size(bytes).c_str(), g, baseline.c_str(), b,
-                g / b);
+    std::printf("remote_read %-5s %7s %8.2f GB/s   %-16s %8.2f GB/s   ratio %5.2f   (%s)\n",
+                transport.c_str(), bench::format_size(bytes).c_str(), g, baseline.c_str(), b, g / b,
+                settings.c_str());
   return 0;
 }
 
