@@ -30,6 +30,11 @@ assert set(rows) == want, (rows, want)
 pd = [r for r in d["results"] if r["op"] == "pd_transfer"]
 assert len(pd) == 1 and pd[0]["chunks"] == 16 and pd[0]["size_bytes"] == 16 << 18, pd
 assert 0 < pd[0]["push_seconds"] < pd[0]["seconds"] and pd[0]["baseline_seconds"] > 0, pd
+# The breakdown: each part of the transfer and of the baseline, none longer than its whole.
+for k in ("store_seconds", "decode_seconds"):
+    assert 0 < pd[0][k] < pd[0]["seconds"], (k, pd)
+for k in ("baseline_store_seconds", "baseline_retrieve_seconds"):
+    assert 0 < pd[0][k] < pd[0]["baseline_seconds"], (k, pd)
 assert abs(pd[0]["ratio"] - pd[0]["seconds"] / pd[0]["baseline_seconds"]) < 1e-9, pd
 assert rows["tcp"]["baseline"] == "raw TCP stream" and rows["shm"]["baseline"] == "memcpy"
 assert rows["tcp"]["peer_failure_detection"] and not rows["shm"]["peer_failure_detection"]

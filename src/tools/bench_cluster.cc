@@ -527,7 +527,9 @@ int measure_pd(const Config& c, std::vector<Json>* rows) {
   std::unique_ptr<Client> prefill, decode;
   Staging sp, sd;
   uint64_t b_node = 0;
-  std::vector<double> pd, one, push_only;
+  // Where the time goes: the prefill's store, the push, the decode's lookup and
+  // retrieve; and the baseline's store and retrieve.
+  std::vector<double> pd, one, push_only, store_pd, decode_pd, store_one, retrieve_one;
   std::vector<uint64_t> offs(n), lens(n, kChunk);
   std::vector<Status> sts(n);
   for (uint32_t i = 0; i < n; ++i) offs[i] = i * kChunk;
@@ -595,8 +597,9 @@ int measure_pd(const Config& c, std::vector<Json>* rows) {
       }
     // Baseline: the same bytes stored and retrieved on one agent.
     const uint64_t b0 = bench::now_ns();
-    if (!prefill->store(sp, k1.data(), offs.data(), lens.data(), n, sts.data()).ok() ||
-        prefill->lookup(k1.data(), n, false) != n ||
+    const bool stored = prefill->store(sp, k1.data(), offs.data(), lens.data(), n, sts.data()).ok();
+    const uint64_t bm = bench::now_ns();
+    if (!stored || prefill->lookup(k1.data(), n, false) != n ||
         !prefill->retrieve(sp, k1.data(), offs.data(), lens.data(), n, sts.data()).ok()) {
       std::cerr << "dpukv bench cluster: baseline store and retrieve failed\n";
       goto out;
@@ -607,25 +610,38 @@ int measure_pd(const Config& c, std::vector<Json>* rows) {
     pd.push_back((t1 - t0) / 1e9);
     push_only.push_back((tp1 - tp) / 1e9);
     one.push_back((b1 - b0) / 1e9);
+    store_pd.push_back((tp - t0) / 1e9);
+    decode_pd.push_back((t1 - tp1) / 1e9);
+    store_one.push_back((bm - b0) / 1e9);
+    retrieve_one.push_back((b1 - bm) / 1e9);
   }
   {
     const double t = median(pd), b = median(one), p = median(push_only);
+    const double sp_s = median(store_pd), dp_s = median(decode_pd), so_s = median(store_one),
+                 ro_s = median(retrieve_one);
     const double bytes = static_cast<double>(n) * kChunk;
     rows->push_back({{"bench", "cluster"},
                      {"op", "pd_transfer"},
                      {"chunks", n},
                      {"size_bytes", n * kChunk},
                      {"seconds", t},
+                     {"store_seconds", sp_s},
                      {"push_seconds", p},
                      {"push_gbps", bytes / p / 1e9},
+                     {"decode_seconds", dp_s},
+                     {"baseline_store_seconds", so_s},
+                     {"baseline_retrieve_seconds", ro_s},
                      {"baseline", "store and retrieve on one agent"},
                      {"baseline_seconds", b},
                      {"ratio", t / b}});
     if (!c.out.json)
       std::printf(
           "pd_transfer %u x 256K  store->decode retrieve %8.2f ms (push alone %.2f ms, %.2f GB/s)"
-          "   one agent %8.2f ms   ratio %5.2f\n",
-          n, t * 1e3, p * 1e3, bytes / p / 1e9, b * 1e3, t / b);
+          "   one agent %8.2f ms   ratio %5.2f\n"
+          "  medians: store %.2f + push %.2f + decode lookup and retrieve %.2f ms;"
+          " one agent: store %.2f + lookup and retrieve %.2f ms\n",
+          n, t * 1e3, p * 1e3, bytes / p / 1e9, b * 1e3, t / b, sp_s * 1e3, p * 1e3, dp_s * 1e3,
+          so_s * 1e3, ro_s * 1e3);
     rc = 0;
   }
 out:
