@@ -649,6 +649,38 @@ pid_t spawn_app(const std::string& dir) {
   return app;
 }
 
+// Writes dir/config.json (the bdev given as its create method, a subsystem with it
+// as namespace 1, a TCP listener on 127.0.0.1:port and, if asked, a vfio-user one
+// at dir/fn) and starts `dpukv nvme` on it.
+pid_t start_app(const std::string& dir, const std::string& nqn, int port,
+                const nlohmann::json& bdev_create, bool vfio_user) {
+  using J = nlohmann::json;
+  auto call = [](const char* method, J params) {
+    return J{{"method", method}, {"params", std::move(params)}};
+  };
+  J nvmf = J::array();
+  nvmf.push_back(call("nvmf_create_transport", {{"trtype", "TCP"}}));
+  if (vfio_user) nvmf.push_back(call("nvmf_create_transport", {{"trtype", "VFIOUSER"}}));
+  nvmf.push_back(call("nvmf_create_subsystem", {{"nqn", nqn}, {"allow_any_host", true}}));
+  nvmf.push_back(
+      call("nvmf_subsystem_add_ns",
+           {{"nqn", nqn}, {"namespace", {{"bdev_name", bdev_create["params"]["name"]}}}}));
+  nvmf.push_back(
+      call("nvmf_subsystem_add_listener",
+           {{"nqn", nqn},
+            {"listen_address",
+             {{"trtype", "TCP"}, {"traddr", "127.0.0.1"}, {"trsvcid", std::to_string(port)}}}}));
+  if (vfio_user)
+    nvmf.push_back(call(
+        "nvmf_subsystem_add_listener",
+        {{"nqn", nqn}, {"listen_address", {{"trtype", "VFIOUSER"}, {"traddr", dir + "/fn"}}}}));
+  J subsystems = J::array();
+  subsystems.push_back(J{{"subsystem", "bdev"}, {"config", J::array({bdev_create})}});
+  subsystems.push_back(J{{"subsystem", "nvmf"}, {"config", nvmf}});
+  std::ofstream(dir + "/config.json") << J{{"subsystems", subsystems}}.dump();
+  return spawn_app(dir);
+}
+
 nlohmann::json rpc_result(const std::string& dir, const std::string& method) {
   std::string cmd = std::string(DPUKV_BIN) + " rpc -s " + dir + "/rpc.sock " + method;
   FILE* f = popen(cmd.c_str(), "r");
@@ -676,26 +708,12 @@ TEST(NvmfApp, KvNamespaceSharedByTcpAndVfioUser) {
   std::filesystem::create_directories(dir);
   int port = 20000 + (getpid() + 13) % 12000;  // below the ephemeral ports (32768-)
   std::string nqn = "nqn.2026-11.io.dpukv:kv";
-  {
-    std::ofstream cfg(dir + "/config.json");
-    cfg << R"({"subsystems": [{"subsystem": "bdev", "config": [
-      {"method": "bdev_kv_create", "params": {"name": "Kv0", "num_blocks": 8192, "chunk_size": 65536,
-                                                "memory_size": 16777216}}]},
-      {"subsystem": "nvmf", "config": [
-      {"method": "nvmf_create_transport", "params": {"trtype": "TCP"}},
-      {"method": "nvmf_create_transport", "params": {"trtype": "VFIOUSER"}},
-      {"method": "nvmf_create_subsystem", "params": {"nqn": ")"
-        << nqn << R"(", "allow_any_host": true}},
-      {"method": "nvmf_subsystem_add_ns", "params": {"nqn": ")"
-        << nqn << R"(", "namespace": {"bdev_name": "Kv0"}}},
-      {"method": "nvmf_subsystem_add_listener", "params": {"nqn": ")"
-        << nqn << R"(", "listen_address": {"trtype": "TCP", "traddr": "127.0.0.1", "trsvcid": ")"
-        << port << R"("}}},
-      {"method": "nvmf_subsystem_add_listener", "params": {"nqn": ")"
-        << nqn << R"(", "listen_address": {"trtype": "VFIOUSER", "traddr": ")" << dir
-        << R"(/fn"}}}]}]})";
-  }
-  pid_t app = spawn_app(dir);
+  pid_t app = start_app(
+      dir, nqn, port,
+      {{"method", "bdev_kv_create"},
+       {"params",
+        {{"name", "Kv0"}, {"num_blocks", 8192}, {"chunk_size", 65536}, {"memory_size", 16777216}}}},
+      true);
   ASSERT_GT(app, 0);
   TcpHostOptions o;
   o.port = static_cast<uint16_t>(port);
@@ -753,21 +771,10 @@ TEST(NvmfApp, HostsLeaveNothingBehindAndDiscoveryFollowsTheConfig) {
   std::filesystem::create_directories(dir);
   int port = 20000 + (getpid() + 29) % 12000;
   std::string nqn = "nqn.2026-11.io.dpukv:aer";
-  {
-    std::ofstream cfg(dir + "/config.json");
-    cfg << R"({"subsystems": [{"subsystem": "bdev", "config": [
-      {"method": "bdev_malloc_create", "params": {"name": "M0", "num_blocks": 4096, "block_size": 4096}}]},
-      {"subsystem": "nvmf", "config": [
-      {"method": "nvmf_create_transport", "params": {"trtype": "TCP"}},
-      {"method": "nvmf_create_subsystem", "params": {"nqn": ")"
-        << nqn << R"(", "allow_any_host": true}},
-      {"method": "nvmf_subsystem_add_ns", "params": {"nqn": ")"
-        << nqn << R"(", "namespace": {"bdev_name": "M0"}}},
-      {"method": "nvmf_subsystem_add_listener", "params": {"nqn": ")"
-        << nqn << R"(", "listen_address": {"trtype": "TCP", "traddr": "127.0.0.1", "trsvcid": ")"
-        << port << R"("}}}]}]})";
-  }
-  pid_t app = spawn_app(dir);
+  pid_t app = start_app(dir, nqn, port,
+                        {{"method", "bdev_malloc_create"},
+                         {"params", {{"name", "M0"}, {"num_blocks", 4096}, {"block_size", 4096}}}},
+                        false);
   ASSERT_GT(app, 0);
   TcpHostOptions o;
   o.port = static_cast<uint16_t>(port);
