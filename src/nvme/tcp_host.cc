@@ -271,6 +271,11 @@ Status NvmeTcpHost::connect_admin_only(const TcpHostOptions& o, uint16_t* status
   return Code::kSuccess;
 }
 
+// MDTS (Identify Controller byte 77) in bytes, at most 1 MiB; 0: no limit.
+uint32_t NvmeTcpHost::max_transfer_of(const uint8_t* id) {
+  return id[77] == 0 ? (1u << 20) : std::min<uint32_t>(1u << 20, 4096u << id[77]);
+}
+
 Status NvmeTcpHost::enable() {
   uint16_t status = 0;
   if (Status st = property_set(kRegCc, 4, kCcEn | 6u << 16 | 4u << 20, &status);
@@ -319,7 +324,7 @@ Status NvmeTcpHost::discover(const TcpHostOptions& o, uint64_t* genctr,
   // CNTRLTYPE 2: a discovery controller; 0 ("not reported", before NVMe 1.4)
   // is what SPDK's reports. An I/O or administrative controller is not one.
   if (id[111] != 2 && id[111] != 0) return Code::kInvalidValue;
-  h->max_transfer_ = id[77] == 0 ? (1u << 20) : std::min<uint32_t>(1u << 20, 4096u << id[77]);
+  h->max_transfer_ = max_transfer_of(id);
   // The header, then header and records in one read; a GENCTR that moved in
   // between means the log changed while it was read: read it again.
   for (int attempt = 0; attempt < 4; ++attempt) {
@@ -347,6 +352,7 @@ Status NvmeTcpHost::discover(const TcpHostOptions& o, uint64_t* genctr,
       x.adrfam = e[1];
       x.subtype = e[2];
       x.treq = e[3];
+      x.sectype = e[768];
       std::memcpy(&x.portid, e + 4, 2);
       std::memcpy(&x.cntlid, e + 6, 2);
       std::memcpy(&x.asqsz, e + 8, 2);
@@ -378,7 +384,7 @@ Status NvmeTcpHost::connect(const TcpHostOptions& o, std::unique_ptr<NvmeTcpHost
   uint32_t ioccsz;
   std::memcpy(&ioccsz, id + 1792, 4);
   h->icd_bytes_ = ioccsz >= 4 ? ioccsz * 16 - 64 : 0;
-  h->max_transfer_ = id[77] == 0 ? (1u << 20) : std::min<uint32_t>(1u << 20, 4096u << id[77]);
+  h->max_transfer_ = max_transfer_of(id);
   if (Status st = h->identify(kCnsActiveNsList, 0, id, &status); !st.ok() || status != kSuccess)
     return Code::kIoFailed;
   for (size_t i = 0; i < 1024; ++i) {

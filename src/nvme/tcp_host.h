@@ -30,7 +30,7 @@ struct TcpHostOptions {
 
 // One record of a discovery log page (NVMe over Fabrics).
 struct DiscoveryEntry {
-  uint8_t trtype = 0, adrfam = 0, subtype = 0, treq = 0;
+  uint8_t trtype = 0, adrfam = 0, subtype = 0, treq = 0, sectype = 0;  // TSAS SECTYPE (TCP)
   uint16_t portid = 0, cntlid = 0, asqsz = 0;
   std::string trsvcid, subnqn, traddr;
 };
@@ -102,6 +102,7 @@ class NvmeTcpHost {
   NvmeTcpHost() = default;
   Status open_queue(Queue* q, uint16_t qid, uint16_t depth, uint16_t* status);
   Status enable();  // CC.EN with 64/16-byte entries, then CSTS.RDY
+  static uint32_t max_transfer_of(const uint8_t* identify_controller);
   Status read_log(uint8_t lid, uint64_t offset, uint8_t* out, uint32_t len);
   Status send_capsule(Queue& q, const Sqe& cmd, const uint8_t* icd, uint32_t icd_len,
                       bool now = true);

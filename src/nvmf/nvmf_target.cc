@@ -189,21 +189,21 @@ std::vector<uint8_t> NvmfTarget::Impl::discovery_log(const std::string& hostnqn)
       uint16_t portid = 0;
       for (size_t i = 0; i < listeners.size(); ++i)
         if (listeners[i]->key == key) portid = static_cast<uint16_t>(i + 1);
-      std::vector<uint8_t> e(1024, 0);
+      log.resize(log.size() + 1024, 0);
+      uint8_t* e = log.data() + log.size() - 1024;
       e[0] = 3;              // TRTYPE: TCP
       e[1] = 1;              // ADRFAM: IPv4
       e[2] = 2;              // SUBTYPE: an NVM subsystem
       e[3] = 2 | 1u << 2;    // TREQ: secure channel not required; SQ flow control may be off
-      put16(&e[4], portid);  // PORTID
-      put16(&e[6], 0xffff);  // CNTLID: dynamic controllers
-      put16(&e[8], 128);     // ASQSZ: the largest admin queue a Connect may ask
-      std::memset(&e[32], ' ', 32);
-      std::memcpy(&e[32], port.data(), std::min<size_t>(port.size(), 32));
-      std::memcpy(&e[256], nqn.data(), std::min<size_t>(nqn.size(), 255));
-      std::memset(&e[512], ' ', 256);
-      std::memcpy(&e[512], addr.data(), std::min<size_t>(addr.size(), 256));
-      e[768] = 1;  // TSAS.SECTYPE: no security
-      log.insert(log.end(), e.begin(), e.end());
+      put16(e + 4, portid);  // PORTID
+      put16(e + 6, 0xffff);  // CNTLID: dynamic controllers
+      put16(e + 8, 128);     // ASQSZ: the largest admin queue a Connect may ask
+      std::memset(e + 32, ' ', 32);
+      std::memcpy(e + 32, port.data(), std::min<size_t>(port.size(), 32));
+      std::memcpy(e + 256, nqn.data(), std::min<size_t>(nqn.size(), 255));
+      std::memset(e + 512, ' ', 256);
+      std::memcpy(e + 512, addr.data(), std::min<size_t>(addr.size(), 256));
+      // TSAS (768): SECTYPE 0, no security (1 and 2 would announce TLS).
       ++n;
     }
   }

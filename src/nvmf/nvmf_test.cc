@@ -483,6 +483,7 @@ TEST_F(NvmfTest, DiscoveryLogListsTheSubsystemsAddress) {
   EXPECT_EQ(e.adrfam, 1);   // IPv4
   EXPECT_EQ(e.subtype, 2);  // NVM subsystem
   EXPECT_EQ(e.cntlid, 0xffff);
+  EXPECT_EQ(e.sectype, 0) << "no TLS on this listener";
   EXPECT_EQ(e.subnqn, kNqn);
   EXPECT_EQ(e.traddr, "127.0.0.1");
   EXPECT_EQ(e.trsvcid, std::to_string(port_));
