@@ -222,6 +222,7 @@ def main():
             rows += agent_copy_rows(client, conn, prompt, hit_tokens, cfg, shape, n)
         rows.append({"op": "ttft", "device": device, "shape": shape, "prefix_tokens": n,
                      "hit_tokens": hit_tokens, "seconds": median(hit_t), "path": path,
+                     "attention": model.attention,
                      "baseline": "full prefill", "baseline_seconds": median(full),
                      "ratio": median(full) / median(hit_t)})
         rows.append({"op": "save_overhead", "device": device, "shape": shape,
@@ -235,6 +236,10 @@ def main():
                      "baseline": "same-device copy of the same bytes",
                      "baseline_gbps": copy_gbps,
                      "ratio": load_gbps / copy_gbps if copy_gbps else 0.0})
+        print("bench connector: %d-token prefix: first token %.3f s hit / %.3f s prefill "
+              "(%.2fx), save %.2fx, load %.1f GB/s vs copy %.1f" %
+              (n, median(hit_t), median(full), median(full) / median(hit_t),
+               median(saved) / median(plain), load_gbps, copy_gbps), file=sys.stderr, flush=True)
     print(json.dumps({"bench": "connector", "results": rows}, indent=2))
 
 

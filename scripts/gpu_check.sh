@@ -22,7 +22,10 @@
 # test that ran passed. PYTHON names the interpreter (default python3);
 # GPU_CHECK_BENCH=0 leaves the benchmark out; GPU_CHECK_DEVICE=cuda-double runs the
 # Python parts through the CUDA driver test double instead (CI's check of this
-# script, tests/gpu_check_test.sh: not GPU figures).
+# script, tests/gpu_check_test.sh: not GPU figures). GPU_CHECK_LOGS=DIR keeps every
+# log (tests, agents, connector, bench) in DIR. The agent runs with
+# --dma-threads $GPU_CHECK_DMA_THREADS (default 4: the engine threads that also
+# checksum GPU copies); GPU_CHECK_BENCH_ARGS replaces the benchmark's arguments.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 tests=(cuda_driver_test cuda_engine_test gpu_agent_test)
@@ -57,16 +60,21 @@ py=${PYTHON:-python3}
 device=${GPU_CHECK_DEVICE:-cuda}
 tmp=$(mktemp -d)
 agent=""
-trap '[ -n "$agent" ] && kill $agent 2>/dev/null; rm -rf "$tmp"' EXIT
+keep_logs() { [ -z "${GPU_CHECK_LOGS:-}" ] || { mkdir -p "$GPU_CHECK_LOGS" && cp -r "$tmp"/. "$GPU_CHECK_LOGS"/; }; }
+trap '[ -n "$agent" ] && kill $agent 2>/dev/null; keep_logs; rm -rf "$tmp"' EXIT
 rc=0
 for t in "${tests[@]}"; do
-  "$dir/bin/$t" --gtest_output="json:$tmp/$t.json" >"$tmp/$t.log" 2>&1 || rc=1
+  # A limit, so that a wait that never ends on a real driver is a failed test with
+  # its log, not a lost run.
+  timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" "$dir/bin/$t" --gtest_output="json:$tmp/$t.json" \
+    >"$tmp/$t.log" 2>&1 || rc=1
 done
 # An agent of the bundle for the Python parts (a 1 s pin timeout: the connector
 # test lets a lease expire).
 start_agent() {  # memory tier size
   "$dir/bin/dpukv" --log-level warning agent --socket "$tmp/agent.sock" --memory-bytes "$1" \
-    --max-chunk-size 64M --metrics-port 0 --pin-timeout-ms "$2" >"$tmp/agent.log" 2>&1 &
+    --max-chunk-size 64M --metrics-port 0 --pin-timeout-ms "$2" \
+    --dma-threads "${GPU_CHECK_DMA_THREADS:-4}" >>"$tmp/agent.log" 2>&1 &
   agent=$!
   until [ -S "$tmp/agent.sock" ]; do
     kill -0 $agent 2>/dev/null || { echo "the agent exited: $(cat "$tmp/agent.log")" >&2; return 1; }
@@ -75,7 +83,8 @@ start_agent() {  # memory tier size
 }
 stop_agent() { kill $agent 2>/dev/null; wait $agent 2>/dev/null || true; agent=""; rm -f "$tmp/agent.sock"; }
 if start_agent "${GPU_CHECK_AGENT_MEMORY:-1G}" 1000; then
-  DPUKV_TEST_DEVICE=$device DPUKV_TEST_PATH=gpu "$py" "$dir/python/test_connector.py" "$dir/python" \
+  DPUKV_TEST_DEVICE=$device DPUKV_TEST_PATH=gpu timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" \
+    "$py" "$dir/python/test_connector.py" "$dir/python" \
     "$tmp/agent.sock" >"$tmp/connector.log" 2>&1 || rc=1
   stop_agent
 else
@@ -84,8 +93,11 @@ else
 fi
 bench_args=(--shape llama-8b)
 [ "$device" = cuda ] || bench_args=(--device "$device" --shape small --prefixes 256 --reps 1)
+# shellcheck disable=SC2206  # words on purpose
+[ -z "${GPU_CHECK_BENCH_ARGS:-}" ] || bench_args=($GPU_CHECK_BENCH_ARGS)
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && start_agent "${GPU_CHECK_AGENT_MEMORY:-24G}" 30000; then
-  "$py" "$dir/python/bench_connector.py" "$dir/python" "$tmp/agent.sock" "${bench_args[@]}" \
+  timeout "${GPU_CHECK_BENCH_TIMEOUT:-1200}" \
+    "$py" "$dir/python/bench_connector.py" "$dir/python" "$tmp/agent.sock" "${bench_args[@]}" \
     >"$tmp/bench.json" 2>"$tmp/bench.log" || rc=1
   stop_agent
 fi

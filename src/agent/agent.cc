@@ -40,6 +40,11 @@ struct Agent::Batch {
   uint32_t remaining = 0;
   uint64_t start_ns = 0;
   std::vector<uint8_t> status;  // one Code per entry
+  // Entries [next, count) are not yet submitted. While the cache has no request
+  // free the batch waits in stalled_, its unsubmitted entries copied here (the
+  // message they came in is gone by then): entry i is waiting[i - first].
+  uint32_t next = 0, first = 0;
+  std::vector<IoEntry> waiting;
   struct Slot {
     Batch* batch;
     uint32_t index;
@@ -275,8 +280,101 @@ void Agent::reply(Session* s, const AgentHeader& req, Status st, const void* bod
 void Agent::op_done(void* arg, Status st) {
   auto* slot = static_cast<Batch::Slot*>(arg);
   Batch* b = slot->batch;
+  Agent* a = b->agent;
   b->status[slot->index] = static_cast<uint8_t>(st.code());
-  if (--b->remaining == 0) b->agent->finish_batch(b);
+  if (--b->remaining == 0) a->finish_batch(b);
+  // The cache freed this request before calling back: a stalled batch goes on.
+  a->resume_stalled();
+}
+
+// Batches that waited for cache requests, oldest first. Not re-entered: a
+// completion the submission itself causes (a request that fails at once) only
+// frees a request for the loop already running.
+void Agent::resume_stalled() {
+  if (resuming_) return;
+  resuming_ = true;
+  while (!stalled_.empty() && cache_->requests_free() > 0) {
+    Batch* b = stalled_.front();
+    stalled_.pop_front();
+    submit_entries(b, nullptr);
+  }
+  resuming_ = false;
+}
+
+// Submits a store or retrieve batch's entries from b->next on; body holds them
+// from entry 0 when the batch is new (null: they wait in b->waiting). A burst
+// beyond the cache's request pool (a 32k-token prefix is 4,096 chunks) waits for
+// requests to finish rather than failing entries with AGAIN: backpressure, as a
+// DOCA task pool gives it.
+void Agent::submit_entries(Batch* b, const uint8_t* body) {
+  Session* s = b->session;
+  const Op op = static_cast<Op>(b->hdr.op);
+  for (; b->next < b->hdr.count; ++b->next) {
+    const uint32_t i = b->next;
+    IoEntry e;
+    if (body != nullptr)
+      std::memcpy(&e, body + i * sizeof(e), sizeof(e));
+    else
+      e = b->waiting[i - b->first];
+    if (s->gone) {  // its GPU memory is closed and nobody reads the answer
+      b->status[i] = static_cast<uint8_t>(Code::kConnectionReset);
+      --b->remaining;
+      continue;
+    }
+    if (cache_->requests_free() == 0) {
+      if (body != nullptr) {
+        b->waiting.resize(b->hdr.count - i);
+        std::memcpy(b->waiting.data(), body + i * sizeof(e), (b->hdr.count - i) * sizeof(e));
+        b->first = i;
+      }
+      ++counters_.stalled_batches;
+      stalled_.push_back(b);
+      return;
+    }
+    const Status st = submit_entry(s, op, e, &b->slots[i]);
+    if (st.ok()) continue;  // completes through op_done
+    b->status[i] = static_cast<uint8_t>(st.code());
+    --b->remaining;
+  }
+  if (--b->remaining == 0) finish_batch(b);
+}
+
+// One entry of a store or retrieve, checked against what its session may name.
+Status Agent::submit_entry(Session* s, Op op, const IoEntry& e, void* slot) {
+  if ((e.map_id & agent::kGpuMapBit) != 0) {  // the client's GPU memory
+    DeviceRange r;
+    Status st;
+    if (s->model != 0 && e.key.model != s->model) {
+      st = Code::kNotPermitted;
+    } else {
+      st = gpu_->range(s->gpu, e.map_id, e.offset, e.length, &r);
+    }
+    if (st == Code::kNotPermitted) ++counters_.not_permitted;
+    if (!st.ok()) return st;
+    return op == Op::kStore ? cache_->store_device(e.key, r, &Agent::op_done, slot)
+                            : cache_->retrieve_device(e.key, r, &Agent::op_done, slot);
+  }
+  Mmap* m = s->conn->imported_map(e.map_id);
+  Buf* buf = nullptr;
+  Status st;
+  if (s->model != 0 && e.key.model != s->model) {
+    ++counters_.not_permitted;
+    return Code::kNotPermitted;
+  }
+  if (m == nullptr) {
+    ++counters_.not_permitted;
+    return Code::kNotPermitted;  // not memory this client exported
+  }
+  if (e.length == 0 || e.offset > m->length() || e.length > m->length() - e.offset)
+    return Code::kInvalidValue;
+  if (e.length > opts_.cache.max_chunk_bytes && op == Op::kStore) return Code::kTooBig;
+  st = op == Op::kStore ? inv_->get_by_data(m, m->addr() + e.offset, e.length, &buf)
+                        : inv_->get_by_addr(m, m->addr() + e.offset, e.length, &buf);
+  if (!st.ok()) return st;
+  st = op == Op::kStore ? cache_->store(e.key, buf, &Agent::op_done, slot)
+                        : cache_->retrieve(e.key, buf, &Agent::op_done, slot);
+  (void)buf->dec_refcount();  // the cache holds its own reference
+  return st;
 }
 
 void Agent::finish_batch(Batch* b) {
@@ -337,56 +435,19 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
       b->session = s;
       b->hdr = h;
       b->remaining = h.count + 1;  // +1 until every entry is submitted
+      b->next = 0;
       b->start_ns = monotonic_ns();
       ++s->pending;
-      for (uint32_t i = 0; i < h.count; ++i) {
-        IoEntry e;
-        std::memcpy(&e, body + i * sizeof(e), sizeof(e));
-        Status st;
-        if ((e.map_id & agent::kGpuMapBit) != 0) {  // the client's GPU memory
-          DeviceRange r;
-          if (!key_allowed(e.key)) {
-            st = Code::kNotPermitted;
-          } else {
-            st = gpu_->range(s->gpu, e.map_id, e.offset, e.length, &r);
-          }
-          if (st == Code::kNotPermitted) ++counters_.not_permitted;
-          if (st.ok())
-            st = op == Op::kStore
-                     ? cache_->store_device(e.key, r, &Agent::op_done, &b->slots[i])
-                     : cache_->retrieve_device(e.key, r, &Agent::op_done, &b->slots[i]);
-          if (st.ok()) continue;  // completes through op_done
-          b->status[i] = static_cast<uint8_t>(st.code());
-          --b->remaining;
-          continue;
-        }
-        Mmap* m = s->conn->imported_map(e.map_id);
-        Buf* buf = nullptr;
-        if (!key_allowed(e.key)) {
-          st = Code::kNotPermitted;
-          ++counters_.not_permitted;
-        } else if (m == nullptr) {
-          st = Code::kNotPermitted;  // not memory this client exported
-          ++counters_.not_permitted;
-        } else if (e.length == 0 || e.offset > m->length() || e.length > m->length() - e.offset) {
-          st = Code::kInvalidValue;
-        } else if (e.length > opts_.cache.max_chunk_bytes && op == Op::kStore) {
-          st = Code::kTooBig;
-        } else if (op == Op::kStore) {
-          st = inv_->get_by_data(m, m->addr() + e.offset, e.length, &buf);
-        } else {
-          st = inv_->get_by_addr(m, m->addr() + e.offset, e.length, &buf);
-        }
-        if (st.ok()) {
-          st = op == Op::kStore ? cache_->store(e.key, buf, &Agent::op_done, &b->slots[i])
-                                : cache_->retrieve(e.key, buf, &Agent::op_done, &b->slots[i]);
-          (void)buf->dec_refcount();  // the cache holds its own reference
-          if (st.ok()) continue;      // completes through op_done
-        }
-        b->status[i] = static_cast<uint8_t>(st.code());
-        --b->remaining;
+      // Behind batches that already wait for cache requests: first come, first served.
+      if (!stalled_.empty()) {
+        b->waiting.resize(h.count);
+        std::memcpy(b->waiting.data(), body, body_len);
+        b->first = 0;
+        ++counters_.stalled_batches;
+        stalled_.push_back(b);
+        return;
       }
-      if (--b->remaining == 0) finish_batch(b);
+      submit_entries(b, body);
       return;
     }
     case Op::kLookup: {

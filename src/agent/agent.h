@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -50,6 +51,7 @@ struct AgentCounters {
   uint64_t lookups = 0, lookup_keys = 0, lookup_hits = 0;
   uint64_t lookup_remote_hits = 0;  // leading keys a lookup found on other agents
   uint64_t sessions_opened = 0, sessions_closed = 0;
+  uint64_t stalled_batches = 0;  // batches that waited for cache requests
 };
 
 class Agent {
@@ -97,6 +99,9 @@ class Agent {
   void handle(Session* s, const uint8_t* d, uint32_t n);
   void reply(Session* s, const agent::AgentHeader& req, Status st, const void* body, uint32_t len);
   void finish_batch(Batch* b);
+  void submit_entries(Batch* b, const uint8_t* body);
+  Status submit_entry(Session* s, agent::Op op, const agent::IoEntry& e, void* slot);
+  void resume_stalled();
   void release_session(Session* s);
   Status gpu_export(Session* s, const uint8_t* body, uint32_t len, std::string* why);
   // The event feed (SUBSCRIBE/EVENTS): residency changes queued, sent in batches.
@@ -122,6 +127,8 @@ class Agent {
   int metrics_port_ = 0;
   std::vector<std::unique_ptr<Batch>> batches_;
   std::vector<Batch*> free_batches_;
+  std::deque<Batch*> stalled_;  // waiting for cache requests, oldest first
+  bool resuming_ = false;
   AgentCounters counters_;
   std::vector<ChunkKey> lookup_keys_;  // reserved for the largest message
   std::vector<Session*> subscribers_;

@@ -372,6 +372,49 @@ TEST_F(AgentTest, AsynchronousSubmitThenWait) {
   EXPECT_EQ(c->poll(tr, &done), Code::kNotFound);  // collected already
 }
 
+// A batch larger than the cache's request pool (a 32k-token prefix is 4,096 chunk
+// copies at once) waits for requests to finish instead of failing entries with
+// AGAIN; a batch that comes while another waits queues behind it.
+TEST_F(AgentTest, BatchesBeyondTheRequestPoolWaitInsteadOfFailing) {
+  start_agent(false, 0, {"--max-requests", "8"});
+  auto c = client();
+  Staging s;
+  ASSERT_TRUE(c->alloc_staging(16 << 20, &s).ok());
+  const KeyContext ctx{model_id("burst"), 1, 0, 0};
+  constexpr uint32_t kN = 400, kLen = 32 << 10;
+  std::vector<ChunkKey> keys;
+  std::vector<uint64_t> offs, lens;
+  for (uint32_t i = 0; i < kN; ++i) {
+    keys.push_back(key_from_block_id(ctx, i));
+    offs.push_back(uint64_t{i} * kLen);
+    lens.push_back(kLen);
+    for (uint32_t at = 0; at < kLen; at += 512)
+      s.data[offs[i] + at] = static_cast<uint8_t>(i * 7 + at);
+  }
+  std::vector<Status> a(kN / 2), b(kN / 2);
+  Client::Ticket ta, tb;
+  ASSERT_TRUE(
+      c->submit_store(s, keys.data(), offs.data(), lens.data(), kN / 2, a.data(), &ta).ok());
+  ASSERT_TRUE(c->submit_store(s, keys.data() + kN / 2, offs.data() + kN / 2, lens.data() + kN / 2,
+                              kN / 2, b.data(), &tb)
+                  .ok());
+  EXPECT_TRUE(c->wait(ta).ok());
+  EXPECT_TRUE(c->wait(tb).ok());
+  for (const auto* v : {&a, &b})
+    for (Status x : *v) EXPECT_EQ(x, Code::kSuccess);
+  std::memset(s.data, 0, uint64_t{kN} * kLen);
+  std::vector<Status> r(kN);
+  ASSERT_TRUE(c->retrieve(s, keys.data(), offs.data(), lens.data(), kN, r.data()).ok());
+  for (uint32_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(r[i], Code::kSuccess) << i;
+    for (uint32_t at = 0; at < kLen; at += 512)
+      ASSERT_EQ(s.data[offs[i] + at], static_cast<uint8_t>(i * 7 + at)) << i << " " << at;
+  }
+  std::string stats;
+  ASSERT_TRUE(c->stats_json(&stats).ok());
+  EXPECT_EQ(stats.find("\"stalled_batches\":0"), std::string::npos) << stats;
+}
+
 // An inference process may not touch the cache for a while: its session must
 // survive several heartbeat timeouts' worth of silence from its own thread.
 TEST_F(AgentTest, IdleClientKeepsItsSession) {

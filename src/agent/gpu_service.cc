@@ -29,6 +29,10 @@ GpuService::GpuService(ProgressEngine* pe, CacheEngine* cache, const GpuServiceO
   }
   CudaEngineOptions eo;
   eo.driver_library = o.driver_library;
+  // An event for every request the cache can have in flight, as the DMA engine
+  // has a task for each: a copy never finds the engine full.
+  eo.max_inflight = cache->options().max_requests;
+  eo.hash_threads = o.hash_threads;
   std::string why;
   std::unique_ptr<CudaEngine> e;
   Status st = CudaEngine::create(pe, eo, &e, &why);

@@ -28,6 +28,7 @@ struct GpuServiceOptions {
   bool enabled = true;         // false: never load a driver (`--no-gpu`)
   std::string driver_library;  // empty: DPUKV_CUDA_DRIVER, else libcuda.so.1
   uint32_t max_exports = 64;   // GPU exports one session may hold
+  uint32_t hash_threads = 1;   // the CUDA engine's checksum threads (--dma-threads)
 };
 
 class GpuService {

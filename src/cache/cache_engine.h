@@ -128,6 +128,9 @@ class CacheEngine final : public Context {
   // runs on host bytes); an encoded chunk is NOT_SUPPORTED for retrieve_device,
   // and the caller falls back to a host buffer. NOT_SUPPORTED: no copier.
   void set_device_copier(DeviceCopier* c) { device_ = c; }
+  // Requests accept() can still take (of CacheOptions::max_requests).
+  size_t requests_free() const { return free_requests_.size(); }
+  const CacheOptions& options() const { return opts_; }
   Status store_device(const ChunkKey& key, const DeviceRange& src, DoneCb cb, void* arg);
   Status retrieve_device(const ChunkKey& key, const DeviceRange& dst, DoneCb cb, void* arg);
   // Brings a disk-only chunk into memory ahead of a retrieve.

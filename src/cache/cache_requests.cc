@@ -1,13 +1,13 @@
 #include "cache/cache_engine_internal.h"
 
 #include <sys/epoll.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
 
+#include "runtime/chunk_checksum.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -262,7 +262,7 @@ void CacheEngine::after_encode(Request* r, Status st, uint64_t out_len) {
   }
   // Keep the encode slot.
   en.stored = out_len;
-  complete_store(r, XXH3_64bits(static_cast<uint8_t*>(arena_->data()) + big, out_len));
+  complete_store(r, chunk_checksum(static_cast<uint8_t*>(arena_->data()) + big, out_len));
 }
 
 void CacheEngine::complete_store(Request* r, uint64_t cs) {
@@ -332,16 +332,18 @@ void CacheEngine::begin_retrieve_request(Request* r, uint64_t room) {
 }
 
 // Arena <-> device memory on the copier. The checksum the cache keeps is of the
-// arena's bytes: a store hashes them once they landed (device_done), a retrieve
-// while the copy runs (the chunk cannot change under its reader).
+// arena's bytes, and the copier takes it as it copies (off this thread, as the DMA
+// engine does): a store's once they landed, a retrieve's while the copy runs (the
+// chunk cannot change under its reader). Device chunks are never encoded, so the
+// bytes copied are the bytes stored.
 Status CacheEngine::start_device_copy(Request* r, bool to_device) {
   Entry& en = entries_[static_cast<size_t>(r->entry)];
+  if (en.stored != en.size) return Code::kNotSupported;
   uint8_t* host = static_cast<uint8_t*>(arena_->data()) + en.mem_off;
   DPUKV_RETURN_IF_ERROR(device_->copy(r->dev.region, r->dev.offset, host, en.size, to_device,
-                                      &CacheEngine::device_done, r));
+                                      &r->result_value, &CacheEngine::device_done, r));
   ++engine_ops_;
   set_state(r, Request::State::kDma);
-  if (to_device) r->result_value = XXH3_64bits(host, en.stored);
   return Code::kSuccess;
 }
 
@@ -349,11 +351,6 @@ void CacheEngine::device_done(void* arg, Status st) {
   auto* r = static_cast<Request*>(arg);
   CacheEngine* self = r->owner;
   r->result = st;
-  if (r->kind == Request::Kind::kStore && st.ok()) {
-    const Entry& en = self->entries_[static_cast<size_t>(r->entry)];
-    r->result_value =
-        XXH3_64bits(static_cast<uint8_t*>(self->arena_->data()) + en.mem_off, en.stored);
-  }
   --self->engine_ops_;
   self->advance(r);
   self->retry_waiting();
@@ -579,7 +576,8 @@ void CacheEngine::after_reload(Request* r, Status st) {
   retry_waiting();
   if (r->kind == Request::Kind::kPrefetch) {
     // No DMA follows to check the bytes: hash them here.
-    if (XXH3_64bits(static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.stored) != en.checksum) {
+    if (chunk_checksum(static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.stored) !=
+        en.checksum) {
       ++st_.checksum_failures;
       LOG_WARN(
           "cache: chunk %016llx:%016llx read back from disk offset %llu failed its checksum; "

@@ -2,9 +2,8 @@
 // (locate), taking in a chunk another party wrote into the arena (ingest), and
 // telling a listener which chunks are present. How bytes travel between agents
 // (UCX, a PD push) lives in src/cluster; the cache never includes it.
-#include <xxhash.h>
-
 #include "cache/cache_engine_internal.h"
+#include "runtime/chunk_checksum.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -78,8 +77,8 @@ Status CacheEngine::end_ingest(const ChunkKey& key, bool bytes_ok) {
   Entry& en = entries_[static_cast<size_t>(e)];
   en.ingesting = false;
   en.loading = false;
-  const bool same = bytes_ok && XXH3_64bits(static_cast<uint8_t*>(arena_->data()) + en.mem_off,
-                                            en.stored) == en.checksum;
+  const bool same = bytes_ok && chunk_checksum(static_cast<uint8_t*>(arena_->data()) + en.mem_off,
+                                               en.stored) == en.checksum;
   if (!same) {
     if (bytes_ok) {
       ++st_.checksum_failures;

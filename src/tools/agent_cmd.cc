@@ -10,6 +10,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
@@ -81,6 +83,7 @@ struct Settings {
       {"max_chunk_size", nullptr, Kind::kBytes, 0, nullptr, "64M", ""},
       {"max_chunks", nullptr, Kind::kCount, 1u << 30, nullptr, "0", ""},
       {"dma_threads", nullptr, Kind::kCount, 64, nullptr, "1", ""},
+      {"max_requests", nullptr, Kind::kCount, 1u << 20, nullptr, "1024", ""},
       {"compress", nullptr, Kind::kBool, 0, nullptr, "false", ""},
       {"eviction", nullptr, Kind::kChoice, 0, "lru|s3fifo", "lru", ""},
       {"metrics_port", "DPUKV_METRICS_PORT", Kind::kPort, 0, nullptr, "9464", ""},
@@ -429,6 +432,11 @@ int run_agent(Settings st, const std::string& config) {
       return 2;
     }
   }
+  if (as_u64(&st, "max_requests") == 0) {
+    std::cerr << "dpukv agent: " << where(st.at("max_requests")) << ": must be at least 1\n";
+    return 2;
+  }
+  o.cache.max_requests = static_cast<uint32_t>(as_u64(&st, "max_requests"));
   if (as_u64(&st, "dma_threads") == 0) {
     std::cerr << "dpukv agent: " << where(st.at("dma_threads")) << ": must be 1-64\n";
     return 2;
@@ -486,6 +494,12 @@ int run_agent(Settings st, const std::string& config) {
   o.cache.compress = as_bool(&st, "compress");
   o.gpu.enabled = st.at("gpu").value != "off";
   o.gpu.driver_library = st.at("cuda_driver").value;
+  // The GPU copies' checksums need more than a core where one core's DRAM bandwidth
+  // trails the GPU's link (6 GB/s against 55 on the H200 machine): at least
+  // min(4, CPUs / 4) threads, more with --dma-threads.
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  o.gpu.hash_threads = std::max<uint32_t>(o.cache.dma.num_threads,
+                                          static_cast<uint32_t>(std::clamp(cpus / 4, 1L, 4L)));
   if (CacheEngine::slot_bytes(o.cache) > mem) {
     std::cerr << "dpukv agent: with compress, a chunk of max_chunk_size (" << mib(max_chunk)
               << ") first takes a slot of the codec's worst case ("
@@ -722,7 +736,12 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
       {"--nvme-tier-nqn", "nvme_tier_nqn", "Subsystem NQN of the NVMe tier"},
       {"--max-chunk-size", "max_chunk_size", "Largest chunk (K/M/G; default 64M)"},
       {"--max-chunks", "max_chunks", "Index capacity in chunks (default: tiers / 16 KiB)"},
-      {"--dma-threads", "dma_threads", "DMA engine threads (1-64; default 1)"},
+      {"--dma-threads", "dma_threads",
+       "Software engine threads: the DMA engine's (1-64; default 1); GPU copies are "
+       "checksummed on as many, and at least min(4, CPUs / 4)"},
+      {"--max-requests", "max_requests",
+       "Chunk stores and retrieves in flight in the cache; a larger batch waits for room "
+       "(default 1024)"},
       {"--eviction", "eviction", "Eviction policy: lru or s3fifo (default lru)"},
       {"--metrics-port", "metrics_port", "Prometheus metrics port (0: off; default 9464)"},
       {"--metrics-address", "metrics_address",

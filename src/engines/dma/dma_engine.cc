@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include "runtime/buf_checks.h"
+#include "runtime/chunk_checksum.h"
 #include "runtime/log.h"
 #include "runtime/mmap.h"
 
@@ -33,7 +34,7 @@ void DmaEngine::execute(DmaMemcpyTask* t, bool flushing, void* self, uint32_t /*
     while (d->tail_room() == 0) d = d->next();
     size_t n = s_left < d->tail_room() ? s_left : d->tail_room();
     if (t->want_checksum_ && n > kPiece) n = kPiece;
-    if (t->want_checksum_) XXH3_64bits_update(&hs, s->data() + s_off, n);
+    if (t->want_checksum_) chunk_checksum_update(&hs, s->data() + s_off, n);
     copy.pick(n)(d->data() + d->data_len(), s->data() + s_off, n);
     (void)d->set_data_len(d->data_len() + n);
     s_off += n;

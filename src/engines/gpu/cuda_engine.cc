@@ -1,18 +1,24 @@
 #include "engines/gpu/cuda_engine.h"
 
+#include <cstdlib>
 #include <cstring>
 
+#include "runtime/chunk_checksum.h"
 #include "runtime/log.h"
 
 namespace dpukv {
 
 using namespace cuda;  // NOLINT(google-build-using-namespace): the driver's names
 
-CudaEngine::CudaEngine(ProgressEngine* pe, const CudaEngineOptions& o) : Context(pe), opts_(o) {}
+CudaEngine::CudaEngine(ProgressEngine* pe, const CudaEngineOptions& o) : Context(pe), opts_(o) {
+  const char* e = std::getenv("DPUKV_CUDA_HASH_FIRST");  // EXPERIMENT: removed before landing
+  hash_first_ = e != nullptr && *e == '1';
+}
 
 Status CudaEngine::create(ProgressEngine* pe, const CudaEngineOptions& o,
                           std::unique_ptr<CudaEngine>* out, std::string* why) {
-  if (pe == nullptr || out == nullptr || o.streams == 0 || o.max_inflight == 0)
+  if (pe == nullptr || out == nullptr || o.streams == 0 || o.max_inflight == 0 ||
+      o.hash_threads == 0 || o.hash_threads > 64)
     return Code::kInvalidValue;
   std::unique_ptr<CudaEngine> e(new CudaEngine(pe, o));
   DPUKV_RETURN_IF_ERROR(o.driver_library.empty()
@@ -39,14 +45,15 @@ Status CudaEngine::create(ProgressEngine* pe, const CudaEngineOptions& o,
 }
 
 CudaEngine::~CudaEngine() {
+  hashers_.stop();
   if (!drv_) return;
   (void)drv_->ctx_set_current(ctx_);
   for (Stream& s : streams_) {
     if (s.s != nullptr) (void)drv_->stream_synchronize(s.s);
-    for (Copy& c : s.copies) (void)drv_->event_destroy(c.event);
     if (s.s != nullptr) (void)drv_->stream_destroy(s.s);
   }
-  for (CUevent e : free_events_) (void)drv_->event_destroy(e);
+  for (Copy& c : copies_)
+    if (c.event != nullptr) (void)drv_->event_destroy(c.event);
   for (auto& [id, r] : regions_) (void)drv_->ipc_close_mem_handle(r.base);
   if (host_ != nullptr) (void)drv_->mem_host_unregister(host_);
   if (ctx_ != nullptr) (void)drv_->primary_ctx_release(dev_);
@@ -57,21 +64,51 @@ Status CudaEngine::do_start() {
   streams_.resize(opts_.streams);
   for (Stream& s : streams_)
     if (drv_->stream_create(&s.s, kStreamNonBlocking) != kCudaSuccess) return Code::kDriver;
-  free_events_.resize(opts_.max_inflight);
-  for (CUevent& e : free_events_)
-    if (drv_->event_create(&e, kEventDisableTiming) != kCudaSuccess) return Code::kDriver;
-  return Code::kSuccess;
+  copies_.resize(opts_.max_inflight);
+  free_copies_.reserve(opts_.max_inflight);
+  for (Copy& c : copies_) {
+    if (drv_->event_create(&c.event, kEventDisableTiming) != kCudaSuccess) return Code::kDriver;
+    free_copies_.push_back(&c);
+  }
+  EngineWorkersOptions wo;
+  wo.num_threads = opts_.hash_threads;
+  wo.sq_depth = opts_.max_inflight;  // every copy may wait for its hash at once
+  wo.cq_depth = opts_.max_inflight;
+  return hashers_.start(wo, &CudaEngine::hash, this, pe());
 }
 
 void CudaEngine::do_stop() {}
 
 bool CudaEngine::drained() {
   poll();
-  return inflight_ == 0;
+  if (inflight_ != 0) return false;
+  hashers_.stop();
+  return true;
 }
 
 bool CudaEngine::arm_notification() {
   return inflight_ != 0;  // events are polled: keep the engine turning while copies run
+}
+
+// On a hash thread. flushing (the engine stops): the copy ends without its sum.
+void CudaEngine::hash(Copy* c, bool flushing, void* /*self*/, uint32_t /*worker*/) {
+  if (flushing) {
+    c->status = Code::kShutdown;
+    return;
+  }
+  c->hash = chunk_checksum(c->host, c->bytes);
+}
+
+// The copy owes a hash: to a hash thread (whose ring holds every copy in flight).
+void CudaEngine::start_hash(Copy* c) {
+  if (!hashers_.submit(c)) {  // cannot happen with the rings sized as above; still correct
+    c->hash = chunk_checksum(c->host, c->bytes);
+    hashed(c);
+  }
+}
+
+void CudaEngine::arrive(Copy* c) {
+  if (--c->owed == 0) finish(c);
 }
 
 Status CudaEngine::register_host(void* p, uint64_t bytes, std::string* why) {
@@ -150,7 +187,7 @@ Status CudaEngine::release(uint64_t id) {
 }
 
 Status CudaEngine::copy(uint64_t region, uint64_t offset, void* host, uint64_t bytes, bool to_gpu,
-                        CopyCb cb, void* arg) {
+                        uint64_t* checksum, CopyCb cb, void* arg) {
   if (state() != CtxState::kRunning) return Code::kBadState;
   if (!broken_.empty()) return Code::kNotSupported;
   auto it = regions_.find(region);
@@ -160,20 +197,35 @@ Status CudaEngine::copy(uint64_t region, uint64_t offset, void* host, uint64_t b
   if (bytes == 0 || offset > r.bytes || bytes > r.bytes - offset || host_ == nullptr || h < h0 ||
       h - h0 > host_bytes_ || bytes > host_bytes_ - (h - h0))
     return Code::kInvalidValue;
-  if (free_events_.empty()) return Code::kAgain;
-  (void)drv_->ctx_set_current(ctx_);
-  Stream& s = streams_[next_stream_++ % streams_.size()];
-  const CUdeviceptr dev = r.base + r.offset + offset;
-  CUresult res = to_gpu ? drv_->memcpy_htod_async(dev, host, bytes, s.s)
-                        : drv_->memcpy_dtoh_async(host, dev, bytes, s.s);
-  CUevent ev = free_events_.back();
-  if (res == kCudaSuccess) res = drv_->event_record(ev, s.s);
-  if (res != kCudaSuccess) {
-    ++counters_.failed;
-    return Driver::to_status(res);
+  if (free_copies_.empty()) return Code::kAgain;
+  Copy* c = free_copies_.back();
+  c->region = region;
+  c->cb = cb;
+  c->arg = arg;
+  c->dev = r.base + r.offset + offset;
+  c->host = static_cast<uint8_t*>(host);
+  c->bytes = bytes;
+  c->checksum = checksum;
+  c->status = Code::kSuccess;
+  c->to_gpu = to_gpu;
+  c->owed = 1;
+  if (checksum != nullptr && to_gpu && hash_first_) {
+    // Hashed first, copied once the hash is back (poll): the GPU then reads the
+    // chunk from the CPU's cache instead of memory a second time.
+    if (!hashers_.submit(c)) return Code::kAgain;
+    c->issued = false;
+  } else {
+    const Status st = issue(c);
+    if (!st.ok()) {
+      ++counters_.failed;
+      return st;
+    }
+    if (checksum != nullptr && to_gpu) {  // the source cannot change while it is read
+      ++c->owed;
+      start_hash(c);
+    }
   }
-  free_events_.pop_back();
-  s.copies.push_back(Copy{ev, region, cb, arg});
+  free_copies_.pop_back();
   ++it->second.inflight;
   ++inflight_;
   ++counters_.copies;
@@ -181,38 +233,77 @@ Status CudaEngine::copy(uint64_t region, uint64_t offset, void* host, uint64_t b
   return Code::kSuccess;
 }
 
-// A copy is done with st: its region, its event, its callback (which may issue
-// new copies).
-void CudaEngine::finish(const Copy& c, Status st) {
-  free_events_.push_back(c.event);
+// The copy on the next stream, followed by its event.
+Status CudaEngine::issue(Copy* c) {
+  (void)drv_->ctx_set_current(ctx_);
+  Stream& s = streams_[next_stream_++ % streams_.size()];
+  CUresult res = c->to_gpu ? drv_->memcpy_htod_async(c->dev, c->host, c->bytes, s.s)
+                           : drv_->memcpy_dtoh_async(c->host, c->dev, c->bytes, s.s);
+  if (res == kCudaSuccess) res = drv_->event_record(c->event, s.s);
+  if (res != kCudaSuccess) return Driver::to_status(res);
+  c->issued = true;
+  s.copies.push_back(c);
+  return Code::kSuccess;
+}
+
+// A hash is back: a copy to the GPU that waited for it goes now; else the copy
+// owes one completion less.
+void CudaEngine::hashed(Copy* c) {
+  if (c->issued || !c->status.ok()) {
+    arrive(c);
+    return;
+  }
+  const Status st = issue(c);
+  if (!st.ok()) {
+    c->status = st;
+    arrive(c);
+  }
+}
+
+// A copy is done (its event and, if asked, its hash): its slot, its region, its
+// callback (which may issue new copies).
+void CudaEngine::finish(Copy* c) {
+  const Status st = c->status;
+  if (st.ok() && c->checksum != nullptr) *c->checksum = c->hash;
+  const CopyCb cb = c->cb;
+  void* const arg = c->arg;
+  const uint64_t region = c->region;
+  free_copies_.push_back(c);
   --inflight_;
-  auto it = regions_.find(c.region);
+  auto it = regions_.find(region);
   if (it != regions_.end() && --it->second.inflight == 0 && it->second.closing)
-    close_region(c.region);
+    close_region(region);
   if (!st.ok()) ++counters_.failed;
-  c.cb(c.arg, st);
+  cb(arg, st);
 }
 
 size_t CudaEngine::poll() {
   if (inflight_ == 0) return 0;
   size_t n = 0;
+  Copy* hashed[64];
+  for (size_t k; (k = hashers_.poll(hashed, 64)) != 0; n += k)
+    for (size_t i = 0; i < k; ++i) this->hashed(hashed[i]);
   (void)drv_->ctx_set_current(ctx_);
   for (Stream& s : streams_) {
     while (!s.copies.empty()) {
-      const CUresult r = drv_->event_query(s.copies.front().event);
+      const CUresult r = drv_->event_query(s.copies.front()->event);
       if (r == kCudaErrorNotReady) break;
       ++n;
       if (r == kCudaSuccess) {
-        const Copy c = s.copies.front();
+        Copy* c = s.copies.front();
         s.copies.pop_front();
-        finish(c, Code::kSuccess);
+        if (c->checksum != nullptr && !c->to_gpu) {
+          start_hash(c);  // the bytes landed: the hash is what it owes now
+          continue;
+        }
+        arrive(c);
         continue;
       }
       // The GPU failed a copy: it and everything after it on this stream fail; the
       // stream is replaced (CUDA's errors stick to it), or the engine stops. The
       // callbacks run after the replacement: a copy they issue goes on a live stream.
       LOG_ERR("cuda engine: a copy failed: %s", drv_->error_name(r).c_str());
-      std::deque<Copy> failed;
+      std::deque<Copy*> failed;
       failed.swap(s.copies);
       (void)drv_->stream_destroy(s.s);
       s.s = nullptr;
@@ -224,7 +315,11 @@ size_t CudaEngine::poll() {
                   "): GPU copies are off until the agent restarts";
         LOG_ERR("cuda engine: %s", broken_.c_str());
       }
-      for (const Copy& c : failed) finish(c, Driver::to_status(r));
+      // A copy to the GPU whose hash still runs finishes when the hash comes back.
+      for (Copy* c : failed) {
+        c->status = Driver::to_status(r);
+        arrive(c);
+      }
       break;
     }
   }

@@ -14,6 +14,12 @@
 // a new stream for the next ones, and if the driver refuses that (a context the
 // error poisoned, as CUDA's sticky errors do), it stops taking GPU copies and says
 // why, while the agent goes on serving host memory.
+//
+// A copy may also checksum the host bytes (xxh3-64), as a DMA engine with a CRC
+// offload does: on the engine's hash threads, never on the progress thread, which
+// would otherwise hash every byte the GPU moves (XXH3 runs at 13-25 GB/s a core;
+// the GPU's link at 55). A copy to the GPU is hashed while it runs, a copy from the
+// GPU once its bytes landed.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +32,7 @@
 #include "engines/device_copier.h"
 #include "runtime/context.h"
 #include "runtime/cuda_driver.h"
+#include "runtime/engine_workers.h"
 
 namespace dpukv {
 
@@ -33,6 +40,7 @@ struct CudaEngineOptions {
   std::string driver_library;  // empty: DPUKV_CUDA_DRIVER, else libcuda.so.1
   uint32_t streams = 4;
   uint32_t max_inflight = 256;  // copies in flight over all streams
+  uint32_t hash_threads = 1;    // threads that checksum copies (copy(..., checksum))
 };
 
 // A GPU range a client exports: the IPC handle of its allocation, the device's
@@ -63,11 +71,12 @@ class CudaEngine final : public Context, public DeviceCopier {
   // copies in flight have finished.
   Status release(uint64_t id);
 
-  // host -> region (to_gpu) or region -> host; cb(arg, status) from poll().
+  // host -> region (to_gpu) or region -> host; cb(arg, status) from poll(), with
+  // *checksum (when not null) set to the host bytes' xxh3-64 before cb runs.
   // INVALID_VALUE: outside the region or the registered host memory; AGAIN: too
   // many copies in flight; NOT_SUPPORTED: the engine stopped taking copies.
-  Status copy(uint64_t region, uint64_t offset, void* host, uint64_t bytes, bool to_gpu, CopyCb cb,
-              void* arg) override;
+  Status copy(uint64_t region, uint64_t offset, void* host, uint64_t bytes, bool to_gpu,
+              uint64_t* checksum, CopyCb cb, void* arg) override;
   // The region's bytes (0: no such region): what a request may name in it.
   uint64_t region_bytes(uint64_t id) const;
   // The device's UUID and ordinal this engine copies to.
@@ -89,15 +98,25 @@ class CudaEngine final : public Context, public DeviceCopier {
     uint32_t inflight = 0;
     bool closing = false;
   };
+  // A slot of copies_, with its event; also the hash threads' task.
   struct Copy {
-    cuda::CUevent event;
-    uint64_t region;
-    CopyCb cb;
-    void* arg;
+    cuda::CUevent event = nullptr;
+    uint64_t region = 0;
+    CopyCb cb = nullptr;
+    void* arg = nullptr;
+    cuda::CUdeviceptr dev = 0;
+    uint8_t* host = nullptr;
+    uint64_t bytes = 0;
+    uint64_t* checksum = nullptr;  // the caller's: set from hash before cb
+    uint64_t hash = 0;             // a hash thread's result
+    Status status;
+    uint8_t owed = 0;  // completions still to come: the GPU's event, the hash
+    bool to_gpu = false;
+    bool issued = false;  // on a stream (a copy to the GPU may wait for its hash first)
   };
   struct Stream {
     cuda::CUstream s = nullptr;
-    std::deque<Copy> copies;  // in issue order: each one's event finishes after the last's
+    std::deque<Copy*> copies;  // in issue order: each one's event finishes after the last's
   };
 
   CudaEngine(ProgressEngine* pe, const CudaEngineOptions& o);
@@ -106,7 +125,12 @@ class CudaEngine final : public Context, public DeviceCopier {
   bool drained() override;
   size_t poll() override;
   bool arm_notification() override;
-  void finish(const Copy& c, Status st);
+  static void hash(Copy* c, bool flushing, void* self, uint32_t worker);
+  void start_hash(Copy* c);
+  void hashed(Copy* c);
+  Status issue(Copy* c);
+  void arrive(Copy* c);
+  void finish(Copy* c);
   void close_region(uint64_t id);
 
   CudaEngineOptions opts_;
@@ -115,7 +139,10 @@ class CudaEngine final : public Context, public DeviceCopier {
   cuda::CUcontext ctx_ = nullptr;
   uint8_t uuid_[16] = {};
   std::vector<Stream> streams_;
-  std::vector<cuda::CUevent> free_events_;
+  std::vector<Copy> copies_;  // max_inflight slots
+  std::vector<Copy*> free_copies_;
+  EngineWorkers<Copy> hashers_;
+  bool hash_first_ = false;
   uint32_t next_stream_ = 0, inflight_ = 0;
   void* host_ = nullptr;
   uint64_t host_bytes_ = 0;

@@ -8,6 +8,8 @@
 // scripts/gpu_check.sh runs this test against NVIDIA's driver (DPUKV_CUDA_DRIVER).
 #include "engines/gpu/cuda_engine.h"
 
+#include <xxhash.h>
+
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -127,13 +129,14 @@ class CudaEngineTest : public ::testing::Test {
     }
   }
   // One copy, progressed to its completion (a minute at most); its status.
-  Status copy(uint64_t region, uint64_t off, uint8_t* host, uint64_t n, bool to_gpu) {
+  Status copy(uint64_t region, uint64_t off, uint8_t* host, uint64_t n, bool to_gpu,
+              uint64_t* sum = nullptr) {
     struct R {
       bool done = false;
       Status st;
     } r;
     Status s = e_->copy(
-        region, off, host, n, to_gpu,
+        region, off, host, n, to_gpu, sum,
         [](void* a, Status st) {
           static_cast<R*>(a)->done = true;
           static_cast<R*>(a)->st = st;
@@ -162,19 +165,26 @@ TEST_F(CudaEngineTest, CopiesIntoAndOutOfAClientsGpuMemoryByteForByte) {
   for (uint64_t off : {uint64_t{0}, uint64_t{1}, uint64_t{4095}, uint64_t{1000003}}) {
     const uint64_t n = d.bytes - off - off % 7;
     std::memset(host_.data(), 0, host_.size());
-    ASSERT_TRUE(copy(id, off, host_.data() + 3, n, false).ok()) << off;
+    uint64_t sum = 0;  // of the bytes that landed
+    ASSERT_TRUE(copy(id, off, host_.data() + 3, n, false, &sum).ok()) << off;
     for (uint64_t i = 0; i < n; ++i)
       ASSERT_EQ(host_[3 + i], client_byte(d.offset + off + i)) << "offset " << off << " byte " << i;
+    EXPECT_EQ(sum, XXH3_64bits(host_.data() + 3, n)) << off;
   }
   // host -> GPU: the client reads the agent's bytes in its own memory.
   for (uint64_t i = 0; i < d.bytes; ++i) host_[i + 17] = agent_byte(d.offset + i);
-  ASSERT_TRUE(copy(id, 0, host_.data() + 17, d.bytes, true).ok());
+  uint64_t sum = 0;
+  ASSERT_TRUE(copy(id, 0, host_.data() + 17, d.bytes, true, &sum).ok());
   EXPECT_TRUE(c.check(d.offset, d.bytes));
-  // Many copies in flight over the streams, completed out of the engine's order.
+  EXPECT_EQ(sum, XXH3_64bits(host_.data() + 17, d.bytes));
+  // Many copies in flight over the streams, completed out of the engine's order;
+  // every other one also checksums what landed, on the hash threads.
   std::vector<Status> st(48, Code::kInProgress);
+  std::vector<uint64_t> sums(st.size(), 0);
   for (size_t k = 0; k < st.size(); ++k)
     ASSERT_TRUE(e_->copy(
                       id, k * 4096, host_.data() + (4 << 20) + k * 4096, 4096, false,
+                      k % 2 ? &sums[k] : nullptr,
                       [](void* a, Status s) { *static_cast<Status*>(a) = s; }, &st[k])
                     .ok());
   EXPECT_EQ(e_->inflight(), st.size());
@@ -184,6 +194,7 @@ TEST_F(CudaEngineTest, CopiesIntoAndOutOfAClientsGpuMemoryByteForByte) {
     ASSERT_TRUE(st[k].ok()) << k;
     for (uint64_t i = 0; i < 4096; i += 511)
       ASSERT_EQ(host_[(4 << 20) + k * 4096 + i], agent_byte(d.offset + k * 4096 + i));
+    EXPECT_EQ(sums[k], k % 2 ? XXH3_64bits(host_.data() + (4 << 20) + k * 4096, 4096) : 0) << k;
   }
   EXPECT_TRUE(e_->release(id).ok());
   EXPECT_EQ(e_->regions(), 0u);
@@ -227,6 +238,14 @@ TEST_F(CudaEngineTest, BadImportsAndCopiesAreRefusedAndTheEngineGoesOn) {
   EXPECT_EQ(copy(id, 0, host_.data(), 4096, false), Code::kIoFailed);
   EXPECT_EQ(e_->counters().streams_replaced, 1u);
   EXPECT_TRUE(e_->broken().empty());
+  // A failed copy to the GPU whose hash runs beside it fails once both are back,
+  // and leaves the caller's checksum alone.
+  ASSERT_TRUE(inject("copy_once"));
+  uint64_t sum = 42;
+  EXPECT_EQ(copy(id, 0, host_.data(), 4096, true, &sum), Code::kIoFailed);
+  EXPECT_EQ(sum, 42u);
+  EXPECT_EQ(e_->counters().streams_replaced, 2u);
+  EXPECT_EQ(e_->inflight(), 0u);
   for (int k = 0; k < 6; ++k) EXPECT_TRUE(copy(id, 0, host_.data(), 4096, false).ok()) << k;
   EXPECT_EQ(host_[100], client_byte(100));
   // The client is killed: its region is released; the engine serves another client.
