@@ -1,6 +1,5 @@
 #include "engines/gpu/cuda_engine.h"
 
-#include <cstdlib>
 #include <cstring>
 
 #include "runtime/chunk_checksum.h"
@@ -10,10 +9,7 @@ namespace dpukv {
 
 using namespace cuda;  // NOLINT(google-build-using-namespace): the driver's names
 
-CudaEngine::CudaEngine(ProgressEngine* pe, const CudaEngineOptions& o) : Context(pe), opts_(o) {
-  const char* e = std::getenv("DPUKV_CUDA_HASH_FIRST");  // EXPERIMENT: removed before landing
-  hash_first_ = e != nullptr && *e == '1';
-}
+CudaEngine::CudaEngine(ProgressEngine* pe, const CudaEngineOptions& o) : Context(pe), opts_(o) {}
 
 Status CudaEngine::create(ProgressEngine* pe, const CudaEngineOptions& o,
                           std::unique_ptr<CudaEngine>* out, std::string* why) {
@@ -103,7 +99,7 @@ void CudaEngine::hash(Copy* c, bool flushing, void* /*self*/, uint32_t /*worker*
 void CudaEngine::start_hash(Copy* c) {
   if (!hashers_.submit(c)) {  // cannot happen with the rings sized as above; still correct
     c->hash = chunk_checksum(c->host, c->bytes);
-    hashed(c);
+    arrive(c);
   }
 }
 
@@ -209,27 +205,20 @@ Status CudaEngine::copy(uint64_t region, uint64_t offset, void* host, uint64_t b
   c->status = Code::kSuccess;
   c->to_gpu = to_gpu;
   c->owed = 1;
-  if (checksum != nullptr && to_gpu && hash_first_) {
-    // Hashed first, copied once the hash is back (poll): the GPU then reads the
-    // chunk from the CPU's cache instead of memory a second time.
-    if (!hashers_.submit(c)) return Code::kAgain;
-    c->issued = false;
-  } else {
-    const Status st = issue(c);
-    if (!st.ok()) {
-      ++counters_.failed;
-      return st;
-    }
-    if (checksum != nullptr && to_gpu) {  // the source cannot change while it is read
-      ++c->owed;
-      start_hash(c);
-    }
+  const Status st = issue(c);
+  if (!st.ok()) {
+    ++counters_.failed;
+    return st;
   }
   free_copies_.pop_back();
   ++it->second.inflight;
   ++inflight_;
   ++counters_.copies;
   counters_.bytes += bytes;
+  if (checksum != nullptr && to_gpu) {  // the source cannot change while it is read
+    ++c->owed;
+    start_hash(c);
+  }
   return Code::kSuccess;
 }
 
@@ -241,23 +230,8 @@ Status CudaEngine::issue(Copy* c) {
                            : drv_->memcpy_dtoh_async(c->host, c->dev, c->bytes, s.s);
   if (res == kCudaSuccess) res = drv_->event_record(c->event, s.s);
   if (res != kCudaSuccess) return Driver::to_status(res);
-  c->issued = true;
   s.copies.push_back(c);
   return Code::kSuccess;
-}
-
-// A hash is back: a copy to the GPU that waited for it goes now; else the copy
-// owes one completion less.
-void CudaEngine::hashed(Copy* c) {
-  if (c->issued || !c->status.ok()) {
-    arrive(c);
-    return;
-  }
-  const Status st = issue(c);
-  if (!st.ok()) {
-    c->status = st;
-    arrive(c);
-  }
 }
 
 // A copy is done (its event and, if asked, its hash): its slot, its region, its
@@ -282,7 +256,7 @@ size_t CudaEngine::poll() {
   size_t n = 0;
   Copy* hashed[64];
   for (size_t k; (k = hashers_.poll(hashed, 64)) != 0; n += k)
-    for (size_t i = 0; i < k; ++i) this->hashed(hashed[i]);
+    for (size_t i = 0; i < k; ++i) arrive(hashed[i]);
   (void)drv_->ctx_set_current(ctx_);
   for (Stream& s : streams_) {
     while (!s.copies.empty()) {

@@ -112,7 +112,6 @@ class CudaEngine final : public Context, public DeviceCopier {
     Status status;
     uint8_t owed = 0;  // completions still to come: the GPU's event, the hash
     bool to_gpu = false;
-    bool issued = false;  // on a stream (a copy to the GPU may wait for its hash first)
   };
   struct Stream {
     cuda::CUstream s = nullptr;
@@ -127,7 +126,6 @@ class CudaEngine final : public Context, public DeviceCopier {
   bool arm_notification() override;
   static void hash(Copy* c, bool flushing, void* self, uint32_t worker);
   void start_hash(Copy* c);
-  void hashed(Copy* c);
   Status issue(Copy* c);
   void arrive(Copy* c);
   void finish(Copy* c);
@@ -142,7 +140,6 @@ class CudaEngine final : public Context, public DeviceCopier {
   std::vector<Copy> copies_;  // max_inflight slots
   std::vector<Copy*> free_copies_;
   EngineWorkers<Copy> hashers_;
-  bool hash_first_ = false;
   uint32_t next_stream_ = 0, inflight_ = 0;
   void* host_ = nullptr;
   uint64_t host_bytes_ = 0;
