@@ -11,6 +11,8 @@
 #include "engines/compress/fp16.h"
 #include "engines/compress/huffman.h"
 #include "engines/compress/kv_byte_planes.h"
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
+#include "runtime/chunk_checksum.h"
 
 namespace dpukv {
 
@@ -377,6 +379,26 @@ void seal_header(KvChunkHeader* h) {
   h->header_crc = crc32c(h, offsetof(KvChunkHeader, header_crc));
 }
 
+// The lossless codecs split (encode) or merge (decode) rows in pieces of this many
+// values and hash each piece while it is still in the cache, so the chunk's
+// checksum costs no second pass over memory. Splitting and merging go value by
+// value, so a row (or its predecessor) may be cut anywhere.
+constexpr size_t kHashPiece = 16 * 1024;
+
+// Every row of the chunk, in order, cut into pieces: fn(off, prev_row, m) for
+// values [off, off + m), where prev_row is the previous row's value at off (null
+// for a slab's first row or without delta).
+template <typename Fn>
+void for_each_piece(const KvShape& shape, bool delta, Fn&& fn) {
+  const size_t C = shape.channels;
+  for (uint64_t s = 0; s < shape.slabs; ++s)
+    for (uint64_t t = 0; t < shape.tokens; ++t) {
+      const size_t row = (s * shape.tokens + t) * C;
+      for (size_t j = 0; j < C; j += kHashPiece)
+        fn(row + j, delta && t > 0, std::min(kHashPiece, C - j));
+    }
+}
+
 bool shape_matches(const KvShape& s, size_t len) {
   return s.tokens != 0 && s.channels != 0 && s.slabs != 0 && s.elements() * 2 == len;
 }
@@ -402,12 +424,13 @@ Status encode_lossless(const KvCodecParams& p, const uint8_t* src, size_t len, u
       g_simd != SimdLevel::kScalar ? kv_planes::split_avx2 : kv_planes::split_scalar;
   const uint16_t* v = reinterpret_cast<const uint16_t*>(src);
   const size_t C = shape.channels;
-  for (uint64_t s = 0; s < shape.slabs; ++s) {
-    for (uint64_t t = 0; t < shape.tokens; ++t) {
-      const size_t off = (s * shape.tokens + t) * C;
-      split(v + off, delta && t > 0 ? v + off - C : nullptr, C, hi + off, lo + off);
-    }
-  }
+  XXH3_state_t hs;
+  (void)XXH3_64bits_reset(&hs);
+  for_each_piece(shape, delta, [&](size_t off, bool has_prev, size_t m) {
+    split(v + off, has_prev ? v + off - C : nullptr, m, hi + off, lo + off);
+    chunk_checksum_update(&hs, v + off, m * 2);
+  });
+  if (len & 1) chunk_checksum_update(&hs, src + len - 1, 1);
   size_t hlen = 0;
   uint8_t* coded = lo + n;
   DPUKV_RETURN_IF_ERROR(huffman::compress(hi, n, coded, cap - sizeof(KvChunkHeader) - n, &hlen));
@@ -422,7 +445,7 @@ Status encode_lossless(const KvCodecParams& p, const uint8_t* src, size_t len, u
   h.original_len = len;
   h.payload_len = payload;
   h.section_len = hlen;
-  h.checksum = xxh3_64(src, len);
+  h.checksum = XXH3_64bits_digest(&hs);
   seal_header(&h);
   std::memcpy(dst, &h, sizeof(h));
   *out_len = sizeof(h) + payload;
@@ -611,14 +634,21 @@ Status kv_decode(const uint8_t* src, size_t len, uint8_t* dst, size_t cap, KvScr
     const kv_planes::MergeFn merge =
         g_simd != SimdLevel::kScalar ? kv_planes::merge_avx2 : kv_planes::merge_scalar;
     auto* out = reinterpret_cast<uint16_t*>(dst);
-    const bool delta = codec == KvCodec::kLosslessDelta;
     const size_t C = h.channels;
-    for (uint64_t s = 0; s < h.slabs; ++s)
-      for (uint64_t t = 0; t < h.tokens; ++t) {
-        const size_t off = (s * h.tokens + t) * C;
-        merge(hi + off, lo + off, delta && t > 0 ? out + off - C : nullptr, C, out + off);
-      }
-    if (h.original_len & 1) dst[h.original_len - 1] = body[h.payload_len - 1];
+    XXH3_state_t hs;
+    (void)XXH3_64bits_reset(&hs);
+    for_each_piece(KvShape{h.slabs, h.tokens, h.channels}, codec == KvCodec::kLosslessDelta,
+                   [&](size_t off, bool has_prev, size_t m) {
+                     merge(hi + off, lo + off, has_prev ? out + off - C : nullptr, m, out + off);
+                     chunk_checksum_update(&hs, out + off, m * 2);
+                   });
+    if (h.original_len & 1) {
+      dst[h.original_len - 1] = body[h.payload_len - 1];
+      chunk_checksum_update(&hs, dst + h.original_len - 1, 1);
+    }
+    if (XXH3_64bits_digest(&hs) != h.checksum) return Code::kCorrupted;
+    *out_len = h.original_len;
+    return Code::kSuccess;
   } else {
     // Lossy: verify the payload first, then dequantize.
     if (xxh3_64(body, h.payload_len) != h.checksum) return Code::kCorrupted;
