@@ -30,6 +30,10 @@ assert set(rows) == want, (rows, want)
 pd = [r for r in d["results"] if r["op"] == "pd_transfer"]
 assert len(pd) == 1 and pd[0]["chunks"] == 16 and pd[0]["size_bytes"] == 16 << 18, pd
 assert 0 < pd[0]["push_seconds"] < pd[0]["seconds"] and pd[0]["baseline_seconds"] > 0, pd
+# The floor: the work of one agent plus the same bytes through a raw loopback TCP stream.
+assert pd[0]["tcp_stream_seconds"] > 0, pd
+assert abs(pd[0]["floor_seconds"] - pd[0]["baseline_seconds"] - pd[0]["tcp_stream_seconds"]) < 1e-9, pd
+assert abs(pd[0]["floor_ratio"] * pd[0]["baseline_seconds"] - pd[0]["floor_seconds"]) < 1e-9, pd
 # The breakdown: each part of the transfer and of the baseline, none longer than its whole.
 for k in ("store_seconds", "decode_seconds"):
     assert 0 < pd[0][k] < pd[0]["seconds"], (k, pd)

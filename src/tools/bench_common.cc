@@ -21,6 +21,10 @@
 #include <fstream>
 #include <iostream>
 
+#include <netinet/tcp.h>
+
+#include <thread>
+
 #include "runtime/child_process.h"
 #include "tools/arg_parse.h"
 
@@ -353,6 +357,61 @@ void add_output_options(CLI::App* cmd, OutputOptions* out) {
   cmd->add_option("--csv-output-file", out->csv_path, "Also write the rows to this CSV file");
   cmd->add_flag("--csv-append-mode", out->csv_append,
                 "Append to the CSV file instead of replacing it");
+}
+
+double tcp_stream_seconds(uint64_t bytes, uint32_t reps) {
+  const int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t alen = sizeof(a);
+  if (l < 0 || bind(l, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(l, 1) != 0 ||
+      getsockname(l, reinterpret_cast<sockaddr*>(&a), &alen) != 0) {
+    if (l >= 0) close(l);
+    return -1;
+  }
+  // The sender answers each one-byte request with `bytes` bytes, until EOF.
+  std::thread sender([l, bytes] {
+    const int s = accept4(l, nullptr, nullptr, SOCK_CLOEXEC);
+    if (s < 0) return;
+    std::vector<uint8_t> buf(std::min<uint64_t>(bytes, 1 << 20), 0x5a);
+    uint8_t req;
+    while (read(s, &req, 1) == 1) {
+      for (uint64_t sent = 0; sent < bytes;) {
+        const ssize_t w = write(s, buf.data(), std::min<uint64_t>(buf.size(), bytes - sent));
+        if (w <= 0) break;
+        sent += static_cast<uint64_t>(w);
+      }
+    }
+    close(s);
+  });
+  const int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  std::vector<double> t;
+  if (c >= 0 && connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    int one = 1;
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    std::vector<uint8_t> buf(std::min<uint64_t>(bytes, 1 << 20));
+    for (uint32_t r = 0; r <= reps; ++r) {  // round 0 warms up
+      const uint8_t req = 1;
+      const uint64_t t0 = now_ns();
+      if (write(c, &req, 1) != 1) break;
+      uint64_t got = 0;
+      while (got < bytes) {
+        const ssize_t n = read(c, buf.data(), std::min<uint64_t>(buf.size(), bytes - got));
+        if (n <= 0) break;
+        got += static_cast<uint64_t>(n);
+      }
+      if (got < bytes) break;
+      if (r > 0) t.push_back((now_ns() - t0) / 1e9);
+    }
+  }
+  if (c >= 0) close(c);
+  shutdown(l, SHUT_RDWR);  // ends an accept that never got a connection
+  sender.join();
+  close(l);
+  if (t.size() < reps) return -1;
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
 }
 
 }  // namespace dpukv::bench

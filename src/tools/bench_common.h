@@ -58,6 +58,11 @@ Status parse_bucket_range(const std::string& s, HistogramSpec* out);
 bool pin_current_thread(int cpu);
 int num_cpus();
 
+// Median seconds of `reps` transfers of `bytes` over a loopback TCP stream from a
+// thread of this process (a raw-socket baseline: the kernel's two copies and
+// nothing else); a negative value if the sockets fail.
+double tcp_stream_seconds(uint64_t bytes, uint32_t reps);
+
 inline uint64_t now_ns() {
   return monotonic_ns();
 }
