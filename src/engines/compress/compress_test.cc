@@ -116,6 +116,47 @@ TEST(Huffman, CompressesSkewedDataAndRejectsBadInput) {
   EXPECT_EQ(huffman::compress(in.data(), in.size(), small.data(), small.size(), &n), Code::kTooBig);
 }
 
+// Chunks written before the encoder's blocks grew to 256 KiB (64 KiB blocks, still
+// on disk tiers) decode; a block longer than the decoder takes is refused.
+TEST(Huffman, SmallerAndLargerBlocksThanTheEncoderWrites) {
+  std::mt19937 rng(3);
+  std::geometric_distribution<int> g(0.3);
+  std::vector<uint8_t> in(5 * 65536 + 777);
+  for (auto& x : in) x = static_cast<uint8_t>(std::min(g(rng), 255));
+  // The stream is blocks back to back: 64 KiB pieces encoded one by one make the
+  // stream the old encoder wrote.
+  std::vector<uint8_t> old_stream;
+  for (size_t i = 0; i < in.size(); i += 65536) {
+    const size_t m = std::min<size_t>(65536, in.size() - i);
+    std::vector<uint8_t> enc(huffman::bound(m) + 8);
+    size_t n = 0;
+    ASSERT_TRUE(huffman::compress(in.data() + i, m, enc.data(), enc.size(), &n).ok());
+    old_stream.insert(old_stream.end(), enc.begin(), enc.begin() + static_cast<long>(n));
+  }
+  std::vector<uint8_t> out(in.size());
+  size_t used = 0;
+  ASSERT_TRUE(
+      huffman::decompress(old_stream.data(), old_stream.size(), out.data(), out.size(), &used)
+          .ok());
+  EXPECT_EQ(used, old_stream.size());
+  EXPECT_EQ(out, in);
+  // The encoder's own blocks are larger than 64 KiB now.
+  std::vector<uint8_t> enc(huffman::bound(in.size()) + 8);
+  size_t n = 0;
+  ASSERT_TRUE(huffman::compress(in.data(), in.size(), enc.data(), enc.size(), &n).ok());
+  uint32_t first_block;
+  std::memcpy(&first_block, enc.data() + 1, 4);
+  EXPECT_EQ(first_block, huffman::kBlockSymbols);
+  // A block that claims more symbols than the decoder takes is refused.
+  const uint32_t bn = static_cast<uint32_t>(huffman::kMaxBlockSymbols + 1);
+  std::vector<uint8_t> raw(5 + bn, 7);  // mode raw (0), then u32 n, then n bytes
+  raw[0] = 0;
+  std::memcpy(raw.data() + 1, &bn, 4);
+  std::vector<uint8_t> dst(bn);
+  EXPECT_EQ(huffman::decompress(raw.data(), raw.size(), dst.data(), dst.size(), &used),
+            Code::kCorrupted);
+}
+
 struct KvCase {
   KvDataset ds;
   KvDtype dt;

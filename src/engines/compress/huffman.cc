@@ -360,7 +360,7 @@ Status decompress(const uint8_t* src, size_t src_len, uint8_t* dst, size_t n, si
     if (src_len - off < 5) return Code::kCorrupted;
     const uint8_t mode = src[off];
     const size_t bn = load32(src + off + 1);
-    if (bn == 0 || bn > kBlockSymbols || bn > n - done) return Code::kCorrupted;
+    if (bn == 0 || bn > kMaxBlockSymbols || bn > n - done) return Code::kCorrupted;
     if (mode == kRaw) {
       if (src_len - off - 5 < bn) return Code::kCorrupted;
       std::memcpy(dst + done, src + off + 5, bn);
