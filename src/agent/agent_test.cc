@@ -100,17 +100,12 @@ class AgentTest : public ::testing::Test {
     std::filesystem::remove_all(disk_);
   }
   void start_agent(bool disk = false, int metrics_port = 0, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"--log-level",
-                                     "error",
-                                     "agent",
-                                     "--socket",
-                                     socket_,
-                                     "--memory-bytes",
-                                     "256M",
-                                     "--max-chunk-size",
-                                     "1M",
-                                     "--metrics-port",
-                                     std::to_string(metrics_port)};
+    std::vector<std::string> args = {"--log-level", "error", "agent",
+                                     // Ends with this test even if it dies before
+                                     // TearDown (a ctest timeout, a closed pipe).
+                                     "--parent-pid", std::to_string(getpid()), "--socket", socket_,
+                                     "--memory-bytes", "256M", "--max-chunk-size", "1M",
+                                     "--metrics-port", std::to_string(metrics_port)};
     if (disk)
       args.insert(args.end(),
                   {"--local-disk", disk_, "--max-local-disk-size", "0.25", "--write-through"});

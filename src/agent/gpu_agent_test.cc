@@ -103,20 +103,12 @@ class GpuAgentTest : public ::testing::Test {
   void start_agent(const std::string& fault = "", std::vector<std::string> extra = {},
                    const std::string& driver = cuda_test::library()) {
     const std::string bin = agent_bin();
-    std::vector<std::string> args = {bin,
-                                     "--log-level",
-                                     "error",
-                                     "agent",
-                                     "--socket",
-                                     socket_,
-                                     "--memory-bytes",
-                                     "64M",
-                                     "--max-chunk-size",
-                                     "1M",
-                                     "--metrics-port",
-                                     "0",
-                                     "--cuda-driver",
-                                     driver};
+    std::vector<std::string> args = {bin, "--log-level", "error", "agent",
+                                     // Ends with this test even if it dies before
+                                     // TearDown (a ctest timeout, a closed pipe).
+                                     "--parent-pid", std::to_string(getpid()), "--socket", socket_,
+                                     "--memory-bytes", "64M", "--max-chunk-size", "1M",
+                                     "--metrics-port", "0", "--cuda-driver", driver};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<std::string> env;
     if (!fault.empty()) env.push_back("DPUKV_CUDA_DOUBLE_FAULT=" + fault);
