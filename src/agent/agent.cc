@@ -321,14 +321,17 @@ void Agent::submit_entries(Batch* b, const uint8_t* body) {
       --b->remaining;
       continue;
     }
-    if (cache_->requests_free() == 0) {
+    // A new batch also waits behind batches already waiting: first come, first served.
+    if (cache_->requests_free() == 0 || (body != nullptr && !stalled_.empty())) {
       if (body != nullptr) {
         b->waiting.resize(b->hdr.count - i);
         std::memcpy(b->waiting.data(), body + i * sizeof(e), (b->hdr.count - i) * sizeof(e));
         b->first = i;
+        ++counters_.stalled_batches;
+        stalled_.push_back(b);
+      } else {
+        stalled_.push_front(b);  // resumed and out of requests again: still the oldest
       }
-      ++counters_.stalled_batches;
-      stalled_.push_back(b);
       return;
     }
     const Status st = submit_entry(s, op, e, &b->slots[i]);
@@ -438,15 +441,6 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
       b->next = 0;
       b->start_ns = monotonic_ns();
       ++s->pending;
-      // Behind batches that already wait for cache requests: first come, first served.
-      if (!stalled_.empty()) {
-        b->waiting.resize(h.count);
-        std::memcpy(b->waiting.data(), body, body_len);
-        b->first = 0;
-        ++counters_.stalled_batches;
-        stalled_.push_back(b);
-        return;
-      }
       submit_entries(b, body);
       return;
     }
