@@ -61,9 +61,18 @@ round() {
     sleep 0.1
   done
   [ -n "\$dev" ] || { echo "DPUKV-RESULT: FAIL no block device \$2"; return; }
-  # The node can appear before the namespace takes I/O: wait until a block reads.
-  for i in \$(seq 100); do dd if=\$dev of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null && break; sleep 0.1; done
+  # The node can appear before the namespace takes I/O, and a disk whose capacity
+  # is still 0 "reads" 0 bytes with success (and refuses the writes): ready once
+  # the capacity is set and a whole block at the round's offset reads back.
+  ready=""
+  for i in \$(seq 100); do
+    sectors=\$(cat /sys/block/\${dev#/dev/}/size 2>/dev/null || echo 0)
+    if [ "\$sectors" -gt 0 ] && dd if=\$dev of=/tmp/probe bs=4096 count=1 skip=\$3 iflag=direct 2>/dev/null &&
+       [ "\$(wc -c < /tmp/probe)" -eq 4096 ]; then ready=1; break; fi
+    sleep 0.1
+  done
   echo "size \$(cat /sys/block/\${dev#/dev/}/size) ro \$(cat /sys/block/\${dev#/dev/}/ro)"
+  [ -n "\$ready" ] || { echo "DPUKV-RESULT: FAIL not ready \$2 (\$dev)"; return; }
   if ! dd if=/tmp/pattern of=\$dev bs=4096 count=256 seek=\$3 oflag=direct 2>/tmp/err; then
     echo "DPUKV-RESULT: FAIL write \$2: \$(tr '\n' ' ' < /tmp/err)"
   elif ! dd if=\$dev of=/tmp/back bs=4096 count=256 skip=\$3 iflag=direct 2>/tmp/err; then
@@ -76,7 +85,8 @@ round() {
     echo "DPUKV-RESULT: FAIL data \$2"
   fi
   for c in /sys/class/nvme/nvme*; do echo 1 > \$c/delete_controller; done
-  sleep 0.5
+  # Gone before the next round looks for its device (not this one's old node).
+  for i in \$(seq 100); do ls /dev/nvme*n1 >/dev/null 2>&1 || break; sleep 0.1; done
 }
 round "" no-digests 100
 round ",hdr_digest,data_digest" digests 600
@@ -88,7 +98,11 @@ chmod +x $root/init
 
 "$bin" --lib-log-level ${DPUKV_LOG_LEVEL:-warning} nvme target --transport tcp --listen 127.0.0.1:$port --nqn $nqn --size 64M 2>$tmp/target.log &
 target=$!
-sleep 0.5
+for _ in $(seq 200); do
+  ss -Hltn "sport = :$port" | grep -q . && break
+  kill -0 $target 2>/dev/null || { cat $tmp/target.log; echo "the target exited"; exit 1; }
+  sleep 0.05
+done
 # TCG unless DPUKV_QEMU_ACCEL=kvm: on these machines /dev/kvm opens, but Debian's
 # kernel hangs after "Probing EDD" with QEMU's default CPU under KVM, and -cpu host
 # aborts (MSR 0x10a cannot be set), so KVM is opt-in where it works.
