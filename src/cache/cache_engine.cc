@@ -29,7 +29,8 @@ Status CacheEngine::create(ProgressEngine* pe, const CacheOptions& o,
                            std::unique_ptr<CacheEngine>* out) {
   if (pe == nullptr || out == nullptr || o.memory_bytes == 0 || o.max_chunk_bytes == 0 ||
       slot_bytes(o) > o.memory_bytes || o.max_chunks == 0 || o.max_requests == 0 ||
-      (!o.disk_dir.empty() && o.disk_bytes < o.max_chunk_bytes))
+      (!o.disk_dir.empty() && o.disk_bytes < o.max_chunk_bytes) ||
+      find_eviction_policy(o.policy) == nullptr)
     return Code::kInvalidValue;
   std::unique_ptr<CacheEngine> c(new CacheEngine(pe, o));
   DPUKV_RETURN_IF_ERROR(c->init());
@@ -87,14 +88,9 @@ Status CacheEngine::init() {
   }
   waiting_.reserve(opts_.max_requests);
   retrying_.reserve(opts_.max_requests);
-  if (opts_.policy == CacheOptions::Policy::kS3Fifo) {
-    // As many ghosts as the tier holds chunks of the largest size (at least 1024).
-    const size_t ghosts = std::max<uint64_t>(mem_alloc_.capacity() / page_bytes_, 1024);
-    policy_ =
-        make_s3fifo_policy(static_cast<uint32_t>(entries_.size()), mem_alloc_.capacity(), ghosts);
-  } else {
-    policy_ = make_lru_policy(static_cast<uint32_t>(entries_.size()));
-  }
+  policy_ =
+      find_eviction_policy(opts_.policy)
+          ->make({static_cast<uint32_t>(entries_.size()), mem_alloc_.capacity(), page_bytes_});
   st_.memory_capacity = mem_alloc_.capacity();
 
   if (!opts_.disk_dir.empty()) {

@@ -55,7 +55,7 @@ struct CacheOptions {
   // Eviction: LRU, or S3-FIFO (a small FIFO for new chunks, a main FIFO with
   // reinsertion for chunks hit again, and a ghost list of recent small-queue
   // evictions; Yang et al., SOSP 2023).
-  enum class Policy { kLru, kS3Fifo } policy = Policy::kLru;
+  std::string policy = "lru";  // a name of eviction_policies()
 };
 
 // The working states of a request (CacheEngine's Request::State, WaitRoom through

@@ -237,10 +237,30 @@ struct RefS3Fifo {
   }
 };
 
+// Every policy is a row of one table; the cache takes any row's name and refuses
+// a name that is not one.
+TEST(CacheEngine, EvictionPoliciesAreChosenByNameFromOneTable) {
+  EXPECT_EQ(eviction_policy_names("|"), "lru|s3fifo");
+  std::unique_ptr<ProgressEngine> pe;
+  ASSERT_TRUE(ProgressEngine::create(&pe).ok());
+  for (const EvictionPolicyInfo& p : eviction_policies()) {
+    CacheOptions o = small_memory(4, 64 << 10);
+    o.policy = p.name;
+    std::unique_ptr<CacheEngine> c;
+    ASSERT_TRUE(CacheEngine::create(pe.get(), o, &c).ok()) << p.name;
+    EXPECT_EQ(find_eviction_policy(p.name), &p);
+  }
+  CacheOptions o = small_memory(4, 64 << 10);
+  o.policy = "arc";
+  std::unique_ptr<CacheEngine> c;
+  EXPECT_EQ(CacheEngine::create(pe.get(), o, &c), Code::kInvalidValue);
+  EXPECT_EQ(find_eviction_policy("arc"), nullptr);
+}
+
 TEST(CacheEngine, S3FifoMatchesReferenceAndKeepsCapacity) {
   const uint64_t chunk = 256 << 10, slots = 20;
   CacheOptions o = small_memory(slots, chunk);
-  o.policy = CacheOptions::Policy::kS3Fifo;
+  o.policy = "s3fifo";
   CacheHarness h(o);
   RefS3Fifo ref{slots, 1024, {}, {}, {}, {}};
   std::mt19937_64 rng(99);

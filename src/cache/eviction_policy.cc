@@ -221,6 +221,44 @@ void S3FifoPolicy::ghost_put(uint64_t h) {
 
 }  // namespace
 
+namespace {
+
+std::unique_ptr<EvictionPolicy> lru_from(const EvictionPolicySizing& s) {
+  return make_lru_policy(s.max_chunks);
+}
+
+std::unique_ptr<EvictionPolicy> s3fifo_from(const EvictionPolicySizing& s) {
+  // As many ghosts as the tier holds chunks of the largest size (at least 1024).
+  const uint64_t fit = s.largest_chunk == 0 ? 0 : s.capacity_bytes / s.largest_chunk;
+  return make_s3fifo_policy(s.max_chunks, s.capacity_bytes, std::max<uint64_t>(fit, 1024));
+}
+
+constexpr EvictionPolicyInfo kPolicies[] = {
+    {"lru", "least recently used leaves first", &lru_from},
+    {"s3fifo", "S3-FIFO: one-time chunks leave before the working set", &s3fifo_from},
+};
+
+}  // namespace
+
+std::span<const EvictionPolicyInfo> eviction_policies() {
+  return kPolicies;
+}
+
+const EvictionPolicyInfo* find_eviction_policy(std::string_view name) {
+  for (const EvictionPolicyInfo& p : kPolicies)
+    if (name == p.name) return &p;
+  return nullptr;
+}
+
+std::string eviction_policy_names(std::string_view sep) {
+  std::string out;
+  for (const EvictionPolicyInfo& p : kPolicies) {
+    if (!out.empty()) out += sep;
+    out += p.name;
+  }
+  return out;
+}
+
 std::unique_ptr<EvictionPolicy> make_lru_policy(uint32_t max_chunks) {
   return std::make_unique<LruPolicy>(max_chunks);
 }

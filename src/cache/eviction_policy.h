@@ -12,6 +12,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <string>
+#include <string_view>
 
 namespace dpukv {
 
@@ -43,6 +46,27 @@ class EvictionPolicy {
   virtual int32_t warmer(int32_t e) const = 0;
   virtual uint64_t bytes_per_chunk() const = 0;  // the policy's own index memory
 };
+
+// What a policy is sized by, once, when the cache starts.
+struct EvictionPolicySizing {
+  uint32_t max_chunks = 0;      // entry ids are 0..max_chunks-1
+  uint64_t capacity_bytes = 0;  // the memory tier
+  uint64_t largest_chunk = 0;   // a memory-tier slot: capacity / largest_chunk chunks fit
+};
+
+// The policies, by name: the cache, the agent's settings and the CLI's choices and
+// help all come from this table (a third policy is one row). The first row is
+// the default.
+struct EvictionPolicyInfo {
+  const char* name;
+  const char* summary;
+  std::unique_ptr<EvictionPolicy> (*make)(const EvictionPolicySizing&);
+};
+std::span<const EvictionPolicyInfo> eviction_policies();
+// The row of that name, or null.
+const EvictionPolicyInfo* find_eviction_policy(std::string_view name);
+// The names joined by sep ("lru|s3fifo"), for choices and help.
+std::string eviction_policy_names(std::string_view sep);
 
 std::unique_ptr<EvictionPolicy> make_lru_policy(uint32_t max_chunks);
 // capacity_bytes: the memory tier (the small queue holds up to a tenth of it);

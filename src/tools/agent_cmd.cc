@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/agent.h"
+#include "cache/eviction_policy.h"
 #include "client/client.h"
 #include "protocol/version.h"
 #include "runtime/host_port.h"
@@ -70,6 +71,21 @@ struct Setting {
   std::string origin;   // "--flag", "DPUKV_X", "FILE:LINE", or "" for the default
 };
 
+// The eviction setting's choices and help, from the cache's policy table.
+const char* eviction_choices() {
+  static const std::string choices = eviction_policy_names("|");
+  return choices.c_str();
+}
+const char* eviction_help() {
+  static const std::string help = [] {
+    std::string h = "Eviction policy:";
+    for (const EvictionPolicyInfo& p : eviction_policies())
+      h += std::string(h.back() == ':' ? " " : "; ") + p.name + " (" + p.summary + ")";
+    return h + " (default " + eviction_policies()[0].name + ")";
+  }();
+  return help.c_str();
+}
+
 struct Settings {
   std::vector<Setting> all = {
       {"socket", "DPUKV_SOCKET", Kind::kText, 0, nullptr, "", ""},
@@ -85,7 +101,7 @@ struct Settings {
       {"dma_threads", nullptr, Kind::kCount, 64, nullptr, "1", ""},
       {"max_requests", nullptr, Kind::kCount, 1u << 20, nullptr, "1024", ""},
       {"compress", nullptr, Kind::kBool, 0, nullptr, "false", ""},
-      {"eviction", nullptr, Kind::kChoice, 0, "lru|s3fifo", "lru", ""},
+      {"eviction", nullptr, Kind::kChoice, 0, eviction_choices(), eviction_policies()[0].name, ""},
       {"metrics_port", "DPUKV_METRICS_PORT", Kind::kPort, 0, nullptr, "9464", ""},
       {"metrics_address", "DPUKV_METRICS_ADDRESS", Kind::kText, 0, nullptr, "127.0.0.1", ""},
       {"write_through", nullptr, Kind::kBool, 0, nullptr, "false", ""},
@@ -515,8 +531,7 @@ int run_agent(Settings st, const std::string& config) {
     mem = mem / slot * slot;
     o.cache.memory_bytes = mem;
   }
-  o.cache.policy = st.at("eviction").value == "s3fifo" ? CacheOptions::Policy::kS3Fifo
-                                                       : CacheOptions::Policy::kLru;
+  o.cache.policy = st.at("eviction").value;
   o.cache.disk_admit_hits = static_cast<uint32_t>(as_u64(&st, "disk_admit_hits"));
   o.cache.pin_timeout_ms = static_cast<uint32_t>(as_u64(&st, "pin_timeout_ms"));
   std::string err;
@@ -742,7 +757,7 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
       {"--max-requests", "max_requests",
        "Chunk stores and retrieves in flight in the cache; a larger batch waits for room "
        "(default 1024)"},
-      {"--eviction", "eviction", "Eviction policy: lru or s3fifo (default lru)"},
+      {"--eviction", "eviction", eviction_help()},
       {"--metrics-port", "metrics_port", "Prometheus metrics port (0: off; default 9464)"},
       {"--metrics-address", "metrics_address",
        "Address the metrics listener binds (default 127.0.0.1)"},

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/agent.h"
+#include "cache/eviction_policy.h"
 #include "client/client.h"
 #include "runtime/child_process.h"
 #include "runtime/log.h"
@@ -734,11 +735,13 @@ void add_replay_command(CLI::App* app, int* exit_code) {
                                               : std::string();
       });
   cmd->add_option("--max-requests", c->max_requests, "Replay only the first N requests");
-  cmd->add_option(
-         "--eviction", c->eviction,
-         "Eviction policy of the agent it starts: lru or s3fifo (the simulation stays LRU)")
+  std::vector<std::string> policies;
+  for (const EvictionPolicyInfo& p : eviction_policies()) policies.emplace_back(p.name);
+  cmd->add_option("--eviction", c->eviction,
+                  "Eviction policy of the agent it starts: " + eviction_policy_names(" or ") +
+                      " (the simulation stays LRU)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"lru", "s3fifo"}));
+      ->check(CLI::IsMember(policies));
   cmd->add_option("--nodes", c->nodes,
                   "Start this many agents that share chunks through a Redis directory (started "
                   "too); requests are spread over them, compared with one cache of the combined "
