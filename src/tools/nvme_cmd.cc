@@ -134,40 +134,11 @@ int run_tcp_target(const TargetConfig& c, std::vector<std::shared_ptr<Bdev>> bde
   return 0;
 }
 
-int run_target(const TargetConfig& c) {
-  if (c.transport != "tcp" && c.socket.empty()) {
-    std::cerr << "dpukv nvme target: --socket is required for vfio-user\n";
-    return 2;
-  }
-  if (!valid_block_size(c.block_size)) {
-    std::cerr << "dpukv nvme target: --block-size must be 512 or 4096\n";
-    return 2;
-  }
-  if (c.bdev == "file" && c.file.empty()) {
-    std::cerr << "dpukv nvme target: --bdev file needs --file PATH\n";
-    return 2;
-  }
-  if (uint64_t bytes = 0;
-      !bench::parse_size(c.size, &bytes).ok() || bytes == 0 || bytes % c.block_size != 0) {
-    std::cerr << "dpukv nvme target: --size '" << c.size
-              << "' is not a size of whole blocks (4K, 64M, 1G, ...; block size " << c.block_size
-              << ")\n";
-    return 2;
-  }
+int run_vfio_user_target(const TargetConfig& c, std::vector<std::shared_ptr<Bdev>> bdevs) {
   FunctionSpec spec;
   spec.socket_path = c.socket;
   spec.config.controller.serial = c.serial;
-  for (uint32_t i = 0; i < c.namespaces; ++i) {
-    std::shared_ptr<Bdev> b;
-    std::string problem;
-    if (Status st = make_bdev(c, i, &b, &problem); !st.ok()) {
-      std::cerr << "dpukv nvme target: cannot create " << c.bdev << " bdev of " << c.size << ": "
-                << (problem.empty() ? std::string(st.name()) : problem) << "\n";
-      return 1;
-    }
-    spec.namespaces.push_back(std::move(b));
-  }
-  if (c.transport == "tcp") return run_tcp_target(c, spec.namespaces);
+  spec.namespaces = std::move(bdevs);
   ManagerOptions mo;
   mo.cpu = c.cpu;
   std::unique_ptr<EmulationManager> mgr;
@@ -187,6 +158,69 @@ int run_target(const TargetConfig& c) {
               << f.stats.admin_commands << " admin, " << f.stats.errors << " errors, "
               << f.stats.fatal << " fatal\n";
   return 0;
+}
+
+// The transports `nvme target` serves a namespace set on, by --transport name (the
+// first is the default): what each needs on the command line, and how it serves.
+struct TargetTransport {
+  const char* name;
+  const char* summary;
+  const char* (*check)(const TargetConfig& c);  // what c lacks for it, or null
+  int (*serve)(const TargetConfig& c, std::vector<std::shared_ptr<Bdev>> bdevs);
+};
+constexpr TargetTransport kTargetTransports[] = {
+    {"vfio-user", "an emulated PCIe function",
+     [](const TargetConfig& c) -> const char* {
+       return c.socket.empty() ? "--socket is required for vfio-user" : nullptr;
+     },
+     &run_vfio_user_target},
+    {"tcp", "NVMe/TCP", [](const TargetConfig&) -> const char* { return nullptr; },
+     &run_tcp_target},
+};
+
+const TargetTransport* find_target_transport(const std::string& name) {
+  for (const TargetTransport& t : kTargetTransports)
+    if (name == t.name) return &t;
+  return nullptr;
+}
+
+int run_target(const TargetConfig& c) {
+  const TargetTransport* transport = find_target_transport(c.transport);
+  if (transport == nullptr) {
+    std::cerr << "dpukv nvme target: unknown transport " << c.transport << "\n";
+    return 2;
+  }
+  if (const char* problem = transport->check(c); problem != nullptr) {
+    std::cerr << "dpukv nvme target: " << problem << "\n";
+    return 2;
+  }
+  if (!valid_block_size(c.block_size)) {
+    std::cerr << "dpukv nvme target: --block-size must be 512 or 4096\n";
+    return 2;
+  }
+  if (c.bdev == "file" && c.file.empty()) {
+    std::cerr << "dpukv nvme target: --bdev file needs --file PATH\n";
+    return 2;
+  }
+  if (uint64_t bytes = 0;
+      !bench::parse_size(c.size, &bytes).ok() || bytes == 0 || bytes % c.block_size != 0) {
+    std::cerr << "dpukv nvme target: --size '" << c.size
+              << "' is not a size of whole blocks (4K, 64M, 1G, ...; block size " << c.block_size
+              << ")\n";
+    return 2;
+  }
+  std::vector<std::shared_ptr<Bdev>> bdevs;
+  for (uint32_t i = 0; i < c.namespaces; ++i) {
+    std::shared_ptr<Bdev> b;
+    std::string problem;
+    if (Status st = make_bdev(c, i, &b, &problem); !st.ok()) {
+      std::cerr << "dpukv nvme target: cannot create " << c.bdev << " bdev of " << c.size << ": "
+                << (problem.empty() ? std::string(st.name()) : problem) << "\n";
+      return 1;
+    }
+    bdevs.push_back(std::move(b));
+  }
+  return transport->serve(c, std::move(bdevs));
 }
 
 std::string ascii(const uint8_t* p, size_t n) {
@@ -357,9 +391,15 @@ void add_nvme_commands(CLI::App* app, int* exit_code) {
   CLI::App* t = nvme->add_subcommand(
       "target",
       "Serve one namespace set: an emulated PCIe function (vfio-user) or an NVMe/TCP subsystem");
-  t->add_option("--transport", tc.transport,
-                "vfio-user (an emulated PCIe function) or tcp (NVMe/TCP)")
-      ->check(CLI::IsMember({"vfio-user", "tcp"}))
+  std::vector<std::string> transports;
+  std::string transport_help;
+  for (const TargetTransport& tt : kTargetTransports) {
+    transports.emplace_back(tt.name);
+    transport_help +=
+        (transport_help.empty() ? "" : " or ") + std::string(tt.name) + " (" + tt.summary + ")";
+  }
+  t->add_option("--transport", tc.transport, transport_help)
+      ->check(CLI::IsMember(transports))
       ->capture_default_str();
   t->add_option("--socket", tc.socket, "vfio-user socket path");
   t->add_option("--listen", tc.listen, "tcp: ADDR:PORT to listen on (port 0: any)")

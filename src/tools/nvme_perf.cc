@@ -310,81 +310,91 @@ void stop(pid_t* p) {
   }
 }
 
-int run_perf(PerfConfig c) {
-  if (c.transport != "vfio-user" && c.transport != "tcp") {
-    std::cerr << "dpukv nvme perf: unknown transport " << c.transport << " (vfio-user, tcp)\n";
-    return 2;
-  }
-  std::vector<std::string> workloads = split(c.workloads);
-  for (const auto& w : workloads)
-    if (!workload_known(w)) {
-      std::cerr << "dpukv nvme perf: unknown workload '" << w
-                << "' (randread, randwrite, read, write)\n";
-      return 2;
-    }
-  std::vector<uint64_t> qds;
-  uint64_t bs = 0, tsize = 0;
-  if (!bench::parse_size_list(c.qds, &qds).ok() || !bench::parse_size(c.block_size, &bs).ok() ||
-      bs == 0 || bs > (128u << 10) || !bench::parse_size(c.target_size, &tsize).ok()) {
-    std::cerr << "dpukv nvme perf: bad --qd, --block-size (up to 128K) or --target-size\n";
-    return 2;
-  }
-  uint64_t max_qd = 1;
-  for (uint64_t q : qds) max_qd = std::max(max_qd, q);
-  bool tcp = c.transport == "tcp";
-  if (max_qd > (tcp ? 127u : 1023u)) {
-    std::cerr << "dpukv nvme perf: --qd up to " << (tcp ? 127 : 1023) << " on " << c.transport
-              << "\n";
-    return 2;
-  }
-  // A target started here polls on --target-cpu and the initiator on another
-  // CPU. Against someone else's target (SPDK's nvmf_tgt busy-polls the CPUs of
-  // its -m), pinning the initiator onto its CPU makes both take turns at
-  // scheduler ticks (IOPS fall a hundredfold, p50 stays alike): there the
-  // initiator is pinned only where --cpu says, and the scheduler places it.
-  const bool external = tcp ? !c.address.empty() : !c.socket.empty();
-  bool pin = bench::num_cpus() >= 2 && (!external || c.cpu >= 0);
-  if (c.cpu < 0) c.cpu = 0;
-  std::string pid = std::to_string(getpid());
-  pid_t target = -1, pp_server = -1;
-  std::unique_ptr<Initiator> ini;
-  std::unique_ptr<Bdev> base;
-  int pp_fd = -1;
-  auto cleanup = [&] {
-    ini.reset();
-    if (pp_fd >= 0) ::close(pp_fd);
-    stop(&target);
-    stop(&pp_server);
-  };
+// What every transport's run shares: the pid that names its temporary files, the
+// CPU arguments of a target it starts, whether to pin the initiator, the deepest
+// queue and the I/O size of the run.
+struct PerfPlan {
+  std::string pid;
   std::vector<std::string> cpu_args;
-  if (pin && !external) cpu_args = {"--cpu", std::to_string(c.target_cpu)};
-  if (!tcp) {
+  bool pin = false;
+  uint64_t max_qd = 1, bs = 0, target_size = 0;
+};
+
+// One initiator transport of `nvme perf`: it reaches the target named on the
+// command line (or starts one in a child process), owns what it started, and
+// measures the same-run baseline each point is compared with.
+class PerfTransport {
+ public:
+  virtual ~PerfTransport() {
+    ini_.reset();
+    stop(&target_);
+  }
+  // 0, or the exit code after saying why on stderr.
+  virtual int open(const PerfConfig& c, const PerfPlan& p) = 0;
+  // Adds the baseline fields (baseline, baseline_iops, ratio, ...) of one point.
+  virtual void baseline(const PerfConfig& c, const std::string& w, uint32_t qd, uint32_t bs,
+                        double iops, Json* row) = 0;
+  Initiator& initiator() { return *ini_; }
+
+ protected:
+  std::unique_ptr<Initiator> ini_;
+  pid_t target_ = -1;
+};
+
+// vfio-user: an emulated PCIe function; baseline, the same I/O on an in-process
+// malloc bdev (what the emulation costs on top of the medium).
+class VfioUserPerf final : public PerfTransport {
+ public:
+  int open(const PerfConfig& c, const PerfPlan& p) override {
     std::string socket = c.socket;
     if (socket.empty()) {
-      socket = "/tmp/dpukv-nvme-perf-" + pid + ".sock";
+      socket = "/tmp/dpukv-nvme-perf-" + p.pid + ".sock";
       std::vector<std::string> a = {"nvme",   "target", "--socket", socket,
                                     "--bdev", "malloc", "--size",   c.target_size};
-      a.insert(a.end(), cpu_args.begin(), cpu_args.end());
-      target = bench::spawn_self(a, -1);
+      a.insert(a.end(), p.cpu_args.begin(), p.cpu_args.end());
+      target_ = bench::spawn_self(a, -1);
     }
-    if (pin) bench::pin_current_thread(c.cpu);
+    if (p.pin) bench::pin_current_thread(c.cpu);
     DriverOptions o;
     o.interrupts = c.interrupts;
-    o.queue_entries = static_cast<uint32_t>(std::max<uint64_t>(64, max_qd + 1));
+    o.queue_entries = static_cast<uint32_t>(std::max<uint64_t>(64, p.max_qd + 1));
     o.memory_bytes =
-        std::max<size_t>(64u << 20, static_cast<size_t>(max_qd * bs * 2 + (32u << 20)));
+        std::max<size_t>(64u << 20, static_cast<size_t>(p.max_qd * p.bs * 2 + (32u << 20)));
     std::unique_ptr<VfioUserDriver> d;
     if (Status st = VfioUserDriver::attach(socket, o, &d); !st.ok()) {
       std::cerr << "dpukv nvme perf: cannot attach to " << socket << ": " << st.name() << "\n";
-      cleanup();
       return 1;
     }
-    ini = make_vfio_user_initiator(std::move(d), c.interrupts);
-    if (!create_malloc_bdev("baseline", tsize / 4096, 4096, &base).ok()) {
-      cleanup();
-      return 1;
+    ini_ = make_vfio_user_initiator(std::move(d), c.interrupts);
+    return create_malloc_bdev("baseline", p.target_size / 4096, 4096, &base_).ok() ? 0 : 1;
+  }
+  void baseline(const PerfConfig& c, const std::string& w, uint32_t, uint32_t bs, double iops,
+                Json* row) override {
+    if (w != base_workload_) {  // measured once per workload
+      base_iops_ = bdev_baseline_iops(*base_, w, bs, 0.5);
+      base_workload_ = w;
     }
-  } else {
+    (*row)["interrupts"] = c.interrupts;
+    (*row)["baseline"] = "in-process malloc bdev, same workload";
+    (*row)["baseline_iops"] = base_iops_;
+    (*row)["ratio"] = base_iops_ > 0 ? iops / base_iops_ : 0.0;
+  }
+
+ private:
+  std::unique_ptr<Bdev> base_;
+  std::string base_workload_;
+  double base_iops_ = 0;
+};
+
+// NVMe/TCP; baseline, a raw TCP ping-pong of the same sizes and depth against a
+// server started where the target runs.
+class TcpPerf final : public PerfTransport {
+ public:
+  ~TcpPerf() override {
+    if (pp_fd_ >= 0) ::close(pp_fd_);
+    stop(&pp_server_);
+  }
+  int open(const PerfConfig& c, const PerfPlan& p) override {
     std::string addr = "127.0.0.1";
     int port = 0;
     if (c.address.empty()) {
@@ -394,9 +404,9 @@ int run_perf(PerfConfig c) {
                                     "--nqn",       c.nqn,
                                     "--bdev",      "malloc",
                                     "--size",      c.target_size,
-                                    "--port-file", "/tmp/dpukv-nvme-perf-" + pid + ".port"};
-      a.insert(a.end(), cpu_args.begin(), cpu_args.end());
-      target = spawn_and_wait_port(a, "/tmp/dpukv-nvme-perf-" + pid + ".port", &port);
+                                    "--port-file", "/tmp/dpukv-nvme-perf-" + p.pid + ".port"};
+      a.insert(a.end(), p.cpu_args.begin(), p.cpu_args.end());
+      target_ = spawn_and_wait_port(a, "/tmp/dpukv-nvme-perf-" + p.pid + ".port", &port);
     } else {
       uint16_t p16 = 0;
       if (!parse_host_port(c.address, &addr, &p16, 4420)) {
@@ -405,13 +415,12 @@ int run_perf(PerfConfig c) {
       }
       port = p16;
     }
-    // The baseline server runs where the target runs.
     std::vector<std::string> a = {"nvme", "pingpong-server", "--port-file",
-                                  "/tmp/dpukv-nvme-pp-" + pid + ".port"};
-    a.insert(a.end(), cpu_args.begin(), cpu_args.end());
+                                  "/tmp/dpukv-nvme-pp-" + p.pid + ".port"};
+    a.insert(a.end(), p.cpu_args.begin(), p.cpu_args.end());
     int pp_port = 0;
-    pp_server = spawn_and_wait_port(a, "/tmp/dpukv-nvme-pp-" + pid + ".port", &pp_port);
-    if (pin) bench::pin_current_thread(c.cpu);
+    pp_server_ = spawn_and_wait_port(a, "/tmp/dpukv-nvme-pp-" + p.pid + ".port", &pp_port);
+    if (p.pin) bench::pin_current_thread(c.cpu);
     TcpHostOptions o;
     o.addr = addr;
     o.port = static_cast<uint16_t>(port);
@@ -422,37 +431,118 @@ int run_perf(PerfConfig c) {
     if (Status st = NvmeTcpHost::connect(o, &h); !st.ok() || port <= 0) {
       std::cerr << "dpukv nvme perf: cannot connect to " << addr << ":" << port << ": " << st.name()
                 << "\n";
-      cleanup();
       return 1;
     }
     uint16_t depth = h->queue_depth();
-    ini = make_tcp_initiator(std::move(h), depth);
-    pp_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ini_ = make_tcp_initiator(std::move(h), depth);
+    pp_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_port = htons(static_cast<uint16_t>(pp_port));
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     int one = 1;
-    if (pp_port <= 0 || connect(pp_fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    if (pp_port <= 0 || connect(pp_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
       std::cerr << "dpukv nvme perf: cannot reach the ping-pong baseline server\n";
-      cleanup();
       return 1;
     }
-    setsockopt(pp_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(pp_fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return 0;
   }
+  void baseline(const PerfConfig& c, const std::string& w, uint32_t qd, uint32_t bs, double iops,
+                Json* row) override {
+    // The same bytes each way as the NVMe/TCP exchange: a 72-byte capsule (+ data
+    // for writes) out, a 24-byte C2HData header + data (reads) or response back.
+    const bool wr = is_write(w);
+    const uint32_t req = 72 + (wr ? bs : 0), resp = wr ? 24 : 24 + bs;
+    PingPong pp = pingpong(pp_fd_, req, resp, qd, 1.0);
+    (*row)["digests"] = c.digests;
+    (*row)["baseline"] = "raw TCP ping-pong, same sizes and depth";
+    (*row)["baseline_iops"] = pp.iops;
+    (*row)["baseline_p50_us"] = pp.p50;
+    (*row)["ratio"] = pp.iops > 0 ? iops / pp.iops : 0.0;
+  }
+
+ private:
+  pid_t pp_server_ = -1;
+  int pp_fd_ = -1;
+};
+
+// The initiator transports, by --transport name; the first is the default.
+struct PerfTransportInfo {
+  const char* name;
+  uint32_t max_qd;                      // the deepest queue it offers
+  bool (*external)(const PerfConfig&);  // a target named on the command line
+  std::unique_ptr<PerfTransport> (*make)();
+};
+constexpr PerfTransportInfo kPerfTransports[] = {
+    {"vfio-user", 1023, [](const PerfConfig& c) { return !c.socket.empty(); },
+     [] { return std::unique_ptr<PerfTransport>(new VfioUserPerf); }},
+    {"tcp", 127, [](const PerfConfig& c) { return !c.address.empty(); },
+     [] { return std::unique_ptr<PerfTransport>(new TcpPerf); }},
+};
+
+std::string perf_transport_names() {
+  std::string out;
+  for (const PerfTransportInfo& t : kPerfTransports)
+    out += (out.empty() ? "" : ", ") + std::string(t.name);
+  return out;
+}
+
+int run_perf(PerfConfig c) {
+  const PerfTransportInfo* kind = nullptr;
+  for (const PerfTransportInfo& t : kPerfTransports)
+    if (c.transport == t.name) kind = &t;
+  if (kind == nullptr) {
+    std::cerr << "dpukv nvme perf: unknown transport " << c.transport << " ("
+              << perf_transport_names() << ")\n";
+    return 2;
+  }
+  std::vector<std::string> workloads = split(c.workloads);
+  for (const auto& w : workloads)
+    if (!workload_known(w)) {
+      std::cerr << "dpukv nvme perf: unknown workload '" << w
+                << "' (randread, randwrite, read, write)\n";
+      return 2;
+    }
+  std::vector<uint64_t> qds;
+  PerfPlan plan;
+  if (!bench::parse_size_list(c.qds, &qds).ok() ||
+      !bench::parse_size(c.block_size, &plan.bs).ok() || plan.bs == 0 || plan.bs > (128u << 10) ||
+      !bench::parse_size(c.target_size, &plan.target_size).ok()) {
+    std::cerr << "dpukv nvme perf: bad --qd, --block-size (up to 128K) or --target-size\n";
+    return 2;
+  }
+  for (uint64_t q : qds) plan.max_qd = std::max(plan.max_qd, q);
+  if (plan.max_qd > kind->max_qd) {
+    std::cerr << "dpukv nvme perf: --qd up to " << kind->max_qd << " on " << c.transport << "\n";
+    return 2;
+  }
+  const uint64_t bs = plan.bs;
+  // A target started here polls on --target-cpu and the initiator on another
+  // CPU. Against someone else's target (SPDK's nvmf_tgt busy-polls the CPUs of
+  // its -m), pinning the initiator onto its CPU makes both take turns at
+  // scheduler ticks (IOPS fall a hundredfold, p50 stays alike): there the
+  // initiator is pinned only where --cpu says, and the scheduler places it.
+  const bool external = kind->external(c);
+  plan.pin = bench::num_cpus() >= 2 && (!external || c.cpu >= 0);
+  if (c.cpu < 0) c.cpu = 0;
+  plan.pid = std::to_string(getpid());
+  if (plan.pin && !external) plan.cpu_args = {"--cpu", std::to_string(c.target_cpu)};
+  std::unique_ptr<PerfTransport> t = kind->make();
+  if (int rc = t->open(c, plan); rc != 0) return rc;
   std::vector<Json> rows;
   if (!c.out.json)
     std::printf("%-10s %-9s %4s %6s %12s %10s %9s %9s %14s %7s\n", "transport", "workload", "qd",
                 "bs", "IOPS", "MB/s", "p50 us", "p99 us", "baseline IOPS", "ratio");
   int rc = 0;
   for (const auto& w : workloads) {
-    double base_bdev = base ? bdev_baseline_iops(*base, w, static_cast<uint32_t>(bs), 0.5) : 0;
     for (uint64_t qd : qds) {
       PerfResult r;
       if (bench::progress_enabled() && !c.out.json)
         std::fprintf(stderr, "running %s qd %llu for %.1f s...\r", w.c_str(),
                      static_cast<unsigned long long>(qd), c.seconds + c.warmup);
-      Status st = run_one(*ini, w, static_cast<uint32_t>(qd), static_cast<uint32_t>(bs), c, &r);
+      Status st =
+          run_one(t->initiator(), w, static_cast<uint32_t>(qd), static_cast<uint32_t>(bs), c, &r);
       if (!st.ok()) {
         std::cerr << "dpukv nvme perf: " << w << " qd " << qd << " failed: " << st.name()
                   << (st == Code::kTimeout ? " (no I/O completed to measure: a stuck target, or "
@@ -474,24 +564,7 @@ int run_perf(PerfConfig c) {
       row["p99_us"] = r.p99;
       row["p999_us"] = r.p999;
       row["errors"] = r.errors;
-      if (tcp) {
-        // The same bytes each way as the NVMe/TCP exchange: a 72-byte capsule (+ data
-        // for writes) out, a 24-byte C2HData header + data (reads) or response back.
-        bool wr = is_write(w);
-        uint32_t req = 72 + (wr ? static_cast<uint32_t>(bs) : 0),
-                 resp = wr ? 24 : 24 + static_cast<uint32_t>(bs);
-        PingPong pp = pingpong(pp_fd, req, resp, static_cast<uint32_t>(qd), 1.0);
-        row["digests"] = c.digests;
-        row["baseline"] = "raw TCP ping-pong, same sizes and depth";
-        row["baseline_iops"] = pp.iops;
-        row["baseline_p50_us"] = pp.p50;
-        row["ratio"] = pp.iops > 0 ? r.iops / pp.iops : 0.0;
-      } else {
-        row["interrupts"] = c.interrupts;
-        row["baseline"] = "in-process malloc bdev, same workload";
-        row["baseline_iops"] = base_bdev;
-        row["ratio"] = base_bdev > 0 ? r.iops / base_bdev : 0.0;
-      }
+      t->baseline(c, w, static_cast<uint32_t>(qd), static_cast<uint32_t>(bs), r.iops, &row);
       rows.push_back(row);
       if (!c.out.json)
         std::printf("%-10s %-9s %4llu %6s %12.0f %10.1f %9.2f %9.2f %14.0f %7.3f\n",
@@ -500,7 +573,7 @@ int run_perf(PerfConfig c) {
                     row["baseline_iops"].get<double>(), row["ratio"].get<double>());
     }
   }
-  cleanup();
+  t.reset();  // the target and baseline server stop before the report
   if (c.out.json)
     bench::print_json("nvme", rows);
   else
@@ -516,7 +589,7 @@ void add_nvme_perf_command(CLI::App* nvme, int* exit_code) {
   CLI::App* p = nvme->add_subcommand("perf",
                                      "I/O benchmark through dpukv's NVMe initiators (starts its "
                                      "own malloc target without an address)");
-  p->add_option("--transport", pc.transport, "vfio-user or tcp")->capture_default_str();
+  p->add_option("--transport", pc.transport, perf_transport_names())->capture_default_str();
   p->add_option("--socket", pc.socket,
                 "vfio-user: target socket; empty: start a target in a child process");
   p->add_option("--address", pc.address,
