@@ -45,6 +45,38 @@ Status DiskTier::lock_dir(const std::string& dir) {
   return Code::kSuccess;
 }
 
+namespace {
+
+// Where a tier's bytes can live, in the order they are considered: the first
+// whose options are given is chosen (a store is one row here and one ChunkStore).
+struct ChunkStoreKind {
+  const char* name;
+  bool (*chosen)(const DiskTierOptions& o);
+  Status (*open)(const DiskTierOptions& o, uint64_t capacity,
+                 const std::vector<std::pair<void*, size_t>>& buffers,
+                 std::unique_ptr<ChunkStore>* out);
+};
+
+Status open_nvme_store(const DiskTierOptions& o, uint64_t capacity,
+                       const std::vector<std::pair<void*, size_t>>&,
+                       std::unique_ptr<ChunkStore>* out) {
+  return NvmeStore::open({o.nvme_address, o.nvme_nqn, o.nvme_nsid, capacity, o.queue_depth}, out);
+}
+
+Status open_file_store(const DiskTierOptions& o, uint64_t capacity,
+                       const std::vector<std::pair<void*, size_t>>& buffers,
+                       std::unique_ptr<ChunkStore>* out) {
+  return FileStore::open(o.dir + "/dpukv-data", capacity, o.queue_depth, buffers, out);
+}
+
+constexpr ChunkStoreKind kChunkStores[] = {
+    {"nvme-tcp", [](const DiskTierOptions& o) { return !o.nvme_address.empty(); },
+     &open_nvme_store},
+    {"file", [](const DiskTierOptions&) { return true; }, &open_file_store},
+};
+
+}  // namespace
+
 Status DiskTier::open(const DiskTierOptions& o,
                       const std::vector<std::pair<void*, size_t>>& buffers,
                       std::vector<Recovered>* recovered, std::unique_ptr<DiskTier>* out) {
@@ -55,15 +87,12 @@ Status DiskTier::open(const DiskTierOptions& o,
   }
   DPUKV_RETURN_IF_ERROR(t->lock_dir(o.dir));
   DPUKV_RETURN_IF_ERROR(t->alloc_.init(o.capacity, o.page_size));
-  if (!o.nvme_address.empty()) {
-    NvmeStoreOptions n{o.nvme_address, o.nvme_nqn, o.nvme_nsid, t->alloc_.capacity(),
-                       o.queue_depth};
-    DPUKV_RETURN_IF_ERROR(NvmeStore::open(n, &t->store_));
-    LOG_INFO("disk tier %s: data on NVMe/TCP %s", o.dir.c_str(), o.nvme_address.c_str());
-  } else {
-    DPUKV_RETURN_IF_ERROR(FileStore::open(o.dir + "/dpukv-data", t->alloc_.capacity(),
-                                          o.queue_depth, buffers, &t->store_));
-  }
+  const ChunkStoreKind* kind = nullptr;
+  for (const ChunkStoreKind& k : kChunkStores)
+    if (kind == nullptr && k.chosen(o)) kind = &k;
+  DPUKV_RETURN_IF_ERROR(kind->open(o, t->alloc_.capacity(), buffers, &t->store_));
+  LOG_INFO("disk tier %s: data on %s %s", o.dir.c_str(), kind->name,
+           o.nvme_address.empty() ? "dpukv-data" : o.nvme_address.c_str());
   SlabAllocator* alloc = &t->alloc_;
   DPUKV_RETURN_IF_ERROR(IndexLog::open(
       o.dir + "/dpukv-index.log",
