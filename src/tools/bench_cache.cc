@@ -234,18 +234,10 @@ int run(const Config& c) {
                 << " retrieves failed\n";
       return 1;
     }
-    emit({{"op", "store"},
-          {"size_bytes", size},
-          {"gbps", store_gbps},
-          {"baseline", "memcpy"},
-          {"baseline_gbps", base},
-          {"ratio", store_gbps / base}});
-    emit({{"op", "retrieve"},
-          {"size_bytes", size},
-          {"gbps", retrieve_gbps},
-          {"baseline", "memcpy"},
-          {"baseline_gbps", base},
-          {"ratio", retrieve_gbps / base}});
+    emit(bench::compared({{"op", "store"}, {"size_bytes", size}, {"gbps", store_gbps}}, "memcpy",
+                         "gbps", store_gbps, base));
+    emit(bench::compared({{"op", "retrieve"}, {"size_bytes", size}, {"gbps", retrieve_gbps}},
+                         "memcpy", "gbps", retrieve_gbps, base));
     if (size == sizes.front()) {
       // Lookup of 64-chunk prefixes against an unordered_set of the same keys.
       std::vector<ChunkKey> keys;
@@ -266,13 +258,9 @@ int run(const Config& c) {
       const double lb = reps * nk / ((bench::now_ns() - l0) / 1e9);
       if (found != found2)
         std::cerr << "dpukv bench cache: lookup found " << found << " of " << found2 << "\n";
-      emit({{"op", "lookup"},
-            {"size_bytes", size},
-            {"keys", nk},
-            {"keys_per_s", lk},
-            {"baseline", "std::unordered_set"},
-            {"baseline_keys_per_s", lb},
-            {"ratio", lk / lb}});
+      emit(bench::compared(
+          {{"op", "lookup"}, {"size_bytes", size}, {"keys", nk}, {"keys_per_s", lk}},
+          "std::unordered_set", "keys_per_s", lk, lb));
       emit({{"op", "index"},
             {"size_bytes", size},
             {"bytes_per_chunk", cache->index_bytes_per_chunk()}});
@@ -347,22 +335,24 @@ int run(const Config& c) {
     };
     const double raw_w = median([](const Round& r) { return r.raw_w; });
     const double raw_r = median([](const Round& r) { return r.raw_r; });
-    emit({{"op", "spill"},
-          {"size_bytes", size},
-          {"gbps", median([](const Round& r) { return r.spill; })},
-          {"chunks", rounds.back().spills},
-          {"rounds", rounds.size()},
-          {"baseline", "io_uring O_DIRECT write"},
-          {"baseline_gbps", raw_w},
-          {"ratio", median([](const Round& r) { return r.raw_w > 0 ? r.spill / r.raw_w : 0; })}});
-    emit({{"op", "reload"},
-          {"size_bytes", size},
-          {"gbps", median([](const Round& r) { return r.reload; })},
-          {"chunks", rounds.back().reloads},
-          {"rounds", rounds.size()},
-          {"baseline", "io_uring O_DIRECT read"},
-          {"baseline_gbps", raw_r},
-          {"ratio", median([](const Round& r) { return r.raw_r > 0 ? r.reload / r.raw_r : 0; })}});
+    // The ratio is the median of each round's ratio (the rounds alternate with
+    // their baselines), not the ratio of the medians.
+    emit(bench::with_baseline({{"op", "spill"},
+                               {"size_bytes", size},
+                               {"gbps", median([](const Round& r) { return r.spill; })},
+                               {"chunks", rounds.back().spills},
+                               {"rounds", rounds.size()}},
+                              "io_uring O_DIRECT write", "gbps", raw_w, median([](const Round& r) {
+                                return bench::ratio(r.spill, r.raw_w);
+                              })));
+    emit(bench::with_baseline({{"op", "reload"},
+                               {"size_bytes", size},
+                               {"gbps", median([](const Round& r) { return r.reload; })},
+                               {"chunks", rounds.back().reloads},
+                               {"rounds", rounds.size()}},
+                              "io_uring O_DIRECT read", "gbps", raw_r, median([](const Round& r) {
+                                return bench::ratio(r.reload, r.raw_r);
+                              })));
   }
   (void)src_map->stop();
   (void)dst_map->stop();

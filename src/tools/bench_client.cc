@@ -184,7 +184,7 @@ int run(const Config& c) {
            {"lookup_rtt_p99_us", lk.percentile_us(99)},
            {"baseline", "comch control round trip, 64 B"},
            {"comch_rtt_p50_us", comch},
-           {"ratio", comch > 0 ? lk.percentile_us(50) / comch : 0.0}};
+           {"ratio", bench::ratio(lk.percentile_us(50), comch)}};
   rows.push_back(row);
   if (!c.out.json)
     std::printf(

@@ -270,16 +270,14 @@ int measure(const Config& c, const std::string& transport, uint64_t bytes,
   }
   const std::string baseline = transport == "shm" ? "memcpy" : "raw TCP stream";
   const double g = bytes / ucx_s / 1e9, b = bytes / base_s / 1e9;
-  rows->push_back({{"bench", "cluster"},
-                   {"op", "remote_read"},
-                   {"transport", transport},
-                   {"peer_failure_detection", no.detect_peer_failure},
-                   {"size_bytes", bytes},
-                   {"gbps", g},
-                   {"baseline", baseline},
-                   {"baseline_gbps", b},
-                   {"ratio", g / b},
-                   {"ucx", settings}});
+  rows->push_back(bench::compared({{"bench", "cluster"},
+                                   {"op", "remote_read"},
+                                   {"transport", transport},
+                                   {"peer_failure_detection", no.detect_peer_failure},
+                                   {"size_bytes", bytes},
+                                   {"gbps", g},
+                                   {"ucx", settings}},
+                                  baseline, "gbps", g, b));
   if (!c.out.json)
     std::printf("remote_read %-5s %7s %8.2f GB/s   %-16s %8.2f GB/s   ratio %5.2f   (%s)\n",
                 transport.c_str(), bench::format_size(bytes).c_str(), g, baseline.c_str(), b, g / b,
@@ -430,37 +428,27 @@ int measure_directory(const Config& c, std::vector<Json>* rows) {
   {
     const double l = median(look), p = median(ping), lr = median(look_redis),
                  pr = median(propagate);
-    rows->push_back({{"bench", "cluster"},
-                     {"op", "directory_lookup"},
-                     {"keys", 64},
-                     {"replica", true},
-                     {"seconds", l},
-                     {"baseline", "one Redis round trip (PING)"},
-                     {"baseline_seconds", p},
-                     {"ratio", l / p}});
-    rows->push_back({{"bench", "cluster"},
-                     {"op", "directory_lookup"},
-                     {"keys", 64},
-                     {"replica", false},
-                     {"seconds", lr},
-                     {"baseline", "one Redis round trip (PING)"},
-                     {"baseline_seconds", p},
-                     {"ratio", lr / p}});
-    rows->push_back({{"bench", "cluster"},
-                     {"op", "directory_propagation"},
-                     {"seconds", pr},
-                     {"baseline", "one Redis round trip (PING)"},
-                     {"baseline_seconds", p},
-                     {"ratio", pr / p}});
+    const char* ping_base = "one Redis round trip (PING)";
+    rows->push_back(bench::compared({{"bench", "cluster"},
+                                     {"op", "directory_lookup"},
+                                     {"keys", 64},
+                                     {"replica", true},
+                                     {"seconds", l}},
+                                    ping_base, "seconds", l, p));
+    rows->push_back(bench::compared({{"bench", "cluster"},
+                                     {"op", "directory_lookup"},
+                                     {"keys", 64},
+                                     {"replica", false},
+                                     {"seconds", lr}},
+                                    ping_base, "seconds", lr, p));
+    rows->push_back(
+        bench::compared({{"bench", "cluster"}, {"op", "directory_propagation"}, {"seconds", pr}},
+                        ping_base, "seconds", pr, p));
     // The floor: the same keys read by one plain MGET on a blocking connection.
     const double m = median(mget);
-    rows->push_back({{"bench", "cluster"},
-                     {"op", "directory_mget_floor"},
-                     {"keys", 64},
-                     {"seconds", m},
-                     {"baseline", "one Redis round trip (PING)"},
-                     {"baseline_seconds", p},
-                     {"ratio", m / p}});
+    rows->push_back(bench::compared(
+        {{"bench", "cluster"}, {"op", "directory_mget_floor"}, {"keys", 64}, {"seconds", m}},
+        ping_base, "seconds", m, p));
     if (!c.out.json) {
       std::printf(
           "directory_lookup 64 keys %8.1f us   one Redis round trip %8.1f us   ratio %5.2f"
@@ -624,26 +612,24 @@ int measure_pd(const Config& c, std::vector<Json>* rows) {
     // loopback TCP stream (the kernel's copies), on top of one agent's work.
     const double tcp = bench::tcp_stream_seconds(n * kChunk, c.reps);
     const double floor_s = tcp > 0 ? b + tcp : 0;
-    rows->push_back({{"bench", "cluster"},
-                     {"op", "pd_transfer"},
-                     {"chunks", n},
-                     {"size_bytes", n * kChunk},
-                     {"seconds", t},
-                     {"store_seconds", sp_s},
-                     {"push_seconds", p},
-                     {"push_gbps", bytes / p / 1e9},
-                     {"decode_seconds", dp_s},
-                     {"baseline_store_seconds", so_s},
-                     {"baseline_retrieve_seconds", ro_s},
-                     {"baseline", "store and retrieve on one agent"},
-                     {"baseline_seconds", b},
-                     {"ratio", t / b},
-                     {"tcp_stream_seconds", tcp},
-                     {"floor",
-                      "one agent's store and retrieve plus a raw loopback TCP stream of "
-                      "the same bytes"},
-                     {"floor_seconds", floor_s},
-                     {"floor_ratio", floor_s / b}});
+    rows->push_back(bench::compared({{"bench", "cluster"},
+                                     {"op", "pd_transfer"},
+                                     {"chunks", n},
+                                     {"size_bytes", n * kChunk},
+                                     {"seconds", t},
+                                     {"store_seconds", sp_s},
+                                     {"push_seconds", p},
+                                     {"push_gbps", bytes / p / 1e9},
+                                     {"decode_seconds", dp_s},
+                                     {"baseline_store_seconds", so_s},
+                                     {"baseline_retrieve_seconds", ro_s},
+                                     {"tcp_stream_seconds", tcp},
+                                     {"floor",
+                                      "one agent's store and retrieve plus a raw loopback TCP "
+                                      "stream of the same bytes"},
+                                     {"floor_seconds", floor_s},
+                                     {"floor_ratio", bench::ratio(floor_s, b)}},
+                                    "store and retrieve on one agent", "seconds", t, b));
     if (!c.out.json)
       std::printf(
           "pd_transfer %u x 256K  store->decode retrieve %8.2f ms (push alone %.2f ms, %.2f GB/s)"

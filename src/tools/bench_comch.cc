@@ -226,12 +226,9 @@ Json rtt_row(const std::string& path, uint64_t size, RttResult& r, RttResult& ba
   row["rtt_p50_us"] = r.lat.percentile_us(50);
   row["rtt_p99_us"] = r.lat.percentile_us(99);
   row["rtt_p999_us"] = r.lat.percentile_us(99.9);
-  row["baseline"] = "raw UNIX SOCK_SEQPACKET ping-pong, blocking";
-  row["baseline_rtt_p50_us"] = base.lat.percentile_us(50);
   row["baseline_rtt_p99_us"] = base.lat.percentile_us(99);
-  row["ratio"] =
-      base.lat.percentile_us(50) > 0 ? r.lat.percentile_us(50) / base.lat.percentile_us(50) : 0.0;
-  return row;
+  return bench::compared(std::move(row), "raw UNIX SOCK_SEQPACKET ping-pong, blocking",
+                         "rtt_p50_us", r.lat.percentile_us(50), base.lat.percentile_us(50));
 }
 
 void raw_rtt(int sock, uint64_t size, uint32_t iters, RttResult* r) {
@@ -410,10 +407,8 @@ int run(const Config& c) {
     row["size_bytes"] = size;
     row["placement"] = placement;
     row["msgs_per_s"] = rate;
-    row["baseline"] = "raw UNIX SOCK_SEQPACKET send loop";
-    row["baseline_msgs_per_s"] = base;
-    row["ratio"] = rate / base;
-    rows.push_back(row);
+    rows.push_back(bench::compared(std::move(row), "raw UNIX SOCK_SEQPACKET send loop",
+                                   "msgs_per_s", rate, base));
     if (!c.out.json) print_row(rows.back());
   }
 
@@ -489,10 +484,7 @@ int run(const Config& c) {
     row["size_bytes"] = bulk;
     row["placement"] = placement;
     row["gbps"] = gbps;
-    row["baseline"] = "memcpy";
-    row["baseline_gbps"] = base;
-    row["ratio"] = gbps / base;
-    rows.push_back(row);
+    rows.push_back(bench::compared(std::move(row), "memcpy", "gbps", gbps, base));
     if (!c.out.json) print_row(rows.back());
   }
   const bool ok = !h.gone;

@@ -210,6 +210,19 @@ void print_machine_line() {
               m["kernel"].get<std::string>().c_str());
 }
 
+double ratio(double value, double baseline) {
+  const double r = baseline > 0 ? value / baseline : 0.0;
+  return std::isfinite(r) ? r : 0.0;
+}
+
+Json with_baseline(Json row, std::string_view what, std::string_view unit, double baseline,
+                   double ratio) {
+  row["baseline"] = std::string(what);
+  row["baseline_" + std::string(unit)] = baseline;
+  row["ratio"] = ratio;
+  return row;
+}
+
 void print_json(const std::string& name, const std::vector<Json>& rows) {
   Json out;
   out["bench"] = name;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -86,6 +87,19 @@ bool write_csv(const OutputOptions& o, const std::vector<Json>& rows);
 Json machine_info();
 // "machine: <cpu>, <n> CPUs, <isa>, Linux <release>" on stdout (under a table).
 void print_machine_line();
+
+// The same-run comparison every row carries, built in one place: "baseline" (what
+// was measured beside it), "baseline_<unit>" (its figure) and "ratio".
+// ratio(): value / baseline, or 0 when the baseline could not be measured (no inf
+// or NaN reaches the JSON).
+double ratio(double value, double baseline);
+Json with_baseline(Json row, std::string_view what, std::string_view unit, double baseline,
+                   double ratio);
+// The common case: the ratio of value to the baseline.
+inline Json compared(Json row, std::string_view what, std::string_view unit, double value,
+                     double baseline) {
+  return with_baseline(std::move(row), what, unit, baseline, ratio(value, baseline));
+}
 
 // Prints `{"bench": name, "machine": machine_info(), "results": rows}` on stdout.
 void print_json(const std::string& name, const std::vector<Json>& rows);

@@ -251,9 +251,7 @@ Json make_row(const std::string& mode, const std::string& direction, uint64_t si
   row["cold"] = !c.warm;
   row["placement"] = placement;
   row["engine_gbps"] = eng.gbps;
-  row["baseline"] = "memcpy";
-  row["baseline_gbps"] = base.gbps;
-  row["ratio"] = base.gbps > 0 ? eng.gbps / base.gbps : 0.0;
+  row = bench::compared(std::move(row), "memcpy", "gbps", eng.gbps, base.gbps);
   row["tasks_per_s"] = eng.ops_per_s;
   row["baseline_ops_per_s"] = base.ops_per_s;
   row["tasks"] = eng.ops;
@@ -473,10 +471,7 @@ int run(const Config& c) {
         row["kernel"] = std::string(copy_kernel_name(k));
         row["cold"] = !c.warm;
         row["engine_gbps"] = r.gbps;
-        row["baseline"] = "memcpy";
-        row["baseline_gbps"] = base.gbps;
-        row["ratio"] = base.gbps > 0 ? r.gbps / base.gbps : 0.0;
-        rows.push_back(row);
+        rows.push_back(bench::compared(std::move(row), "memcpy", "gbps", r.gbps, base.gbps));
         if (!c.out.json)
           std::printf("  %-10s %7s %8.2f GB/s  memcpy %8.2f GB/s  ratio %.2f\n",
                       std::string(copy_kernel_name(k)).c_str(), bench::format_size(size).c_str(),

@@ -375,9 +375,8 @@ class VfioUserPerf final : public PerfTransport {
       base_workload_ = w;
     }
     (*row)["interrupts"] = c.interrupts;
-    (*row)["baseline"] = "in-process malloc bdev, same workload";
-    (*row)["baseline_iops"] = base_iops_;
-    (*row)["ratio"] = base_iops_ > 0 ? iops / base_iops_ : 0.0;
+    *row = bench::compared(std::move(*row), "in-process malloc bdev, same workload", "iops", iops,
+                           base_iops_);
   }
 
  private:
@@ -456,10 +455,9 @@ class TcpPerf final : public PerfTransport {
     const uint32_t req = 72 + (wr ? bs : 0), resp = wr ? 24 : 24 + bs;
     PingPong pp = pingpong(pp_fd_, req, resp, qd, 1.0);
     (*row)["digests"] = c.digests;
-    (*row)["baseline"] = "raw TCP ping-pong, same sizes and depth";
-    (*row)["baseline_iops"] = pp.iops;
     (*row)["baseline_p50_us"] = pp.p50;
-    (*row)["ratio"] = pp.iops > 0 ? iops / pp.iops : 0.0;
+    *row = bench::compared(std::move(*row), "raw TCP ping-pong, same sizes and depth", "iops", iops,
+                           pp.iops);
   }
 
  private:
