@@ -394,6 +394,61 @@ void Agent::finish_batch(Batch* b) {
   release_session(s);
 }
 
+// ---- requests: one row per op --------------------------------------------------
+//
+// Each op's row names the shape its body must have (checked before its handler
+// runs: a request of another shape is malformed, counted and refused) and the
+// handler, which then reads the body without checking its length again.
+
+namespace {
+
+// count entries of `size` bytes make up the whole body.
+bool entries(const AgentHeader& h, uint32_t body_len, size_t size) {
+  return h.count <= body_len / size && static_cast<uint64_t>(h.count) * size == body_len;
+}
+bool one_hello(const AgentHeader& h, uint32_t len) {
+  return h.count == 1 && entries(h, len, sizeof(agent::HelloEntry));
+}
+bool io_entries(const AgentHeader& h, uint32_t len) {
+  return h.count > 0 && entries(h, len, sizeof(IoEntry));
+}
+bool keys(const AgentHeader& h, uint32_t len) {
+  return entries(h, len, sizeof(ChunkKey));
+}
+bool push_body(const AgentHeader& h, uint32_t len) {
+  return h.count > 0 && h.count <= agent::kMaxPushKeys &&
+         len == sizeof(agent::PushHeader) + static_cast<uint64_t>(h.count) * sizeof(ChunkKey);
+}
+bool one_gpu_export(const AgentHeader& h, uint32_t len) {
+  return h.count == 1 && entries(h, len, sizeof(agent::GpuExportEntry));
+}
+bool one_map_id(const AgentHeader& h, uint32_t len) {
+  return h.count == 1 && entries(h, len, sizeof(uint64_t));
+}
+bool empty(const AgentHeader& h, uint32_t len) {
+  return h.count == 0 && len == 0;
+}
+
+}  // namespace
+
+const Agent::OpHandler Agent::kOps[] = {
+    {Op::kHello, &one_hello, &Agent::on_hello},
+    {Op::kStore, &io_entries, &Agent::on_io},
+    {Op::kRetrieve, &io_entries, &Agent::on_io},
+    {Op::kLookup, &keys, &Agent::on_lookup},
+    {Op::kContains, &keys, &Agent::on_keys},
+    {Op::kRemove, &keys, &Agent::on_keys},
+    {Op::kPrefetch, &keys, &Agent::on_keys},
+    {Op::kUnpin, &keys, &Agent::on_keys},
+    {Op::kStats, &empty, &Agent::on_stats},
+    {Op::kClear, &empty, &Agent::on_clear},
+    {Op::kPush, &push_body, &Agent::on_push},
+    {Op::kGpuExport, &one_gpu_export, &Agent::on_gpu_export},
+    {Op::kGpuRelease, &one_map_id, &Agent::on_gpu_release},
+    {Op::kSubscribe, &empty, &Agent::on_subscribe},
+    // kEvents is the agent's to send, never a request: it has no row.
+};
+
 void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
   ++counters_.requests;
   AgentHeader h{};
@@ -410,199 +465,185 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
     reply(s, h, Code::kNotSupported, nullptr, 0);
     return;
   }
-  const Op op = static_cast<Op>(h.op);
-  auto entries_ok = [&](size_t entry_size) {
-    return h.count <= body_len / entry_size &&
-           static_cast<uint64_t>(h.count) * entry_size == body_len;
-  };
-  auto key_allowed = [&](const ChunkKey& k) { return s->model == 0 || k.model == s->model; };
-  switch (op) {
-    case Op::kHello: {
-      agent::HelloEntry e;
-      if (h.count != 1 || !entries_ok(sizeof(e))) break;
-      std::memcpy(&e, body, sizeof(e));
-      s->model = e.model;
-      const agent::HelloReply r{opts_.max_staging_bytes, gpu_->on() ? agent::kHelloGpu : 0};
-      reply(s, h, Code::kSuccess, &r, sizeof(r));
-      return;
-    }
-    case Op::kStore:
-    case Op::kRetrieve: {
-      if (!entries_ok(sizeof(IoEntry)) || h.count == 0) break;
-      if (free_batches_.empty()) {
-        reply(s, h, Code::kAgain, nullptr, 0);
-        return;
-      }
-      Batch* b = free_batches_.back();
-      free_batches_.pop_back();
-      b->session = s;
-      b->hdr = h;
-      b->remaining = h.count + 1;  // +1 until every entry is submitted
-      b->next = 0;
-      b->start_ns = monotonic_ns();
-      ++s->pending;
-      submit_entries(b, body);
-      return;
-    }
-    case Op::kLookup: {
-      if (!entries_ok(sizeof(ChunkKey))) break;
-      const uint64_t lookup_t0 = monotonic_ns();
-      // Keys are copied out of the message into a buffer sized once (no allocation).
-      std::vector<ChunkKey>& ks = lookup_keys_;
-      ks.resize(h.count);
-      std::memcpy(ks.data(), body, h.count * sizeof(ChunkKey));
-      uint32_t allowed = 0;
-      while (allowed < h.count && key_allowed(ks[allowed])) ++allowed;
-      if (allowed < h.count) ++counters_.not_permitted;  // a key of another model ends the run
-      const bool pin = (h.flags & agent::kPin) != 0;
-      const uint32_t hits = cache_->lookup(ks.data(), allowed, pin);
-      if (pin) s->pinned.insert(s->pinned.end(), ks.begin(), ks.begin() + hits);
-      ++counters_.lookups;
-      counters_.lookup_keys += h.count;
-      if (cluster_ && hits < allowed) {
-        // The rest may be on other agents: ask the cluster, answer when it has.
-        if (free_remote_lookups_.empty()) {
-          remote_lookups_.push_back(std::make_unique<RemoteLookup>());
-          remote_lookups_.back()->agent = this;
-          free_remote_lookups_.push_back(remote_lookups_.back().get());
-        }
-        RemoteLookup* r = free_remote_lookups_.back();
-        r->session = s;
-        r->hdr = h;
-        r->keys.assign(ks.begin() + hits, ks.begin() + allowed);
-        r->local = hits;
-        r->pin = pin;
-        r->start_ns = lookup_t0;
-        if (cluster_
-                ->fetch(r->keys.data(), static_cast<uint32_t>(r->keys.size()),
-                        &Agent::remote_lookup_done, r)
-                .ok()) {
-          free_remote_lookups_.pop_back();
-          ++s->pending;
-          return;
-        }
-        // The directory is away: answer from this agent alone.
-      }
-      metrics_->lookup_lat.add(static_cast<double>(monotonic_ns() - lookup_t0) / 1e9);
-      counters_.lookup_hits += hits;
-      reply(s, h, Code::kSuccess, &hits, sizeof(hits));
-      return;
-    }
-    case Op::kContains:
-    case Op::kRemove:
-    case Op::kPrefetch:
-    case Op::kUnpin: {
-      if (!entries_ok(sizeof(ChunkKey))) break;
-      // A spare batch's status bytes when they are long enough (no allocation).
-      uint8_t* st = nullptr;
-      std::vector<uint8_t> fallback;
-      if (!free_batches_.empty() && free_batches_.back()->status.size() >= h.count) {
-        st = free_batches_.back()->status.data();
-      } else {
-        fallback.resize(h.count);
-        st = fallback.data();
-      }
-      for (uint32_t i = 0; i < h.count; ++i) {
-        ChunkKey k;
-        std::memcpy(&k, body + i * sizeof(k), sizeof(k));
-        Status r;
-        if (!key_allowed(k)) {
-          r = Code::kNotPermitted;
-          ++counters_.not_permitted;
-        } else if (op == Op::kContains) {
-          r = cache_->contains(k) ? Status() : Status(Code::kNotFound);
-        } else if (op == Op::kRemove) {
-          r = cache_->remove(k);
-        } else if (op == Op::kUnpin) {
-          cache_->unpin(&k, 1);
-        } else {
-          r = cache_->contains(k) ? cache_->prefetch(k, nullptr, nullptr) : Status(Code::kNotFound);
-        }
-        st[i] = static_cast<uint8_t>(r.code());
-      }
-      reply(s, h, Code::kSuccess, st, h.count);
-      return;
-    }
-    case Op::kPush: {
-      agent::PushHeader ph;
-      if (h.count == 0 || h.count > agent::kMaxPushKeys ||
-          body_len != sizeof(ph) + static_cast<uint64_t>(h.count) * sizeof(ChunkKey))
-        break;
-      std::memcpy(&ph, body, sizeof(ph));
-      if (!cluster_) {
-        reply(s, h, Code::kNotSupported, nullptr, 0);  // not in a cluster
-        return;
-      }
-      auto p = std::make_unique<Push>();
-      p->agent = this;
-      p->session = s;
-      p->hdr = h;
-      p->status.assign(h.count, static_cast<uint8_t>(Code::kNotFound));
-      std::vector<ChunkKey> keys;
-      for (uint32_t i = 0; i < h.count; ++i) {
-        ChunkKey k;
-        std::memcpy(&k, body + sizeof(ph) + i * sizeof(k), sizeof(k));
-        if (!key_allowed(k)) {
-          p->status[i] = static_cast<uint8_t>(Code::kNotPermitted);
-          ++counters_.not_permitted;
-        } else if (cache_->contains(k)) {
-          keys.push_back(k);
-          p->sent.push_back(i);
-        }
-      }
-      Status st = keys.empty()
-                      ? Status(Code::kNotFound)
-                      : cluster_->push(ph.node, keys.data(), static_cast<uint32_t>(keys.size()),
-                                       &Agent::push_done, p.get());
-      if (!st.ok()) {
-        reply(s, h, st, p->status.data(), h.count);
-        return;
-      }
-      ++s->pending;
-      (void)p.release();  // push_done owns it
-      return;
-    }
-    case Op::kGpuExport: {
-      if (h.count != 1 || !entries_ok(sizeof(agent::GpuExportEntry))) break;
-      std::string why;
-      const Status st = gpu_export(s, body, body_len, &why);
-      reply(s, h, st, why.data(), static_cast<uint32_t>(why.size()));
-      return;
-    }
-    case Op::kEvents:  // the agent's to send, never a request
-      break;
-    case Op::kSubscribe: {
-      if (h.count != 0 || body_len != 0) break;
-      subscribe(s);
-      reply(s, h, Code::kSuccess, nullptr, 0);
-      return;
-    }
-    case Op::kGpuRelease: {
-      uint64_t map_id;
-      if (h.count != 1 || !entries_ok(sizeof(map_id))) break;
-      std::memcpy(&map_id, body, sizeof(map_id));
-      reply(s, h, gpu_->remove(&s->gpu, map_id), nullptr, 0);
-      return;
-    }
-    case Op::kClear: {
-      if (h.count != 0 || body_len != 0) break;
-      const uint64_t removed = cache_->clear(s->model);
-      APP_LOG_INFO("agent: client pid %d cleared %llu chunks%s",
-                   static_cast<int>(s->conn->peer().pid), static_cast<unsigned long long>(removed),
-                   s->model ? " of its model" : "");
-      reply(s, h, Code::kSuccess, &removed, sizeof(removed));
-      return;
-    }
-    case Op::kStats: {
-      const std::string j = stats_json(true);  // the asker's own connection is not counted
-      reply(s, h, Code::kSuccess, j.data(), static_cast<uint32_t>(j.size()));
-      return;
-    }
+  for (const OpHandler& row : kOps) {
+    if (row.op != static_cast<Op>(h.op)) continue;
+    if (!row.well_formed(h, body_len)) break;
+    (this->*row.serve)(s, h, body, body_len);
+    return;
   }
   ++counters_.bad_requests;
   LOG_WARN("agent: malformed request (op %u, %u entries, %u bytes) from pid %d", h.op, h.count,
            body_len, static_cast<int>(s->conn->peer().pid));
   reply(s, h, Code::kInvalidValue, nullptr, 0);
+}
+
+bool Agent::key_allowed(const Session* s, const ChunkKey& k) {
+  return s->model == 0 || k.model == s->model;
+}
+
+void Agent::on_hello(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t) {
+  agent::HelloEntry e;
+  std::memcpy(&e, body, sizeof(e));
+  s->model = e.model;
+  const agent::HelloReply r{opts_.max_staging_bytes, gpu_->on() ? agent::kHelloGpu : 0};
+  reply(s, h, Code::kSuccess, &r, sizeof(r));
+}
+
+void Agent::on_io(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t) {
+  if (free_batches_.empty()) {
+    reply(s, h, Code::kAgain, nullptr, 0);
+    return;
+  }
+  Batch* b = free_batches_.back();
+  free_batches_.pop_back();
+  b->session = s;
+  b->hdr = h;
+  b->remaining = h.count + 1;  // +1 until every entry is submitted
+  b->next = 0;
+  b->start_ns = monotonic_ns();
+  ++s->pending;
+  submit_entries(b, body);
+}
+
+void Agent::on_lookup(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t) {
+  const uint64_t lookup_t0 = monotonic_ns();
+  // Keys are copied out of the message into a buffer sized once (no allocation).
+  std::vector<ChunkKey>& ks = lookup_keys_;
+  ks.resize(h.count);
+  std::memcpy(ks.data(), body, h.count * sizeof(ChunkKey));
+  uint32_t allowed = 0;
+  while (allowed < h.count && key_allowed(s, ks[allowed])) ++allowed;
+  if (allowed < h.count) ++counters_.not_permitted;  // a key of another model ends the run
+  const bool pin = (h.flags & agent::kPin) != 0;
+  const uint32_t hits = cache_->lookup(ks.data(), allowed, pin);
+  if (pin) s->pinned.insert(s->pinned.end(), ks.begin(), ks.begin() + hits);
+  ++counters_.lookups;
+  counters_.lookup_keys += h.count;
+  if (cluster_ && hits < allowed) {
+    // The rest may be on other agents: ask the cluster, answer when it has.
+    if (free_remote_lookups_.empty()) {
+      remote_lookups_.push_back(std::make_unique<RemoteLookup>());
+      remote_lookups_.back()->agent = this;
+      free_remote_lookups_.push_back(remote_lookups_.back().get());
+    }
+    RemoteLookup* r = free_remote_lookups_.back();
+    r->session = s;
+    r->hdr = h;
+    r->keys.assign(ks.begin() + hits, ks.begin() + allowed);
+    r->local = hits;
+    r->pin = pin;
+    r->start_ns = lookup_t0;
+    if (cluster_
+            ->fetch(r->keys.data(), static_cast<uint32_t>(r->keys.size()),
+                    &Agent::remote_lookup_done, r)
+            .ok()) {
+      free_remote_lookups_.pop_back();
+      ++s->pending;
+      return;
+    }
+    // The directory is away: answer from this agent alone.
+  }
+  metrics_->lookup_lat.add(static_cast<double>(monotonic_ns() - lookup_t0) / 1e9);
+  counters_.lookup_hits += hits;
+  reply(s, h, Code::kSuccess, &hits, sizeof(hits));
+}
+
+// CONTAINS, REMOVE, PREFETCH, UNPIN: a status byte per key.
+void Agent::on_keys(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t) {
+  const Op op = static_cast<Op>(h.op);
+  // A spare batch's status bytes when they are long enough (no allocation).
+  uint8_t* st = nullptr;
+  std::vector<uint8_t> fallback;
+  if (!free_batches_.empty() && free_batches_.back()->status.size() >= h.count) {
+    st = free_batches_.back()->status.data();
+  } else {
+    fallback.resize(h.count);
+    st = fallback.data();
+  }
+  for (uint32_t i = 0; i < h.count; ++i) {
+    ChunkKey k;
+    std::memcpy(&k, body + i * sizeof(k), sizeof(k));
+    Status r;
+    if (!key_allowed(s, k)) {
+      r = Code::kNotPermitted;
+      ++counters_.not_permitted;
+    } else if (op == Op::kContains) {
+      r = cache_->contains(k) ? Status() : Status(Code::kNotFound);
+    } else if (op == Op::kRemove) {
+      r = cache_->remove(k);
+    } else if (op == Op::kUnpin) {
+      cache_->unpin(&k, 1);
+    } else {
+      r = cache_->contains(k) ? cache_->prefetch(k, nullptr, nullptr) : Status(Code::kNotFound);
+    }
+    st[i] = static_cast<uint8_t>(r.code());
+  }
+  reply(s, h, Code::kSuccess, st, h.count);
+}
+
+void Agent::on_push(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t) {
+  agent::PushHeader ph;
+  std::memcpy(&ph, body, sizeof(ph));
+  if (!cluster_) {
+    reply(s, h, Code::kNotSupported, nullptr, 0);  // not in a cluster
+    return;
+  }
+  auto p = std::make_unique<Push>();
+  p->agent = this;
+  p->session = s;
+  p->hdr = h;
+  p->status.assign(h.count, static_cast<uint8_t>(Code::kNotFound));
+  std::vector<ChunkKey> keys;
+  for (uint32_t i = 0; i < h.count; ++i) {
+    ChunkKey k;
+    std::memcpy(&k, body + sizeof(ph) + i * sizeof(k), sizeof(k));
+    if (!key_allowed(s, k)) {
+      p->status[i] = static_cast<uint8_t>(Code::kNotPermitted);
+      ++counters_.not_permitted;
+    } else if (cache_->contains(k)) {
+      keys.push_back(k);
+      p->sent.push_back(i);
+    }
+  }
+  Status st = keys.empty()
+                  ? Status(Code::kNotFound)
+                  : cluster_->push(ph.node, keys.data(), static_cast<uint32_t>(keys.size()),
+                                   &Agent::push_done, p.get());
+  if (!st.ok()) {
+    reply(s, h, st, p->status.data(), h.count);
+    return;
+  }
+  ++s->pending;
+  (void)p.release();  // push_done owns it
+}
+
+void Agent::on_gpu_export(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t len) {
+  std::string why;
+  const Status st = gpu_export(s, body, len, &why);
+  reply(s, h, st, why.data(), static_cast<uint32_t>(why.size()));
+}
+
+void Agent::on_gpu_release(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t) {
+  uint64_t map_id;
+  std::memcpy(&map_id, body, sizeof(map_id));
+  reply(s, h, gpu_->remove(&s->gpu, map_id), nullptr, 0);
+}
+
+void Agent::on_subscribe(Session* s, const AgentHeader& h, const uint8_t*, uint32_t) {
+  subscribe(s);
+  reply(s, h, Code::kSuccess, nullptr, 0);
+}
+
+void Agent::on_clear(Session* s, const AgentHeader& h, const uint8_t*, uint32_t) {
+  const uint64_t removed = cache_->clear(s->model);
+  APP_LOG_INFO("agent: client pid %d cleared %llu chunks%s", static_cast<int>(s->conn->peer().pid),
+               static_cast<unsigned long long>(removed), s->model ? " of its model" : "");
+  reply(s, h, Code::kSuccess, &removed, sizeof(removed));
+}
+
+void Agent::on_stats(Session* s, const AgentHeader& h, const uint8_t*, uint32_t) {
+  const std::string j = stats_json(true);  // the asker's own connection is not counted
+  reply(s, h, Code::kSuccess, j.data(), static_cast<uint32_t>(j.size()));
 }
 
 Status Agent::gpu_export(Session* s, const uint8_t* body, uint32_t len, std::string* why) {

@@ -97,6 +97,27 @@ class Agent {
   static void on_send_done(ComchSendTask* t, UserData, UserData ud);
   static void op_done(void* arg, Status st);
   void handle(Session* s, const uint8_t* d, uint32_t n);
+  // The request handlers, one per op (agent.cc's kOps: each beside the body shape
+  // it is given, already checked).
+  using Handler = void (Agent::*)(Session* s, const agent::AgentHeader& h, const uint8_t* body,
+                                  uint32_t len);
+  struct OpHandler {
+    agent::Op op;
+    bool (*well_formed)(const agent::AgentHeader& h, uint32_t body_len);
+    Handler serve;
+  };
+  static const OpHandler kOps[];
+  static bool key_allowed(const Session* s, const ChunkKey& k);
+  void on_hello(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
+  void on_io(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
+  void on_lookup(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
+  void on_keys(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
+  void on_push(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
+  void on_gpu_export(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
+  void on_gpu_release(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
+  void on_subscribe(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
+  void on_clear(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
+  void on_stats(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   void reply(Session* s, const agent::AgentHeader& req, Status st, const void* body, uint32_t len);
   void finish_batch(Batch* b);
   void submit_entries(Batch* b, const uint8_t* body);
