@@ -324,6 +324,66 @@ TEST_F(AgentTest, HostileRequestsGetClearErrors) {
   EXPECT_NE(stats.find("\"not_permitted\":2"), std::string::npos) << stats;
 }
 
+// Every op, given a body of another shape than its own (one byte too many, or a
+// count that does not match), is refused as malformed before its handler runs; so
+// are an unknown op and EVENTS, which only the agent sends. The agent goes on.
+TEST_F(AgentTest, EveryOpRefusesABodyOfAnotherShape) {
+  start_agent();
+  auto c = client();
+  auto status_of = [&](agent::Op op, uint32_t count, size_t body_len) {
+    std::vector<uint8_t> msg(sizeof(agent::AgentHeader) + body_len, 0);
+    agent::AgentHeader h{};
+    h.op = static_cast<uint16_t>(op);
+    h.version = agent::kProtocolVersion;
+    h.count = count;
+    h.request_id = 90;
+    std::memcpy(msg.data(), &h, sizeof(h));
+    std::vector<uint8_t> resp;
+    EXPECT_TRUE(c->raw_request(msg.data(), static_cast<uint32_t>(msg.size()), &resp).ok());
+    if (resp.size() < sizeof(agent::AgentHeader)) return Code::kUnknown;
+    agent::AgentHeader r;
+    std::memcpy(&r, resp.data(), sizeof(r));
+    return static_cast<Code>(r.status);
+  };
+  const size_t key = sizeof(ChunkKey);
+  const struct {
+    agent::Op op;
+    uint32_t count;
+    size_t len;
+  } bad[] = {
+      {agent::Op::kHello, 1, sizeof(agent::HelloEntry) + 1},
+      {agent::Op::kHello, 2, 2 * sizeof(agent::HelloEntry)},
+      {agent::Op::kStore, 0, 0},
+      {agent::Op::kStore, 1, sizeof(agent::IoEntry) - 1},
+      {agent::Op::kRetrieve, 2, sizeof(agent::IoEntry)},
+      {agent::Op::kLookup, 1, key + 1},
+      {agent::Op::kContains, 3, 2 * key},
+      {agent::Op::kRemove, 1, 0},
+      {agent::Op::kPrefetch, 0, key},
+      {agent::Op::kUnpin, 2, key},
+      {agent::Op::kStats, 1, 0},
+      {agent::Op::kClear, 0, 8},
+      {agent::Op::kPush, 1, sizeof(agent::PushHeader)},
+      {agent::Op::kPush, agent::kMaxPushKeys + 1,
+       sizeof(agent::PushHeader) + (agent::kMaxPushKeys + 1) * key},
+      {agent::Op::kGpuExport, 1, sizeof(agent::GpuExportEntry) - 1},
+      {agent::Op::kGpuRelease, 1, 4},
+      {agent::Op::kSubscribe, 1, 0},
+      {agent::Op::kEvents, 0, 0},
+      {static_cast<agent::Op>(99), 0, 0},
+  };
+  for (const auto& b : bad)
+    EXPECT_EQ(status_of(b.op, b.count, b.len), Code::kInvalidValue)
+        << "op " << static_cast<int>(b.op) << ", " << b.count << " entries, " << b.len << " bytes";
+  // The well-formed form of a few of them still works on the same connection.
+  EXPECT_EQ(status_of(agent::Op::kLookup, 1, key), Code::kSuccess);
+  EXPECT_EQ(status_of(agent::Op::kStats, 0, 0), Code::kSuccess);
+  std::string stats;
+  ASSERT_TRUE(c->stats_json(&stats).ok());
+  const std::string want = "\"bad_requests\":" + std::to_string(std::size(bad));
+  EXPECT_NE(stats.find(want), std::string::npos) << stats;
+}
+
 TEST_F(AgentTest, AsynchronousSubmitThenWait) {
   start_agent();
   auto c = client();
