@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cluster/directory_event.h"
+#include "cluster/directory/directory_event.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace ev = dpukv::directory_event;

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "cluster/ucx_node.h"
+#include "cluster/ucx/ucx_node.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   dpukv::PeerDescription d;

@@ -27,12 +27,30 @@ ALLOWED = {
     "tools": {"runtime", "protocol", "engines", "comch", "nvme", "rpc", "cache", "cluster",
               "agent", "client", "nvmf"},
 }
+# Rooms: sub-folders with a row of their own (a room of a folder is built into that
+# folder's library). The cluster's endpoint and directory know nothing of the cache
+# or of each other; the node composes them.
+ROOMS = ("cluster/ucx", "cluster/directory")
+ALLOWED.update({
+    "cluster/ucx": {"runtime"},
+    "cluster/directory": {"runtime", "protocol"},
+})
+ALLOWED["cluster"] |= {"cluster/ucx", "cluster/directory"}
+ALLOWED["tools"] |= {"cluster/ucx", "cluster/directory"}
 # Libraries whose sources are not in a folder of their own name.
 LIB_FOLDER = {"dpukv_crc32c": "runtime", "dpukv_client_shared": "client", "dpukv": "tools"}
 # Include roots that are not src/ folders: the folder whose library exports them.
 EXPORTED = {"dpukv": "client"}
 
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/')
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_/]+)/[^/"]+"')
+
+
+def unit(path):
+    """The row a folder path (relative to src/) belongs to: its room, or its top folder."""
+    for room in ROOMS:
+        if path == room or path.startswith(room + "/"):
+            return room
+    return path.split("/")[0]
 
 
 def include_graph(src):
@@ -41,16 +59,17 @@ def include_graph(src):
         top = os.path.join(src, folder)
         if not os.path.isdir(top):
             continue
-        uses = deps.setdefault(folder, set())
         for root, _, files in os.walk(top):
+            me = unit(os.path.relpath(root, src))
+            uses = deps.setdefault(me, set())
             for f in files:
                 if not f.endswith((".h", ".cc")) or f.endswith("_test.cc"):
                     continue
                 with open(os.path.join(root, f), encoding="utf-8") as fh:
                     for line in fh:
                         m = INCLUDE.match(line)
-                        if m and m.group(1) != folder:
-                            uses.add(m.group(1))
+                        if m and unit(m.group(1)) != me:
+                            uses.add(unit(m.group(1)))
     return deps
 
 
@@ -90,7 +109,8 @@ def problems(deps, linked):
             out.append(f"src/{folder} includes src/{d}, which ALLOWED does not let it")
     for folder, allowed in sorted(ALLOWED.items()):
         for d in sorted(allowed):
-            if EXPORTED.get(d, d) not in linked.get(folder, set()) | {folder}:
+            lib, dep = folder.split("/")[0], EXPORTED.get(d, d).split("/")[0]
+            if dep not in linked.get(lib, set()) | {lib}:
                 out.append(f"ALLOWED lets src/{folder} include src/{d}, "
                            f"but its library does not link {d}'s")
     for folder in sorted(deps):
@@ -113,8 +133,9 @@ def main():
     linked = link_graph(cmakelists)
     # The checks must be able to fail: an include the table forbids, a folder it
     # does not know, and a cycle are each reported.
-    for bad in ({"comch": {"cache"}}, {"newfolder": set()}, {"engines": {"runtime"},
-                                                               "runtime": {"engines"}}):
+    for bad in ({"comch": {"cache"}}, {"newfolder": set()}, {"cluster/ucx": {"cache"}},
+                {"cluster/directory": {"cluster/ucx"}},
+                {"engines": {"runtime"}, "runtime": {"engines"}}):
         assert problems(bad, linked), f"layering check misses {bad}"
     for folder in sorted(deps):
         print(f"{folder:10s} -> {', '.join(sorted(deps[folder])) or '-'}")

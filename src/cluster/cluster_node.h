@@ -32,9 +32,9 @@
 #include <vector>
 
 #include "cache/cache_engine.h"
-#include "cluster/directory.h"
+#include "cluster/directory/directory.h"
 #include "cluster/peer_wire.h"
-#include "cluster/ucx_node.h"
+#include "cluster/ucx/ucx_node.h"
 #include "runtime/context.h"
 
 namespace dpukv {

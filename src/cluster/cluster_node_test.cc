@@ -19,7 +19,7 @@
 
 #include "cache/cache_test_harness.h"
 #include "cluster/cluster_node_parts.h"
-#include "cluster/redis_test_server.h"
+#include "testing/redis_test_server.h"
 
 namespace dpukv {
 namespace {
@@ -203,7 +203,7 @@ bool wait_published(Agent& b, const std::vector<ProgressEngine*>& pes, uint64_t 
 }
 
 TEST(ClusterNode, RemoteChunksAreReadIntoTheLocalCacheCheckedAndServed) {
-  Redis redis(free_port());
+  Redis redis;
   Agent a(redis.port()), b(redis.port());
   const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
   for (uint64_t k = 1; k <= 6; ++k) ASSERT_TRUE(a.h.store(key(k), kChunk).ok());
@@ -242,7 +242,7 @@ struct PushResult {
 };
 
 TEST(ClusterNode, PushedChunksAreInTheDestinationBeforeItAsks) {
-  Redis redis(free_port());
+  Redis redis;
   Agent a(redis.port()), b(redis.port(), 500);
   const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
   for (uint64_t k = 1; k <= 4; ++k) ASSERT_TRUE(a.h.store(key(k), kChunk).ok());
@@ -277,7 +277,7 @@ TEST(ClusterNode, PushedChunksAreInTheDestinationBeforeItAsks) {
 }
 
 TEST(ClusterNode, TheRemoteTierServesChunksNoLiveAgentHolds) {
-  Redis redis(free_port());
+  Redis redis;
   Agent b(redis.port(), 2000, true);
   {
     Agent a(redis.port(), 2000, true);
@@ -334,7 +334,7 @@ TEST(ClusterNode, TheRemoteTierServesChunksNoLiveAgentHolds) {
 // With the remote tier on, a key whose listed holder fails it (a stale entry, a
 // copy that fails its checksum) is looked for in the tier before it is a miss.
 TEST(ClusterNode, AKeyWhoseListedHolderFailsComesFromTheRemoteTier) {
-  Redis redis(free_port());
+  Redis redis;
   Agent a(redis.port(), 2000, true), b(redis.port(), 2000, true);
   const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
   ASSERT_TRUE(until(pes, [&] { return a.node->directory_connected(); }));
@@ -375,7 +375,7 @@ TEST(ClusterNode, AKeyWhoseListedHolderFailsComesFromTheRemoteTier) {
 }
 
 TEST(ClusterNode, StaleEntriesAndCorruptCopiesAreMissesNeverWrongBytes) {
-  Redis redis(free_port());
+  Redis redis;
   Agent a(redis.port()), b(redis.port());
   const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
   ASSERT_TRUE(a.h.store(key(1), kChunk).ok());
@@ -399,7 +399,7 @@ TEST(ClusterNode, StaleEntriesAndCorruptCopiesAreMissesNeverWrongBytes) {
 }
 
 TEST(ClusterNode, RedisAwayFetchFailsAtOnceAndComesBackWithIt) {
-  Redis redis(free_port());
+  Redis redis;
   Agent a(redis.port()), b(redis.port());
   const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
   ASSERT_TRUE(a.h.store(key(1), kChunk).ok());
@@ -425,7 +425,7 @@ TEST(ClusterNode, RedisAwayFetchFailsAtOnceAndComesBackWithIt) {
 }
 
 TEST(ClusterNode, AHolderKilledMidWayIsAMissAndOthersAreStillServed) {
-  Redis redis(free_port());
+  Redis redis;
   (void)test_prefix();
   int ready[2];
   ASSERT_EQ(pipe(ready), 0);
@@ -481,7 +481,7 @@ TEST(ClusterNode, AHolderKilledMidWayIsAMissAndOthersAreStillServed) {
 // an UNPIN for another request releases nothing, so no peer can unpin chunks that
 // another reader is reading.
 TEST(ClusterNode, LentPinsGoBackOnlyToTheirReaderOrAfterTheLendTimeout) {
-  Redis redis(free_port());
+  Redis redis;
   Agent a(redis.port()), b(redis.port());
   const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
   ASSERT_TRUE(a.h.store(key(1), kChunk).ok());
@@ -519,7 +519,7 @@ TEST(ClusterNode, LentPinsGoBackOnlyToTheirReaderOrAfterTheLendTimeout) {
 }
 
 TEST(ClusterNode, APeerSendingGarbageIsCountedAndOthersAreServed) {
-  Redis redis(free_port());
+  Redis redis;
   Agent a(redis.port()), b(redis.port());
   const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
   ASSERT_TRUE(a.h.store(key(1), kChunk).ok());
@@ -551,7 +551,7 @@ TEST(ClusterNode, APeerSendingGarbageIsCountedAndOthersAreServed) {
 // as put only when Redis accepted it; the others are counted as failures (they were
 // once all counted as written, with nothing in Redis and nothing said).
 TEST(ClusterNode, RemoteTierWritesRedisRefusesAreCountedAsFailures) {
-  Redis redis(free_port(), {"--maxmemory", "3mb", "--maxmemory-policy", "noeviction"});
+  Redis redis(Redis::kAnyPort, {"--maxmemory", "3mb", "--maxmemory-policy", "noeviction"});
   ASSERT_TRUE(redis.running());
   Agent a(redis.port(), 2000, true);
   const std::vector<ProgressEngine*> pes = {a.h.pe_.get()};
@@ -569,7 +569,7 @@ TEST(ClusterNode, RemoteTierWritesRedisRefusesAreCountedAsFailures) {
 // once its lease is gone and nothing is in flight to it: peer_stats() and the
 // per-peer metrics do not grow with every restart.
 TEST(ClusterNode, PeersThatLeftTheClusterAreForgotten) {
-  Redis redis(free_port());
+  Redis redis;
   Agent b(redis.port());
   for (int round = 0; round < 3; ++round) {
     Agent a(redis.port());

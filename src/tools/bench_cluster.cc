@@ -19,8 +19,8 @@
 #include <spawn.h>
 
 #include "client/client.h"
-#include "cluster/directory.h"
-#include "cluster/ucx_node.h"
+#include "cluster/directory/directory.h"
+#include "cluster/ucx/ucx_node.h"
 #include "runtime/child_process.h"
 #include "runtime/host_port.h"
 #include "runtime/log.h"

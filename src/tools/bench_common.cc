@@ -25,6 +25,7 @@
 
 #include <thread>
 
+#include "cluster/directory/redis_server.h"
 #include "runtime/child_process.h"
 #include "tools/arg_parse.h"
 
@@ -267,56 +268,10 @@ bool run_program(const std::vector<std::string>& args) {
 }
 
 pid_t start_redis_server(uint16_t* port, const std::string& bind) {
-  int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  if (inet_pton(AF_INET, bind.c_str(), &a.sin_addr) != 1) {
-    if (s >= 0) ::close(s);
-    return -1;
-  }
-  socklen_t len = sizeof(a);
-  if (s < 0 || ::bind(s, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
-      ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (s >= 0) ::close(s);
-    return -1;
-  }
-  ::close(s);
-  *port = ntohs(a.sin_port);
-  const std::string ps = std::to_string(*port);
-  const char* argv[] = {"redis-server",
-                        "--port",
-                        ps.c_str(),
-                        "--bind",
-                        bind.c_str(),
-                        "--save",
-                        "",
-                        "--appendonly",
-                        "no",
-                        "--logfile",
-                        "/dev/null",
-                        "--protected-mode",
-                        bind == "127.0.0.1" ? "yes" : "no",
-                        nullptr};
-  pid_t pid = -1;
-  // Its output goes to /dev/null, not to ours (a pipe someone may wait on).
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  const int rc =
-      posix_spawnp(&pid, "redis-server", &fa, nullptr, const_cast<char**>(argv), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return -1;
-  for (int i = 0; i < 500; ++i) {
-    const int c = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const bool up = c >= 0 && ::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    if (c >= 0) ::close(c);
-    if (up) return pid;
-    usleep(10000);
-  }
-  (void)signal_child(pid, SIGKILL);
-  (void)reap_child(pid, nullptr);
-  return -1;
+  RedisServerOptions o;
+  o.bind = bind;
+  o.wait_ms = 5000;
+  return dpukv::start_redis_server(o, port);
 }
 
 bool run_gnuplot(const std::string& script, const std::string& out_path, std::string* err) {

@@ -3,8 +3,8 @@
 #include <cstring>
 #include <string>
 
-#include "cluster/directory.h"
-#include "cluster/directory_event.h"
+#include "cluster/directory/directory.h"
+#include "cluster/directory/directory_event.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 

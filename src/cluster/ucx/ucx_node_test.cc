@@ -3,7 +3,7 @@
 // byte; ranges outside the region refused; control messages with the sender
 // known; malformed descriptions refused; a peer killed (a child process) fails
 // reads with CONNECTION_RESET, and the survivor keeps serving others.
-#include "cluster/ucx_node.h"
+#include "cluster/ucx/ucx_node.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-#include "cluster/redis_link.h"
+#include "cluster/directory/redis_link.h"
 
 #include <sys/epoll.h>
 

@@ -1,4 +1,4 @@
-#include "cluster/ucx_node.h"
+#include "cluster/ucx/ucx_node.h"
 
 #include <dirent.h>
 #include <sys/epoll.h>

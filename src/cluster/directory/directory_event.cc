@@ -1,4 +1,4 @@
-#include "cluster/directory_event.h"
+#include "cluster/directory/directory_event.h"
 
 #include <cstring>
 

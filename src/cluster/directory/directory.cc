@@ -1,10 +1,10 @@
-#include "cluster/directory.h"
+#include "cluster/directory/directory.h"
 
 #include <algorithm>
 #include <cstring>
 #include <ctime>
 
-#include "cluster/directory_event.h"
+#include "cluster/directory/directory_event.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 

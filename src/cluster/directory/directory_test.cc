@@ -3,7 +3,7 @@
 // dead node's entries age out with its lease; Redis stopped: lookups fail at once
 // and the agent goes on; Redis back: the node reconnects and publishes again
 // everything it holds.
-#include "cluster/directory.h"
+#include "cluster/directory/directory.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -21,9 +21,9 @@
 
 #include <hiredis/hiredis.h>
 
-#include "cluster/directory_replica.h"
-#include "cluster/redis_test_server.h"
+#include "cluster/directory/directory_replica.h"
 #include "runtime/log.h"
+#include "testing/redis_test_server.h"
 
 namespace dpukv {
 namespace {
@@ -96,8 +96,8 @@ Answer ask(std::vector<Node*> all, Node& n, std::vector<ChunkKey> keys) {
 // The same answers whether b asks Redis (one MGET) or its replica.
 void publish_lookup_remove_and_age_out(bool replicate) {
   log_set_level(LogSource::kLib, LogLevel::kDisable);
-  const uint16_t port = free_port();
-  Redis redis(port);
+  Redis redis;
+  const uint16_t port = redis.port();
   ASSERT_TRUE(redis.running()) << "redis-server could not be started";
   Node a(port, 0xa1, 300, replicate), b(port, 0xb2, 5000, replicate);
   ASSERT_TRUE(serve({&a, &b}, [&] {
@@ -237,8 +237,8 @@ std::string hex16(uint64_t v) {
 // malformed event is counted and changes nothing.
 TEST(Directory, TheReplicaAnswersWithoutARoundTripAndResyncsAfterItsFeedIsCut) {
   log_set_level(LogSource::kLib, LogLevel::kDisable);
-  const uint16_t port = free_port();
-  Redis redis(port);
+  Redis redis;
+  const uint16_t port = redis.port();
   ASSERT_TRUE(redis.running());
   Node a(port, 0xa1);
   ASSERT_TRUE(serve({&a}, [&] { return a.dir->connected(); }));
@@ -312,8 +312,8 @@ TEST(DirectoryReplica, HoldersAddDropBoundsAndOverflow) {
 
 TEST(Directory, RedisAwayThenBackTheNodePublishesAgain) {
   log_set_level(LogSource::kLib, LogLevel::kDisable);
-  const uint16_t port = free_port();
-  Redis redis(port);
+  Redis redis;
+  const uint16_t port = redis.port();
   ASSERT_TRUE(redis.running());
   Node a(port, 0xa1), b(port, 0xb2);
   ASSERT_TRUE(serve({&a, &b}, [&] { return a.dir->connected() && b.dir->connected(); }));
@@ -354,7 +354,7 @@ TEST(Directory, UnreachableAtStartIsRetriedNotFatal) {
 // the right one work as ever; one with none or a wrong one never comes up, and is
 // counted as unable to reach Redis (its log says Redis' words: NOAUTH, WRONGPASS).
 TEST(Directory, UsesARedisWithAPasswordAndAnAclUser) {
-  Redis redis(free_port(),
+  Redis redis(Redis::kAnyPort,
               {"--requirepass", "s3cret", "--user", "agent", "on", ">pw2", "~*", "&*", "+@all"});
   ASSERT_TRUE(redis.running());
   Node a(redis.port(), 1, 5000, true, "", "s3cret");  // the default user
@@ -393,8 +393,8 @@ TEST(Directory, UsesARedisWithAPasswordAndAnAclUser) {
 // and repeated holders costs one clean-up for the key and keeps the live ones.
 void poisoned_values(bool replicate) {
   log_set_level(LogSource::kLib, LogLevel::kDisable);
-  const uint16_t port = free_port();
-  Redis redis(port);
+  Redis redis;
+  const uint16_t port = redis.port();
   ASSERT_TRUE(redis.running());
   RawRedis raw(port);
   std::string huge = ",";
@@ -450,8 +450,8 @@ TEST(Directory, APoisonedHolderListIsCountedAndDeletedInOneStepWithoutReplica) {
 // and when Redis is back the node works again.
 TEST(Directory, AHungRedisMakesLookupsMissSoonAndDoesNotHoldTheStop) {
   log_set_level(LogSource::kLib, LogLevel::kDisable);
-  const uint16_t port = free_port();
-  Redis redis(port);
+  Redis redis;
+  const uint16_t port = redis.port();
   ASSERT_TRUE(redis.running());
   auto a = std::make_unique<Node>(port, 0xa1, 5000, false);
   ASSERT_TRUE(serve(

@@ -34,8 +34,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "cluster/directory_replica.h"
-#include "cluster/redis_link.h"
+#include "cluster/directory/directory_replica.h"
+#include "cluster/directory/redis_link.h"
 #include "protocol/chunk_key.h"
 #include "runtime/context.h"
 #include "runtime/progress_engine.h"

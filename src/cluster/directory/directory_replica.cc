@@ -1,4 +1,4 @@
-#include "cluster/directory_replica.h"
+#include "cluster/directory/directory_replica.h"
 
 #include <algorithm>
 
