@@ -10,14 +10,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "agent/agent_settings.h"
 #include "client/client.h"
 #include "protocol/agent_wire.h"
 #include "runtime/child_process.h"
@@ -382,6 +385,49 @@ TEST_F(AgentTest, EveryOpRefusesABodyOfAnotherShape) {
   ASSERT_TRUE(c->stats_json(&stats).ok());
   const std::string want = "\"bad_requests\":" + std::to_string(std::size(bad));
   EXPECT_NE(stats.find(want), std::string::npos) << stats;
+}
+
+// A program that embeds an agent takes the same settings the CLI does, without the
+// CLI: defaults, a config file, values of its own; bad ones are said, not run.
+TEST_F(AgentTest, AnEmbeddingProgramStartsAnAgentFromSettings) {
+  const std::string config = disk_ + ".yaml";
+  {
+    std::ofstream f(config);
+    f << "max_chunk_size: 1M\nmemory_bytes: 64M\neviction: s3fifo\nmetrics_port: 0\n";
+  }
+  AgentSettings st = default_agent_settings();
+  std::ostringstream why;
+  ASSERT_TRUE(apply_config_file(config, &st, why)) << why.str();
+  st.at("socket").value = socket_;
+  ASSERT_TRUE(check_settings(st, why)) << why.str();
+  AgentOptions o;
+  ASSERT_TRUE(agent_options_from_settings(&st, &o, why)) << why.str();
+  EXPECT_EQ(o.cache.memory_bytes, 64u << 20);
+  EXPECT_EQ(o.cache.policy, "s3fifo");
+  std::unique_ptr<Agent> agent;
+  ASSERT_TRUE(Agent::create(o, &agent).ok());
+  std::atomic<bool> stop{false};
+  agent->set_on_ready([&] { stop = true; });  // served once: enough here
+  EXPECT_TRUE(agent->run(&stop).ok());
+  agent.reset();
+  // A bad value and a setting that does not exist are said, each with where it came from.
+  AgentSettings bad = default_agent_settings();
+  bad.at("max_requests").value = "0";
+  bad.at("max_requests").origin = "--max-requests";
+  std::ostringstream why_bad;
+  EXPECT_TRUE(check_settings(bad, why_bad));  // a count: parsed, then refused as options
+  EXPECT_FALSE(agent_options_from_settings(&bad, &o, why_bad));
+  EXPECT_NE(why_bad.str().find("--max-requests"), std::string::npos) << why_bad.str();
+  {
+    std::ofstream f(config);
+    f << "memory_bytes: 64M\nno_such_setting: 1\n";
+  }
+  std::ostringstream why_file;
+  EXPECT_FALSE(apply_config_file(config, &bad, why_file));
+  EXPECT_NE(why_file.str().find(config + ":2: unknown setting 'no_such_setting'"),
+            std::string::npos)
+      << why_file.str();
+  std::filesystem::remove(config);
 }
 
 TEST_F(AgentTest, AsynchronousSubmitThenWait) {

@@ -27,7 +27,7 @@
 
 #include "cluster/directory/redis_server.h"
 #include "runtime/child_process.h"
-#include "tools/arg_parse.h"
+#include "runtime/arg_parse.h"
 
 extern char** environ;
 

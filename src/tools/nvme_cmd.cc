@@ -20,7 +20,7 @@
 #include "nvmf/vfio_user/emulation_manager.h"
 #include "runtime/host_port.h"
 #include "runtime/log.h"
-#include "tools/arg_parse.h"
+#include "runtime/arg_parse.h"
 #include "tools/bench_common.h"
 #include "tools/nvme_perf.h"
 

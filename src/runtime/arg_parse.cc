@@ -1,4 +1,4 @@
-#include "tools/arg_parse.h"
+#include "runtime/arg_parse.h"
 
 #include <cmath>
 
