@@ -6,6 +6,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "nvmf/rpc_bdev.h"
+#include "nvmf/rpc_emulation.h"
+#include "nvmf/rpc_subsystem.h"
+#include "nvmf/rpc_transport.h"
 #include "runtime/log.h"
 
 namespace dpukv::nvme {
@@ -16,27 +20,28 @@ using rpc::RpcError;
 
 Status NvmfApp::create(const AppOptions& o, std::unique_ptr<NvmfApp>* out) {
   std::unique_ptr<NvmfApp> a(new NvmfApp());
-  a->opts_ = o;
-  a->bdev_limits_.max_memory_bytes = o.max_malloc_bytes != 0
-                                         ? o.max_malloc_bytes
-                                         : static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
-                                               static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) / 2;
+  a->app_.opts = o;
+  a->app_.bdev_limits.max_memory_bytes = o.max_malloc_bytes != 0
+                                             ? o.max_malloc_bytes
+                                             : static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                                                   static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) / 2;
   TcpTransportOptions to;
   to.cpu = o.cpu;
-  if (Status st = NvmfTarget::create(to, &a->target_); !st.ok()) return st;
+  if (Status st = NvmfTarget::create(to, &a->app_.target); !st.ok()) return st;
   ManagerOptions mo;
   mo.own_thread = false;  // polled in the target's poll group
-  if (Status st = EmulationManager::create(mo, &a->emu_); !st.ok()) return st;
-  a->target_->attach_emulation(a->emu_.get());
-  a->tcp_ = std::make_unique<TcpAppTransport>(a->target_.get());
-  a->vfio_user_ = std::make_unique<VfioUserAppTransport>(a->target_.get(), a->emu_.get());
-  a->transports_[0] = a->tcp_.get();
-  a->transports_[1] = a->vfio_user_.get();
+  if (Status st = EmulationManager::create(mo, &a->app_.emu); !st.ok()) return st;
+  a->app_.target->attach_emulation(a->app_.emu.get());
+  a->app_.tcp = std::make_unique<TcpAppTransport>(a->app_.target.get());
+  a->app_.vfio_user =
+      std::make_unique<VfioUserAppTransport>(a->app_.target.get(), a->app_.emu.get());
+  a->app_.transports[0] = a->app_.tcp.get();
+  a->app_.transports[1] = a->app_.vfio_user.get();
   a->register_framework_methods();
-  a->register_bdev_methods();
-  a->register_transport_methods();
-  a->register_subsystem_methods();
-  a->register_emulation_methods();
+  register_bdev_methods(a->app_);
+  register_transport_methods(a->app_);
+  register_subsystem_methods(a->app_);
+  register_emulation_methods(a->app_);
   // As SPDK does: the RPC socket opens only once the configuration is applied, so
   // no call sees (or races with) a half-configured target. With --wait-for-rpc the
   // configuration is applied by framework_start_init, on the RPC thread.
@@ -47,34 +52,34 @@ Status NvmfApp::create(const AppOptions& o, std::unique_ptr<NvmfApp>* out) {
       return Code::kInvalidValue;
     }
   }
-  if (Status st = a->rpc_.start(o.rpc_socket, o.rpcs_allowed); !st.ok()) return st;
+  if (Status st = a->app_.rpc.start(o.rpc_socket, o.rpcs_allowed); !st.ok()) return st;
   *out = std::move(a);
   return Code::kSuccess;
 }
 
 NvmfApp::~NvmfApp() {
-  rpc_.stop();
-  vfio_user_.reset();  // destroys its functions on the poll thread
-  tcp_.reset();
-  if (target_) target_->attach_emulation(nullptr);
-  emu_.reset();
-  target_.reset();
+  app_.rpc.stop();
+  app_.vfio_user.reset();  // destroys its functions on the poll thread
+  app_.tcp.reset();
+  if (app_.target) app_.target->attach_emulation(nullptr);
+  app_.emu.reset();
+  app_.target.reset();
 }
 
-AppTransport* NvmfApp::find_transport(const std::string& trtype) {
+AppTransport* AppState::find_transport(const std::string& trtype) {
   std::string t = trtype;
   std::transform(t.begin(), t.end(), t.begin(), ::toupper);
-  for (AppTransport* tr : transports_)
+  for (AppTransport* tr : transports)
     if (t == tr->trtype()) return tr;
   return nullptr;
 }
 
 RpcError NvmfApp::framework_start_init() {
-  if (rpc_.running()) return RpcError{rpc::kInvalidState, "framework is already initialized"};
-  rpc_.set_running(true);
-  if (!opts_.config.empty()) {
+  if (app_.rpc.running()) return RpcError{rpc::kInvalidState, "framework is already initialized"};
+  app_.rpc.set_running(true);
+  if (!app_.opts.config.empty()) {
     std::string err;
-    if (!load_config(opts_.config, &err).ok())
+    if (!load_config(app_.opts.config, &err).ok())
       return RpcError{rpc::kInternalError, "config: " + err};
   }
   return {};
@@ -108,7 +113,7 @@ Status NvmfApp::load_config(const std::string& path, std::string* error) {
       }
       Json req{{"jsonrpc", "2.0"}, {"id", id++}, {"method", call["method"]}};
       if (call.contains("params")) req["params"] = call["params"];
-      Json resp = rpc_.dispatch(req);
+      Json resp = app_.rpc.dispatch(req);
       if (resp.contains("error")) {
         *error = call["method"].dump() + ": " + resp["error"]["message"].get<std::string>();
         return Code::kInvalidValue;
@@ -119,17 +124,17 @@ Status NvmfApp::load_config(const std::string& path, std::string* error) {
 }
 
 void NvmfApp::register_framework_methods() {
-  rpc_.add(
+  app_.rpc.add(
       "rpc_get_methods",
       [this](const Json& p, Json* r) {
         Params a(p, {"current", "include_aliases"});
         bool current = a.boolean("current", false);
         if (!a.ok()) return a.error();
-        *r = rpc_.methods(current);
+        *r = app_.rpc.methods(current);
         return RpcError{};
       },
       true);
-  rpc_.add(
+  app_.rpc.add(
       "framework_start_init",
       [this](const Json& p, Json* r) {
         Params a(p, {});
@@ -139,7 +144,7 @@ void NvmfApp::register_framework_methods() {
         return e;
       },
       true);
-  rpc_.add(
+  app_.rpc.add(
       "framework_wait_init",
       [](const Json&, Json* r) {
         *r = true;

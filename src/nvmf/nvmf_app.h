@@ -12,23 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "nvmf/app_transport.h"
-#include "nvmf/bdev/bdev.h"
-#include "nvmf/bdev/bdev_registry.h"
-#include "nvmf/nvmf_target.h"
-#include "nvmf/vfio_user/emulation_manager.h"
-#include "rpc/jsonrpc_server.h"
+#include "nvmf/app_state.h"
 
 namespace dpukv::nvme {
-
-struct AppOptions {
-  std::string rpc_socket = "/var/tmp/dpukv-nvme.sock";
-  std::string config;                     // SPDK-style JSON config, replayed at start
-  bool wait_for_rpc = false;              // serve only startup methods until framework_start_init
-  std::vector<std::string> rpcs_allowed;  // empty: every method
-  int cpu = -1;                           // pin the poll group
-  uint64_t max_malloc_bytes = 0;          // per malloc bdev; 0: half the physical memory
-};
 
 class NvmfApp {
  public:
@@ -39,31 +25,15 @@ class NvmfApp {
 
   // Replays a config file through the RPC methods; the first failing call stops it.
   Status load_config(const std::string& path, std::string* error);
-  rpc::JsonRpcServer& rpc() { return rpc_; }
-  NvmfTarget& target() { return *target_; }
+  rpc::JsonRpcServer& rpc() { return app_.rpc; }
+  NvmfTarget& target() { return *app_.target; }
 
  private:
   NvmfApp() = default;
-  // The methods, one file per area: nvmf_app.cc (framework), rpc_bdev.cc,
-  // rpc_transport.cc (transports and listeners), rpc_subsystem.cc, rpc_emulation.cc.
   void register_framework_methods();
-  void register_bdev_methods();
-  void register_transport_methods();
-  void register_subsystem_methods();
-  void register_emulation_methods();
   rpc::RpcError framework_start_init();
-  AppTransport* find_transport(const std::string& trtype);  // any case; null if unknown
 
-  AppOptions opts_;
-  rpc::JsonRpcServer rpc_;
-  std::unique_ptr<NvmfTarget> target_;
-  std::unique_ptr<EmulationManager> emu_;
-  std::map<std::string, std::shared_ptr<Bdev>> bdevs_;  // RPC thread only
-  std::map<std::string, uint32_t> bdev_seq_;            // numbering of unnamed bdevs, per kind
-  BdevLimits bdev_limits_;
-  std::unique_ptr<TcpAppTransport> tcp_;
-  std::unique_ptr<VfioUserAppTransport> vfio_user_;
-  AppTransport* transports_[2] = {};  // the table every trtype is looked up in
+  AppState app_;  // what the methods act on (nvmf/app_state.h)
 };
 
 }  // namespace dpukv::nvme

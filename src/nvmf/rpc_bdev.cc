@@ -1,10 +1,8 @@
-// JSON-RPC methods for block devices: bdev_<kind>_create for every kind in the
-// registry, bdev_get_bdevs, bdev_delete.
+#include "nvmf/rpc_bdev.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-
-#include "nvmf/nvmf_app.h"
 
 namespace dpukv::nvme {
 
@@ -12,45 +10,47 @@ using rpc::Json;
 using rpc::Params;
 using rpc::RpcError;
 
-void NvmfApp::register_bdev_methods() {
+void register_bdev_methods(AppState& app) {
   for (const BdevKind& kind : bdev_kinds()) {
-    rpc_.add(std::string("bdev_") + kind.kind + "_create", [this, &kind](const Json& p, Json* r) {
+    app.rpc.add(std::string("bdev_") + kind.kind + "_create", [&app, &kind](const Json& p,
+                                                                            Json* r) {
       Params a(p, kind.params);
       const bool numbered = kind.default_name != nullptr && !a.has("name");
-      const std::string name = numbered ? kind.default_name + std::to_string(bdev_seq_[kind.kind])
-                                        : a.str("name", "", true);
+      const std::string name = numbered
+                                   ? kind.default_name + std::to_string(app.bdev_seq[kind.kind])
+                                   : a.str("name", "", true);
       if (a.ok() &&
           (name.empty() || name.size() > 64 || !std::all_of(name.begin(), name.end(), [](char c) {
              return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
            })))
         a.fail("name must be 1-64 characters of [A-Za-z0-9_.-]");
-      else if (a.ok() && bdevs_.count(name))
+      else if (a.ok() && app.bdevs.count(name))
         a.fail("bdev " + name + " already exists");
       std::unique_ptr<Bdev> b;
-      Status st = a.ok() ? kind.create(a, bdev_limits_, name, &b) : Status(Code::kInvalidValue);
+      Status st = a.ok() ? kind.create(a, app.bdev_limits, name, &b) : Status(Code::kInvalidValue);
       if (!a.ok()) return a.error();
       if (!st.ok()) return rpc::from_status(st, "bdev " + name);
-      if (numbered) ++bdev_seq_[kind.kind];
-      bdevs_[name] = std::shared_ptr<Bdev>(std::move(b));
+      if (numbered) ++app.bdev_seq[kind.kind];
+      app.bdevs[name] = std::shared_ptr<Bdev>(std::move(b));
       *r = name;
       return RpcError{};
     });
   }
-  rpc_.add("bdev_get_bdevs", [this](const Json& p, Json* r) {
+  app.rpc.add("bdev_get_bdevs", [&app](const Json& p, Json* r) {
     Params a(p, {"name", "timeout"});
     std::string name = a.str("name");
     if (!a.ok()) return a.error();
-    if (!name.empty() && !bdevs_.count(name))
+    if (!name.empty() && !app.bdevs.count(name))
       return RpcError{-ENODEV, "bdev " + name + ": not found"};
     *r = Json::array();
-    for (const auto& [n, b] : bdevs_) {
+    for (const auto& [n, b] : app.bdevs) {
       if (!name.empty() && n != name) continue;
       const BdevStats& s = b->stats();
       r->push_back(Json{{"name", n},
                         {"product_name", b->kind()},
                         {"block_size", b->block_size()},
                         {"num_blocks", b->num_blocks()},
-                        {"claimed", target_->uses_bdev(b.get())},
+                        {"claimed", app.target->uses_bdev(b.get())},
                         {"stats",
                          {{"reads", s.reads},
                           {"writes", s.writes},
@@ -60,16 +60,16 @@ void NvmfApp::register_bdev_methods() {
     }
     return RpcError{};
   });
-  rpc_.add("bdev_delete", [this](const Json& p, Json* r) {
+  app.rpc.add("bdev_delete", [&app](const Json& p, Json* r) {
     Params a(p, {"name"});
     std::string name = a.str("name", "", true);
     if (!a.ok()) return a.error();
-    auto it = bdevs_.find(name);
-    if (it == bdevs_.end()) return RpcError{-ENODEV, "bdev " + name + ": not found"};
-    if (target_->uses_bdev(it->second.get()))
+    auto it = app.bdevs.find(name);
+    if (it == app.bdevs.end()) return RpcError{-ENODEV, "bdev " + name + ": not found"};
+    if (app.target->uses_bdev(it->second.get()))
       return RpcError{
           -EBUSY, "bdev " + name + " is a namespace of a subsystem; remove the namespace first"};
-    bdevs_.erase(it);
+    app.bdevs.erase(it);
     *r = true;
     return RpcError{};
   });

@@ -1,8 +1,6 @@
-// JSON-RPC methods for subsystems: create, delete, list; their namespaces and
-// allowed hosts; the target's counters (nvmf_get_stats).
-#include <cerrno>
+#include "nvmf/rpc_subsystem.h"
 
-#include "nvmf/nvmf_app.h"
+#include <cerrno>
 
 namespace dpukv::nvme {
 
@@ -10,8 +8,8 @@ using rpc::Json;
 using rpc::Params;
 using rpc::RpcError;
 
-void NvmfApp::register_subsystem_methods() {
-  rpc_.add("nvmf_create_subsystem", [this](const Json& p, Json* r) {
+void register_subsystem_methods(AppState& app) {
+  app.rpc.add("nvmf_create_subsystem", [&app](const Json& p, Json* r) {
     Params a(p, {"nqn", "serial_number", "model_number", "allow_any_host", "max_namespaces",
                  "tgt_name", "ana_reporting"});
     SubsystemConfig c;
@@ -22,7 +20,7 @@ void NvmfApp::register_subsystem_methods() {
     c.max_namespaces = static_cast<uint16_t>(a.num("max_namespaces", 32, false, 0, 32));
     if (c.max_namespaces == 0) c.max_namespaces = 32;
     if (!a.ok()) return a.error();
-    if (Status st = target_->create_subsystem(c); !st.ok())
+    if (Status st = app.target->create_subsystem(c); !st.ok())
       return st.code() == Code::kInvalidValue ? rpc::invalid(
                                                     "nqn must be nqn.* (up to 223 printable "
                                                     "characters); serial up to 20, model up to 40")
@@ -30,25 +28,25 @@ void NvmfApp::register_subsystem_methods() {
     *r = true;
     return RpcError{};
   });
-  rpc_.add("nvmf_delete_subsystem", [this](const Json& p, Json* r) {
+  app.rpc.add("nvmf_delete_subsystem", [&app](const Json& p, Json* r) {
     Params a(p, {"nqn", "tgt_name"});
     std::string nqn = a.str("nqn", "", true);
     if (!a.ok()) return a.error();
-    for (AppTransport* t : transports_) t->subsystem_deleted(nqn);
-    if (Status st = target_->delete_subsystem(nqn); !st.ok())
+    for (AppTransport* t : app.transports) t->subsystem_deleted(nqn);
+    if (Status st = app.target->delete_subsystem(nqn); !st.ok())
       return rpc::from_status(st, "subsystem " + nqn);
     *r = true;
     return RpcError{};
   });
-  rpc_.add("nvmf_get_subsystems", [this](const Json& p, Json* r) {
+  app.rpc.add("nvmf_get_subsystems", [&app](const Json& p, Json* r) {
     Params a(p, {"nqn", "tgt_name"});
     std::string nqn = a.str("nqn");
     if (!a.ok()) return a.error();
     *r = Json::array();
-    for (const SubsystemInfo& s : target_->subsystems()) {
+    for (const SubsystemInfo& s : app.target->subsystems()) {
       if (!nqn.empty() && s.nqn != nqn) continue;
       Json listen = Json::array();
-      for (AppTransport* t : transports_) t->list_listeners(s, &listen);
+      for (AppTransport* t : app.transports) t->list_listeners(s, &listen);
       Json hosts = Json::array();
       for (const auto& h : s.hosts) hosts.push_back(Json{{"nqn", h}});
       Json nss = Json::array();
@@ -67,7 +65,7 @@ void NvmfApp::register_subsystem_methods() {
     if (!nqn.empty() && r->empty()) return RpcError{-ENODEV, "subsystem " + nqn + ": not found"};
     return RpcError{};
   });
-  rpc_.add("nvmf_subsystem_add_ns", [this](const Json& p, Json* r) {
+  app.rpc.add("nvmf_subsystem_add_ns", [&app](const Json& p, Json* r) {
     Params a(p, {"nqn", "namespace", "tgt_name"});
     std::string nqn = a.str("nqn", "", true);
     const Json* ns = a.object("namespace", true);
@@ -80,10 +78,10 @@ void NvmfApp::register_subsystem_methods() {
       if (!n.ok()) a.fail("namespace: " + n.problem());
     }
     if (!a.ok()) return a.error();
-    auto it = bdevs_.find(bdev);
-    if (it == bdevs_.end()) return RpcError{-ENODEV, "bdev " + bdev + ": not found"};
+    auto it = app.bdevs.find(bdev);
+    if (it == app.bdevs.end()) return RpcError{-ENODEV, "bdev " + bdev + ": not found"};
     uint32_t got = 0;
-    Status st = target_->add_namespace(nqn, it->second, nsid, &got);
+    Status st = app.target->add_namespace(nqn, it->second, nsid, &got);
     if (st == Code::kNotPermitted)
       return RpcError{-EEXIST, "bdev " + bdev + " is already a namespace of " + nqn};
     if (!st.ok())
@@ -92,40 +90,40 @@ void NvmfApp::register_subsystem_methods() {
     *r = got;
     return RpcError{};
   });
-  rpc_.add("nvmf_subsystem_remove_ns", [this](const Json& p, Json* r) {
+  app.rpc.add("nvmf_subsystem_remove_ns", [&app](const Json& p, Json* r) {
     Params a(p, {"nqn", "nsid", "tgt_name"});
     std::string nqn = a.str("nqn", "", true);
     uint32_t nsid =
         static_cast<uint32_t>(a.num("nsid", 0, true, 1, ControllerCore::kMaxNamespaces));
     if (!a.ok()) return a.error();
-    if (Status st = target_->remove_namespace(nqn, nsid); !st.ok())
+    if (Status st = app.target->remove_namespace(nqn, nsid); !st.ok())
       return rpc::from_status(st, "namespace " + std::to_string(nsid) + " of " + nqn);
     *r = true;
     return RpcError{};
   });
-  rpc_.add("nvmf_subsystem_add_host", [this](const Json& p, Json* r) {
+  app.rpc.add("nvmf_subsystem_add_host", [&app](const Json& p, Json* r) {
     Params a(p, {"nqn", "host", "tgt_name"});
     std::string nqn = a.str("nqn", "", true), host = a.str("host", "", true);
     if (!a.ok()) return a.error();
-    if (Status st = target_->add_host(nqn, host); !st.ok())
+    if (Status st = app.target->add_host(nqn, host); !st.ok())
       return rpc::from_status(st, "host " + host);
     *r = true;
     return RpcError{};
   });
-  rpc_.add("nvmf_subsystem_remove_host", [this](const Json& p, Json* r) {
+  app.rpc.add("nvmf_subsystem_remove_host", [&app](const Json& p, Json* r) {
     Params a(p, {"nqn", "host", "tgt_name"});
     std::string nqn = a.str("nqn", "", true), host = a.str("host", "", true);
     if (!a.ok()) return a.error();
-    if (Status st = target_->remove_host(nqn, host); !st.ok())
+    if (Status st = app.target->remove_host(nqn, host); !st.ok())
       return rpc::from_status(st, "host " + host);
     *r = true;
     return RpcError{};
   });
-  rpc_.add("nvmf_get_stats", [this](const Json& p, Json* r) {
+  app.rpc.add("nvmf_get_stats", [&app](const Json& p, Json* r) {
     Params a(p, {"tgt_name"});
     if (!a.ok()) return a.error();
     Json transports = Json::array();
-    for (AppTransport* t : transports_) transports.push_back(t->stats());
+    for (AppTransport* t : app.transports) transports.push_back(t->stats());
     *r = Json{{"poll_groups", Json::array({Json{{"name", "nvmf_tgt_poll_group_000"},
                                                 {"transports", transports}}})}};
     return RpcError{};

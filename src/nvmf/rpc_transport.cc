@@ -1,9 +1,7 @@
-// JSON-RPC methods for transports and their listeners: nvmf_create_transport,
-// nvmf_get_transports, nvmf_subsystem_add_listener / remove_listener. The
-// transport is looked up by trtype in the application's table.
+#include "nvmf/rpc_transport.h"
+
 #include <cerrno>
 
-#include "nvmf/nvmf_app.h"
 #include "runtime/log.h"
 
 namespace dpukv::nvme {
@@ -12,8 +10,8 @@ using rpc::Json;
 using rpc::Params;
 using rpc::RpcError;
 
-void NvmfApp::register_transport_methods() {
-  rpc_.add("nvmf_create_transport", [this](const Json& p, Json* r) {
+void register_transport_methods(AppState& app) {
+  app.rpc.add("nvmf_create_transport", [&app](const Json& p, Json* r) {
     // Every parameter SPDK's rpc.py may send is known: those that mean something
     // here are applied, those of other transports or of SPDK's own buffer and
     // poll-group machinery are taken and logged, and only a value that cannot
@@ -45,7 +43,7 @@ void NvmfApp::register_transport_methods() {
                  "acceptor_poll_rate"});
     std::string tr = a.str("trtype", "", true);
     TransportOptions o;
-    o.tcp = target_->options();
+    o.tcp = app.target->options();
     o.tcp.max_queue_depth =
         static_cast<uint16_t>(a.num("max_queue_depth", o.tcp.max_queue_depth, false, 2, 1024));
     // SPDK counts the admin queue in max_qpairs_per_ctrlr; this is I/O queues only.
@@ -74,35 +72,35 @@ void NvmfApp::register_transport_methods() {
       if (a.has(k) && a.num(k, 0, false, 0, 1ull << 32) != 0)
         LOG_DBG("nvmf_create_transport: %s has no effect here", k);
     (void)a.str("tgt_name", "");
-    AppTransport* t = a.ok() ? find_transport(tr) : nullptr;
+    AppTransport* t = a.ok() ? app.find_transport(tr) : nullptr;
     if (a.ok() && t == nullptr) a.fail("trtype must be TCP or VFIOUSER");
     if (!a.ok()) return a.error();
     if (RpcError e = t->create(o); !e.ok()) return e;
     *r = true;
     return RpcError{};
   });
-  rpc_.add("nvmf_get_transports", [this](const Json& p, Json* r) {
+  app.rpc.add("nvmf_get_transports", [&app](const Json& p, Json* r) {
     Params a(p, {"trtype", "tgt_name"});
     if (!a.ok()) return a.error();
     *r = Json::array();
-    for (AppTransport* t : transports_)
+    for (AppTransport* t : app.transports)
       if (t->created()) r->push_back(t->describe());
     return RpcError{};
   });
 
   // Reads listen_address: the transport, its address and what that transport
   // adds (a TCP port).
-  auto listener = [this](Params& a, const Json* la, AppTransport** tr, ListenAddress* addr) {
+  auto listener = [&app](Params& a, const Json* la, AppTransport** tr, ListenAddress* addr) {
     if (!a.ok() || la == nullptr) return;
     Params l(*la, {"trtype", "traddr", "trsvcid", "adrfam"});
     const std::string name = l.str("trtype", "", true);
     addr->traddr = l.str("traddr", "", true);
-    *tr = l.ok() ? find_transport(name) : nullptr;
+    *tr = l.ok() ? app.find_transport(name) : nullptr;
     if (l.ok() && *tr == nullptr) l.fail("trtype must be TCP or VFIOUSER");
     if (l.ok()) (*tr)->parse_address(l, addr);
     if (!l.ok()) a.fail("listen_address: " + l.problem());
   };
-  rpc_.add("nvmf_subsystem_add_listener", [listener](const Json& p, Json* r) {
+  app.rpc.add("nvmf_subsystem_add_listener", [listener](const Json& p, Json* r) {
     Params a(p, {"nqn", "listen_address", "tgt_name", "secure_channel"});
     std::string nqn = a.str("nqn", "", true);
     AppTransport* tr = nullptr;
@@ -116,7 +114,7 @@ void NvmfApp::register_transport_methods() {
     *r = true;
     return RpcError{};
   });
-  rpc_.add("nvmf_subsystem_remove_listener", [listener](const Json& p, Json* r) {
+  app.rpc.add("nvmf_subsystem_remove_listener", [listener](const Json& p, Json* r) {
     Params a(p, {"nqn", "listen_address", "tgt_name"});
     std::string nqn = a.str("nqn", "", true);
     AppTransport* tr = nullptr;
