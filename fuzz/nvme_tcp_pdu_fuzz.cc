@@ -21,6 +21,7 @@
 
 #include "nvme/tcp_host.h"
 #include "nvme/tcp_wire.h"
+#include "nvmf/bdev/bdev_malloc.h"
 #include "nvmf/nvmf_target.h"
 #include "runtime/log.h"
 

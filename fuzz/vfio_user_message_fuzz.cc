@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "nvmf/bdev/bdev_malloc.h"
 #include "nvmf/vfio_user/nvme_pci_function.h"
 #include "runtime/log.h"
 

@@ -1,6 +1,5 @@
-// The controllers of the dynamic controller model: created by a host's
-// admin-queue Connect, they take registers over Property Get/Set and end their
-// I/O queues on a reset.
+#include "nvmf/fabrics_controller.h"
+
 #include <cstring>
 
 #include "nvme/tcp_wire.h"

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "nvme/tcp_wire.h"
+#include "nvmf/fabrics_controller.h"
 #include "nvmf/nvmf_target.h"
 #include "runtime/call_queue.h"
 #include "runtime/clock.h"
@@ -20,28 +21,6 @@ namespace dpukv::nvme {
 
 struct Subsystem;
 class TcpConnection;
-
-// A controller created by a host's admin-queue Connect (dynamic controller model).
-class FabricsController final : public ControllerCore {
- public:
-  FabricsController(const ControllerConfig& c, std::shared_ptr<NamespaceSet> ns, uint32_t pool,
-                    Subsystem* s, std::string host)
-      : ControllerCore(c, std::move(ns), pool), subsys(s), hostnqn(std::move(host)) {}
-  ~FabricsController() override { drain_inflight(); }
-
-  Subsystem* subsys;
-  std::string hostnqn;
-  std::vector<TcpConnection*> queues;          // [qid]; admin at 0
-  uint64_t last_activity_ms = monotonic_ms();  // the last command on any of its queues
-  NvmfTarget::Impl* target = nullptr;          // for the discovery log
-
- private:
-  void complete(Request* r, uint16_t status) override;
-  bool transport_log(uint8_t lid, std::vector<uint8_t>* page) override;
-  void drop(Request* r) override;
-  uint16_t admin_transport(Request* r) override;
-  void on_disable() override;
-};
 
 struct Subsystem {
   SubsystemConfig cfg;

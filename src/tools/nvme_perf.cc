@@ -22,7 +22,7 @@
 #include "nvme/initiator.h"
 #include "nvme/tcp_host.h"
 #include "nvme/vfio_user_driver.h"
-#include "nvmf/bdev/bdev.h"
+#include "nvmf/bdev/bdev_malloc.h"
 #include "runtime/child_process.h"
 #include "runtime/host_port.h"
 #include "runtime/log.h"

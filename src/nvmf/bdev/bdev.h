@@ -77,15 +77,4 @@ inline bool valid_block_size(uint32_t bs) {
   return bs == 512 || bs == 4096;
 }
 
-// RAM: pre-faulted private memory, zero-filled.
-Status create_malloc_bdev(const std::string& name, uint64_t num_blocks, uint32_t block_size,
-                          std::unique_ptr<Bdev>* out);
-// Null: reads return zeroes, writes are dropped; measures the path without a medium.
-Status create_null_bdev(const std::string& name, uint64_t num_blocks, uint32_t block_size,
-                        std::unique_ptr<Bdev>* out);
-// File: io_uring with O_DIRECT where the file system allows it (buffered otherwise,
-// logged). size_bytes 0 uses the file's size; a larger size extends the file.
-Status create_file_bdev(const std::string& name, const std::string& path, uint64_t size_bytes,
-                        uint32_t block_size, std::unique_ptr<Bdev>* out);
-
 }  // namespace dpukv::nvme

@@ -4,6 +4,8 @@
 // any dword, while O_DIRECT wants block-aligned addresses. Submissions are
 // batched: submit() only prepares an SQE; poll() rings io_uring once for all of
 // them, so a busy queue costs one syscall per poll, not per command.
+#include "nvmf/bdev/bdev_file.h"
+
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/mman.h>
@@ -14,7 +16,6 @@
 #include <cstring>
 #include <vector>
 
-#include "nvmf/bdev/bdev.h"
 #include "runtime/log.h"
 
 namespace dpukv::nvme {

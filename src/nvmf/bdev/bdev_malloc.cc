@@ -1,7 +1,8 @@
 // RAM and null block devices: complete inside submit(), no threads, no locks.
+#include "nvmf/bdev/bdev_malloc.h"
+
 #include <cstring>
 
-#include "nvmf/bdev/bdev.h"
 #include "runtime/mem_region.h"
 
 namespace dpukv::nvme {

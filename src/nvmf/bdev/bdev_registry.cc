@@ -2,7 +2,9 @@
 
 #include <filesystem>
 
+#include "nvmf/bdev/bdev_file.h"
 #include "nvmf/bdev/bdev_kv.h"
+#include "nvmf/bdev/bdev_malloc.h"
 
 namespace dpukv::nvme {
 namespace {

@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "nvmf/bdev/bdev_malloc.h"
 #include "nvmf/vfio_user/vfio_user_test_fixture.h"
 
 namespace dpukv::nvme {
