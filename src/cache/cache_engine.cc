@@ -73,12 +73,7 @@ Status CacheEngine::init() {
         codec_->set_conf(&CacheEngine::codec_done, &CacheEngine::codec_done, opts_.max_requests));
   }
   entries_.resize(opts_.max_chunks);
-  free_entries_.reserve(opts_.max_chunks);
-  for (uint32_t i = opts_.max_chunks; i-- > 0;) free_entries_.push_back(static_cast<int32_t>(i));
-  uint64_t tsize = 1;
-  while (tsize < 2ull * opts_.max_chunks) tsize <<= 1;
-  table_.assign(tsize, kEmptySlot);
-  table_mask_ = tsize - 1;
+  index_.init(opts_.max_chunks);
   requests_.resize(opts_.max_requests);
   requests_per_state_[static_cast<size_t>(Request::State::kFree)] = opts_.max_requests;
   for (uint32_t i = 0; i < opts_.max_requests; ++i) {
@@ -242,8 +237,7 @@ CacheStats CacheEngine::stats() const {
 }
 
 uint64_t CacheEngine::index_bytes_per_chunk() const {
-  return sizeof(Entry) + sizeof(int32_t) * table_.size() / entries_.size() + sizeof(int32_t) +
-         policy_->bytes_per_chunk();
+  return sizeof(Entry) + index_.bytes_per_id() + policy_->bytes_per_chunk();
 }
 
 Status CacheEngine::sync() {

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/chunk_index.h"
 #include "cache/disk_tier.h"
 #include "cache/eviction_policy.h"
 #include "cache/slab_allocator.h"
@@ -270,10 +271,12 @@ class CacheEngine final : public Context {
   } disk_watch_;
 
   std::vector<Entry> entries_;
-  std::vector<int32_t> free_entries_;
-  std::vector<int32_t> table_;  // open addressing: -1 empty, -2 tombstone, else entry
-  uint64_t table_mask_ = 0;
-  uint64_t tombstones_ = 0;
+  // The index finds entries by key; the keys are the entries' own.
+  struct EntryKey {
+    const CacheEngine* engine;
+    const ChunkKey* operator()(int32_t e) const;  // null: entry e is free
+  };
+  ChunkIndex<EntryKey> index_{EntryKey{this}};
   std::unique_ptr<EvictionPolicy> policy_;    // memory-resident chunks
   Queue disk_q_;                              // chunks with a disk copy, most valuable first
   static constexpr uint32_t kMaxSpills = 16;  // write-backs in flight

@@ -9,8 +9,6 @@
 
 namespace dpukv {
 
-constexpr int32_t kEmptySlot = -1, kTombSlot = -2;  // index table markers
-
 struct CacheEngine::Entry {
   ChunkKey key;
   uint64_t size = 0;      // bytes of the chunk as the client gave it
@@ -64,5 +62,10 @@ struct CacheEngine::Request {
   uint32_t index = 0;
   CacheEngine* owner = nullptr;  // for callbacks that carry only the request
 };
+
+inline const ChunkKey* CacheEngine::EntryKey::operator()(int32_t e) const {
+  const Entry& en = engine->entries_[static_cast<size_t>(e)];
+  return en.used ? &en.key : nullptr;
+}
 
 }  // namespace dpukv

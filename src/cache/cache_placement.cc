@@ -16,24 +16,12 @@ namespace dpukv {
 // ---------------------------------------------------------------- index
 
 int32_t CacheEngine::find(const ChunkKey& k) const {
-  // Bounded by the table size; rebuilds keep empty slots, so a miss ends early.
-  uint64_t i = k.hash() & table_mask_;
-  for (uint64_t n = 0; n <= table_mask_; ++n, i = (i + 1) & table_mask_) {
-    const int32_t e = table_[i];
-    if (e == kEmptySlot) return -1;
-    if (e >= 0 && entries_[static_cast<size_t>(e)].key == k) return e;
-  }
-  return -1;
+  return index_.find(k);
 }
 
 int32_t CacheEngine::insert(const ChunkKey& k) {
-  if (free_entries_.empty()) return -1;
-  uint64_t i = k.hash() & table_mask_;
-  while (table_[i] >= 0) i = (i + 1) & table_mask_;
-  if (table_[i] == kTombSlot) --tombstones_;
-  const int32_t e = free_entries_.back();
-  free_entries_.pop_back();
-  table_[i] = e;
+  const int32_t e = index_.insert(k);
+  if (e < 0) return -1;
   Entry& en = entries_[static_cast<size_t>(e)];
   en = Entry{};
   en.key = k;
@@ -43,35 +31,15 @@ int32_t CacheEngine::insert(const ChunkKey& k) {
 }
 
 void CacheEngine::erase(int32_t e) {
-  if (!entries_[static_cast<size_t>(e)].used) {  // a second erase would corrupt the free list
+  Entry& en = entries_[static_cast<size_t>(e)];
+  if (!en.used) {  // a second erase would corrupt the free list
     LOG_ERR("cache: entry %d erased twice (a bug); ignored", e);
     return;
   }
-  const ChunkKey& k = entries_[static_cast<size_t>(e)].key;
-  if (entries_[static_cast<size_t>(e)].announced) tell_residency(k, false);
-  uint64_t i = k.hash() & table_mask_;
-  for (uint64_t n = 0; n <= table_mask_; ++n, i = (i + 1) & table_mask_) {
-    if (table_[i] == e) {
-      table_[i] = kTombSlot;
-      ++tombstones_;
-      break;
-    }
-  }
-  entries_[static_cast<size_t>(e)].used = false;
-  free_entries_.push_back(e);
+  if (en.announced) tell_residency(en.key, false);
+  en.used = false;
+  index_.erase(e, en.key);
   --st_.chunks;
-  // Tombstones lengthen every probe and, left alone, would fill the table: when
-  // they reach a quarter of it, rebuild in place from the live entries.
-  if (tombstones_ * 4 > table_.size()) {
-    std::fill(table_.begin(), table_.end(), kEmptySlot);
-    tombstones_ = 0;
-    for (size_t x = 0; x < entries_.size(); ++x) {
-      if (!entries_[x].used) continue;
-      uint64_t j = entries_[x].key.hash() & table_mask_;
-      while (table_[j] >= 0) j = (j + 1) & table_mask_;
-      table_[j] = static_cast<int32_t>(x);
-    }
-  }
 }
 
 void CacheEngine::touch(int32_t e) {
