@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -50,15 +51,6 @@ bool as_bool(AgentSettings* st, const char* name) {
   return b;
 }
 
-std::string mib(uint64_t b) {
-  char buf[32];
-  if (b >= (10ull << 30))
-    std::snprintf(buf, sizeof(buf), "%.1f GiB", b / 1073741824.0);
-  else
-    std::snprintf(buf, sizeof(buf), "%.1f MiB", b / 1048576.0);
-  return buf;
-}
-
 // The interface that has addr (an IPv4 or IPv6 address), or "".
 std::string interface_of(const std::string& addr) {
   in6_addr want6{};
@@ -90,6 +82,15 @@ const char* eviction_choices() {
 }
 
 }  // namespace
+
+std::string size_text(uint64_t b) {
+  char buf[32];
+  if (b >= (10ull << 30))
+    std::snprintf(buf, sizeof(buf), "%.1f GiB", b / 1073741824.0);
+  else
+    std::snprintf(buf, sizeof(buf), "%.1f MiB", b / 1048576.0);
+  return buf;
+}
 
 const char* eviction_setting_help() {
   static const std::string help = [] {
@@ -413,8 +414,8 @@ bool agent_options_from_settings(AgentSettings* st, AgentOptions* out, std::ostr
     mem = as_u64(st, "max_local_cpu_size"), mem_from = "max_local_cpu_size";
   }
   if (mem < max_chunk) {
-    why << "dpukv agent: the memory tier (" << mib(mem) << ", from " << mem_from
-        << ") is smaller than max_chunk_size (" << mib(max_chunk)
+    why << "dpukv agent: the memory tier (" << size_text(mem) << ", from " << mem_from
+        << ") is smaller than max_chunk_size (" << size_text(max_chunk)
         << "): raise the one or lower the other\n";
     return false;
   }
@@ -430,7 +431,7 @@ bool agent_options_from_settings(AgentSettings* st, AgentOptions* out, std::ostr
   }
   if (!disk_dir.empty() && disk < max_chunk) {
     why << "dpukv agent: local_disk needs max_local_disk_size of at least one chunk ("
-        << mib(max_chunk) << "); it is " << mib(disk) << "\n";
+        << size_text(max_chunk) << "); it is " << size_text(disk) << "\n";
     return false;
   }
   if (!st->at("nvme_tier").value.empty() && disk_dir.empty()) {
@@ -458,7 +459,7 @@ bool agent_options_from_settings(AgentSettings* st, AgentOptions* out, std::ostr
   o.gpu.hash_threads = std::max<uint32_t>(o.cache.dma.num_threads,
                                           static_cast<uint32_t>(std::clamp(cpus / 4, 1L, 4L)));
   if (CacheEngine::slot_bytes(o.cache) > mem) {
-    why << "dpukv agent: with compress, a chunk of max_chunk_size (" << mib(max_chunk)
+    why << "dpukv agent: with compress, a chunk of max_chunk_size (" << size_text(max_chunk)
         << ") first takes a slot of the codec's worst case (" << CacheEngine::slot_bytes(o.cache)
         << " bytes), more than the memory tier (" << mem << " bytes, from " << mem_from
         << "): raise the memory tier or lower max_chunk_size\n";

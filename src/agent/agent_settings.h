@@ -57,6 +57,8 @@ bool agent_options_from_settings(AgentSettings* st, AgentOptions* out, std::ostr
 std::string setting_origin(const AgentSetting& s);
 // A redis:// URL with its password (if any) replaced by ***, for logs and errors.
 std::string masked_redis_url(const std::string& url);
+// A size as the agent's messages write it ("512.0 MiB", "12.5 GiB").
+std::string size_text(uint64_t bytes);
 // --eviction's help, from the cache's policy table.
 const char* eviction_setting_help();
 

@@ -47,15 +47,6 @@ void on_hup(int) {
   g_hup.store(true);
 }
 
-std::string mib(uint64_t b) {
-  char buf[32];
-  if (b >= (10ull << 30))
-    std::snprintf(buf, sizeof(buf), "%.1f GiB", b / 1073741824.0);
-  else
-    std::snprintf(buf, sizeof(buf), "%.1f MiB", b / 1048576.0);
-  return buf;
-}
-
 // Readiness for systemd (Type=notify): one datagram to $NOTIFY_SOCKET.
 void notify_systemd(const char* state) {
   const char* path = std::getenv("NOTIFY_SOCKET");
@@ -107,7 +98,7 @@ int run_agent(AgentSettings st, const std::string& config) {
   const CacheStats cs = agent->cache_stats();
   if (cs.memory_capacity < mem)
     APP_LOG_WARN("agent: the memory tier holds %s of the %s asked (%s)",
-                 mib(cs.memory_capacity).c_str(), mib(mem).c_str(),
+                 size_text(cs.memory_capacity).c_str(), size_text(mem).c_str(),
                  o.cache.compress ? "with compress, slots are sized to the codec's worst case"
                                   : "whole slots of max_chunk_size");
   struct sigaction sa {};
@@ -184,20 +175,20 @@ int run_stat(const std::string& socket, bool json) {
   std::printf("chunks         %llu (%llu in memory, %llu on disk, %llu of them in both)\n",
               (unsigned long long)u("chunks"), (unsigned long long)u("memory_chunks"),
               (unsigned long long)u("disk_chunks"), (unsigned long long)u("both_tier_chunks"));
-  std::printf("memory tier    %s of %s\n", mib(u("memory_used_bytes")).c_str(),
-              mib(u("memory_capacity_bytes")).c_str());
+  std::printf("memory tier    %s of %s\n", size_text(u("memory_used_bytes")).c_str(),
+              size_text(u("memory_capacity_bytes")).c_str());
   if (u("disk_capacity_bytes"))
-    std::printf("disk tier      %s of %s\n", mib(u("disk_used_bytes")).c_str(),
-                mib(u("disk_capacity_bytes")).c_str());
+    std::printf("disk tier      %s of %s\n", size_text(u("disk_used_bytes")).c_str(),
+                size_text(u("disk_capacity_bytes")).c_str());
   else
     std::printf("disk tier      none\n");
   std::printf("lookups        %llu keys, %.1f%% found, %.1f us mean per lookup\n",
               (unsigned long long)keys, keys ? 100.0 * hits / keys : 0.0,
               j.value("lookup_mean_us", 0.0));
   std::printf("stored         %llu chunks, %s\n", (unsigned long long)u("stores"),
-              mib(u("store_bytes")).c_str());
+              size_text(u("store_bytes")).c_str());
   std::printf("retrieved      %llu chunks, %s (%llu misses)\n", (unsigned long long)u("retrieves"),
-              mib(u("retrieve_bytes")).c_str(), (unsigned long long)u("misses"));
+              size_text(u("retrieve_bytes")).c_str(), (unsigned long long)u("misses"));
   std::printf("evictions      %llu from memory, %llu from disk (spills %llu, reloads %llu)\n",
               (unsigned long long)u("evictions"), (unsigned long long)u("disk_evictions"),
               (unsigned long long)u("spills"), (unsigned long long)u("reloads"));
@@ -213,7 +204,7 @@ int run_stat(const std::string& socket, bool json) {
   if (u("gpu_on"))
     std::printf("; %llu exports (%llu refused), %llu copies (%s), %llu FAILED",
                 (unsigned long long)u("gpu_exports"), (unsigned long long)u("gpu_exports_refused"),
-                (unsigned long long)u("gpu_copies"), mib(u("gpu_copy_bytes")).c_str(),
+                (unsigned long long)u("gpu_copies"), size_text(u("gpu_copy_bytes")).c_str(),
                 (unsigned long long)u("gpu_copy_failures"));
   std::printf("\n");
   if (!j.contains("cluster_node")) {
@@ -233,7 +224,7 @@ int run_stat(const std::string& socket, bool json) {
       "remote         %llu keys found on peers, %llu chunks read (%s); %llu stale, "
       "%llu broken reads, %llu bad copies, %llu timeouts\n",
       (unsigned long long)u("lookup_remote_hits"), (unsigned long long)u("remote_hits"),
-      mib(u("remote_bytes")).c_str(), (unsigned long long)u("remote_stale"),
+      size_text(u("remote_bytes")).c_str(), (unsigned long long)u("remote_stale"),
       (unsigned long long)u("remote_read_errors"),
       (unsigned long long)u("remote_checksum_failures"), (unsigned long long)u("remote_timeouts"));
   if (u("remote_tier_puts") || u("remote_tier_hits") || u("remote_tier_rejects") ||
@@ -243,23 +234,23 @@ int run_stat(const std::string& socket, bool json) {
         "%llu lookups after a holder failed\n",
         (unsigned long long)u("remote_tier_puts"),
         (unsigned long long)u("remote_tier_put_failures"),
-        (unsigned long long)u("remote_tier_hits"), mib(u("remote_tier_bytes")).c_str(),
+        (unsigned long long)u("remote_tier_hits"), size_text(u("remote_tier_bytes")).c_str(),
         (unsigned long long)u("remote_tier_rejects"),
         (unsigned long long)u("remote_tier_fallbacks"));
   if (u("directory_errors"))
     std::printf("directory      %llu commands refused by Redis or unanswered (see the log)\n",
                 (unsigned long long)u("directory_errors"));
   std::printf("served         %llu chunks (%s) to peers; %llu bad messages from peers\n",
-              (unsigned long long)u("served_chunks"), mib(u("served_bytes")).c_str(),
+              (unsigned long long)u("served_chunks"), size_text(u("served_bytes")).c_str(),
               (unsigned long long)u("bad_peer_messages"));
   for (const auto& p : j.value("peers", nlohmann::json::array()))
     std::printf("  peer %s  %-12s read %llu chunks (%s), served %llu (%s), %llu errors\n",
                 p.value("node", std::string("?")).c_str(),
                 p.value("connected", false) ? "connected" : "disconnected",
                 (unsigned long long)p.value("fetched", uint64_t{0}),
-                mib(p.value("fetched_bytes", uint64_t{0})).c_str(),
+                size_text(p.value("fetched_bytes", uint64_t{0})).c_str(),
                 (unsigned long long)p.value("served", uint64_t{0}),
-                mib(p.value("served_bytes", uint64_t{0})).c_str(),
+                size_text(p.value("served_bytes", uint64_t{0})).c_str(),
                 (unsigned long long)p.value("errors", uint64_t{0}));
   return 0;
 }
