@@ -26,8 +26,8 @@
 #include <thread>
 
 #include "cluster/directory/redis_server.h"
-#include "runtime/child_process.h"
 #include "runtime/arg_parse.h"
+#include "runtime/child_process.h"
 
 extern char** environ;
 

@@ -18,9 +18,9 @@
 #include "nvmf/nvmf_app.h"
 #include "nvmf/nvmf_target.h"
 #include "nvmf/vfio_user/emulation_manager.h"
+#include "runtime/arg_parse.h"
 #include "runtime/host_port.h"
 #include "runtime/log.h"
-#include "runtime/arg_parse.h"
 #include "tools/bench_common.h"
 #include "tools/nvme_perf.h"
 
