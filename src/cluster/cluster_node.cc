@@ -10,7 +10,7 @@
 namespace dpukv {
 
 ClusterNode::ClusterNode(ProgressEngine* pe, CacheEngine* cache, const ClusterOptions& o)
-    : Context(pe), opts_(o), cache_(cache) {}
+    : Context(pe), opts_(o), cache_(cache), lent_(cache, o.lend_timeout_ms) {}
 
 Status ClusterNode::create(ProgressEngine* pe, CacheEngine* cache, const ClusterOptions& o,
                            std::unique_ptr<ClusterNode>* out) {
@@ -75,7 +75,7 @@ void ClusterNode::do_stop() {
   for (Offer* o : offers) offer_done(o, Code::kShutdown, nullptr);
   (void)ucx_->stop();
   (void)dir_->stop();
-  while (!lent_.empty()) give_back(lent_.begin());
+  lent_.give_all_back();
 }
 
 bool ClusterNode::drained() {
@@ -129,7 +129,11 @@ ClusterNode::Link* ClusterNode::link(uint64_t node) {
 void ClusterNode::send(Link* l, std::vector<uint8_t> msg, std::vector<ChunkKey> pinned) {
   if (l->state == Link::State::kReady) {
     if (ucx_->send_control(l->peer, msg.data(), msg.size()).ok()) {
-      if (!pinned.empty()) lend(l->node, msg, std::move(pinned));
+      if (!pinned.empty()) {
+        peer::Header h;
+        std::memcpy(&h, msg.data(), sizeof(h));
+        lent_.lend(l->node, h.request, std::move(pinned), monotonic_ms());
+      }
       return;
     }
     link_failed(l, "cannot send");
@@ -236,12 +240,7 @@ void ClusterNode::on_control(void* arg, uint64_t sender, uint32_t, const uint8_t
     case peer::Type::kUnpin: {
       // Releases what this reader was lent for that request, whatever keys it names:
       // no one else's pins, and each once.
-      auto it = self->lent_.find({sender, m.request});
-      if (it == self->lent_.end()) {
-        ++self->counters_.bad_messages;
-        return;
-      }
-      self->give_back(it);
+      if (!self->lent_.give_back(sender, m.request)) ++self->counters_.bad_messages;
       return;
     }
     case peer::Type::kOffer:
@@ -264,7 +263,9 @@ size_t ClusterNode::poll() {
   if (!uploads_.empty()) upload_some();
   const uint64_t now = monotonic_ms();
   if (!lent_.empty() && now >= lent_check_ms_) {  // a walk of them, at most ten times a second
-    n += expire_lent(now);
+    const uint64_t expired = lent_.expire(now);
+    counters_.pins_expired += expired;
+    n += expired;
     lent_check_ms_ = now + 100;
   }
   if (now >= forget_check_ms_) {  // at most once a second
@@ -315,8 +316,7 @@ size_t ClusterNode::forget_gone_peers(uint64_t now) {
     bool busy = l->state == Link::State::kResolving || !l->queued.empty() || l->reads != 0;
     for (auto& [id, a] : asks_) busy = busy || a->link == l;
     for (auto& [id, o] : offers_) busy = busy || o->link == l;
-    auto lent = lent_.lower_bound({l->node, 0});
-    busy = busy || (lent != lent_.end() && lent->first.first == l->node);
+    busy = busy || lent_.lends_to(l->node);
     if (busy || dir_->is_live(l->node)) {
       l->gone_since_ms = 0;
       ++it;

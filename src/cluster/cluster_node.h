@@ -33,6 +33,7 @@
 
 #include "cache/cache_engine.h"
 #include "cluster/directory/directory.h"
+#include "cluster/lent_pins.h"
 #include "cluster/peer_wire.h"
 #include "cluster/ucx/ucx_node.h"
 #include "runtime/context.h"
@@ -179,18 +180,9 @@ class ClusterNode final : public Context {
   std::vector<std::unique_ptr<Fetch>> fetches_;
   std::vector<Fetch*> free_fetches_;
   std::vector<std::unique_ptr<Serve>> serves_;  // waiting for prefetches
-  // Pins handed to readers with a PLACED, by (reader, request): only that reader's
-  // UNPIN of that request releases them, or the lend timeout.
-  struct Lent {
-    uint64_t deadline_ms = 0;
-    std::vector<ChunkKey> keys;
-  };
-  std::map<std::pair<uint64_t, uint64_t>, Lent> lent_;
+  LentPins lent_;                               // pins handed to readers with a PLACED
   uint64_t lent_check_ms_ = 0;
   uint64_t forget_check_ms_ = 0;
-  void lend(uint64_t node, const std::vector<uint8_t>& placed, std::vector<ChunkKey> keys);
-  void give_back(std::map<std::pair<uint64_t, uint64_t>, Lent>::iterator it);
-  size_t expire_lent(uint64_t now);
   std::unordered_map<uint64_t, std::unique_ptr<Offer>> offers_;  // by request id
   uint32_t resolving_ = 0, fetching_ = 0;
   std::vector<ChunkKey> uploads_;  // chunks to write to the remote tier

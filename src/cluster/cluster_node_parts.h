@@ -1,7 +1,8 @@
 // ClusterNode's private parts, shared by its files: cluster_node.cc (life cycle,
 // links, control messages), cluster_node_read.cc (the reader side: fetches, asks,
 // one-sided reads, the remote tier) and cluster_node_serve.cc (the holder side:
-// PINs answered, pins lent; prefill-to-decode offers).
+// PINs answered; prefill-to-decode offers). The pins lent to readers are a part
+// of their own (lent_pins.h).
 #pragma once
 
 #include <cstdint>

@@ -149,37 +149,4 @@ void ClusterNode::answer(Serve* s) {
   send(l, std::move(msg), std::move(pinned));
 }
 
-// ---- pins lent to readers -----------------------------------------------------------
-
-void ClusterNode::lend(uint64_t node, const std::vector<uint8_t>& placed,
-                       std::vector<ChunkKey> keys) {
-  peer::Header h;
-  std::memcpy(&h, placed.data(), sizeof(h));
-  auto [it, fresh] = lent_.try_emplace({node, h.request});
-  if (!fresh)  // the same request asked twice: the earlier pins go
-    cache_->unpin(it->second.keys.data(), static_cast<uint32_t>(it->second.keys.size()));
-  it->second.deadline_ms = monotonic_ms() + opts_.lend_timeout_ms;
-  it->second.keys = std::move(keys);
-}
-
-void ClusterNode::give_back(std::map<std::pair<uint64_t, uint64_t>, Lent>::iterator it) {
-  cache_->unpin(it->second.keys.data(), static_cast<uint32_t>(it->second.keys.size()));
-  lent_.erase(it);
-}
-
-// A reader that died, or never read, between PLACED and UNPIN.
-size_t ClusterNode::expire_lent(uint64_t now) {
-  size_t n = 0;
-  for (auto it = lent_.begin(); it != lent_.end();) {
-    auto next = std::next(it);
-    if (now >= it->second.deadline_ms) {
-      counters_.pins_expired += it->second.keys.size();
-      give_back(it);
-      ++n;
-    }
-    it = next;
-  }
-  return n;
-}
-
 }  // namespace dpukv

@@ -5,6 +5,7 @@
 // child process), Redis killed, and a peer sending garbage are all misses or
 // counted refusals, never wrong bytes, and the node goes on serving.
 #include "cluster/cluster_node.h"
+#include "cluster/lent_pins.h"
 
 #include <gtest/gtest.h>
 #include <sys/prctl.h>
@@ -474,6 +475,46 @@ TEST(ClusterNode, AHolderKilledMidWayIsAMissAndOthersAreStillServed) {
   // first ask can time out and a is then skipped for retry_ms).
   EXPECT_TRUE(until(pes, [&] { return fetch(b, pes, 1, 1) == 1; }));
   EXPECT_TRUE(b.h.retrieve(key(1), kChunk).ok());
+}
+
+// The lend ledger alone: pins go back to their reader's UNPIN of their request
+// (not another reader's, not another request's), when the same request is lent
+// again, when the lend times out, or all at once at the end.
+TEST(LentPins, PinsGoBackOnlyToTheirReaderAndRequestOrTheirDeadline) {
+  CacheHarness h{small_memory(16, 1 << 20)};
+  const ChunkKey k1 = key(1), k2 = key(2), k3 = key(3);
+  for (const ChunkKey& k : {k1, k2, k3}) ASSERT_TRUE(h.store(k, kChunk).ok());
+  auto pin = [&](const ChunkKey& k) {
+    ChunkPlacement p;
+    return h.cache_->locate(k, &p).ok();  // a located chunk stays pinned
+  };
+  auto pinned = [&](const ChunkKey& k) {  // a pinned chunk cannot be removed
+    return h.cache_->remove(k) == Code::kBadState;
+  };
+  {
+    LentPins lent(h.cache_.get(), 300);
+    ASSERT_TRUE(pin(k1) && pin(k2));
+    lent.lend(7, 9, {k1, k2}, 1000);
+    EXPECT_TRUE(lent.lends_to(7));
+    EXPECT_FALSE(lent.lends_to(8));
+    EXPECT_FALSE(lent.give_back(8, 9));   // another reader
+    EXPECT_FALSE(lent.give_back(7, 10));  // another request
+    EXPECT_TRUE(pinned(k1) && pinned(k2));
+    ASSERT_TRUE(pin(k3));
+    lent.lend(7, 9, {k3}, 1000);  // the same request again: k1 and k2 go back
+    EXPECT_TRUE(h.cache_->remove(k1).ok());
+    EXPECT_TRUE(h.cache_->remove(k2).ok());
+    EXPECT_TRUE(pinned(k3));
+    EXPECT_EQ(lent.expire(1299), 0u);  // not yet
+    EXPECT_EQ(lent.expire(1300), 1u);  // k3's lend timed out
+    EXPECT_TRUE(lent.empty());
+    EXPECT_FALSE(lent.give_back(7, 9));  // each pin goes back once
+    ASSERT_TRUE(h.store(k1, kChunk).ok());
+    ASSERT_TRUE(pin(k1));
+    lent.lend(5, 1, {k1}, 2000);
+    EXPECT_TRUE(pinned(k1));
+  }  // the ledger goes: what it lent goes back
+  EXPECT_TRUE(h.cache_->remove(k1).ok());
 }
 
 // Pins a holder takes for a reader's PIN are released only by that reader's UNPIN
