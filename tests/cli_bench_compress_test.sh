@@ -22,15 +22,16 @@ for r in rows:
         assert k in r, (k, r)
     assert r["ratio"] > 0 and r["compress_gbps"] > 0 and r["baseline_compress_gbps"] > 0, r
     assert r["kv_simd"] in ("avx512", "avx2", "scalar"), r
+    assert r["huffman"] in ("x86-64-v3", "portable"), r
     if r["codec"] in ("kv-int8", "kv-int4"):
         assert 0 < r["rel_rmse"] < 0.1, r
 codecs = {r["codec"] for r in rows}
 assert {"kv-lossless-delta", "kv-int8", "kv-int4", "lz4", "zstd-1", "zstd-1+shuffle"} <= codecs, codecs
 '
 # The portable kernels on request, named in every row.
-"$bin" bench compress --layers 1 --reps 1 --datasets kv_bf16 --codecs kv-int8 --simd scalar --json |
+"$bin" bench compress --layers 1 --reps 1 --datasets kv_bf16 --codecs kv-int8,kv-lossless --simd scalar --json |
   "$py" -c 'import json, sys; rows = json.load(sys.stdin)["results"]
-assert rows and all(r["kv_simd"] == "scalar" for r in rows), rows'
+assert rows and all(r["kv_simd"] == "scalar" and r["huffman"] == "portable" for r in rows), rows'
 # The human table ends with the machine line.
 "$bin" bench compress --layers 1 --reps 1 --codecs lz4 | tail -1 | grep -q "^machine: .*, [0-9]* CPUs, "
 set +e

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engines/compress/codec.h"
+#include "engines/compress/huffman.h"
 #include "engines/compress/kv_synth.h"
 #include "tools/bench_common.h"
 
@@ -180,9 +181,10 @@ int run(const Config& c) {
   }
   std::vector<Json> rows;
   if (!c.out.json) {
-    std::printf("dpukv bench compress: one thread, median of %u runs, %s SIMD, chunk %s\n", c.reps,
-                simd_level_name(kv_simd_level()),
-                bench::format_size(sets.empty() ? 0 : sets[0].bytes.size()).c_str());
+    std::printf(
+        "dpukv bench compress: one thread, median of %u runs, %s SIMD, %s Huffman, chunk %s\n",
+        c.reps, simd_level_name(kv_simd_level()), huffman::path_name(),
+        bench::format_size(sets.empty() ? 0 : sets[0].bytes.size()).c_str());
     std::printf("%-10s %-18s %6s %9s %9s %10s | %-12s %6s %9s %9s\n", "dataset", "codec", "ratio",
                 "comp GB/s", "dec GB/s", "rel_rmse", "baseline", "ratio", "comp GB/s", "dec GB/s");
   }
@@ -208,6 +210,7 @@ int run(const Config& c) {
         row["max_abs_err"] = m.err.max_abs_err;
       }
       row["kv_simd"] = simd_level_name(kv_simd_level());  // the KV kernels' path
+      row["huffman"] = huffman::path_name();              // the lossless codecs' coder
       row["baseline_codec"] = bname;
       row["baseline_ratio"] = b.ratio;
       row["baseline_compress_gbps"] = b.c_gbps;
@@ -277,7 +280,7 @@ void add_bench_compress_command(CLI::App* bench, int* exit_code) {
       ->check(CLI::Range(1u, 1000u));
   cmd->add_option("--simd", c->simd,
                   "KV kernels' path: auto (the widest the CPU has), avx512, avx2 or scalar "
-                  "(portable C++)")
+                  "(portable C++; the Huffman coder's portable build too)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "avx512", "avx2", "scalar"}));
   bench::add_output_options(cmd, &c->out);

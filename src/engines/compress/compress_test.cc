@@ -67,7 +67,20 @@ std::vector<uint8_t> huff_roundtrip(const std::vector<uint8_t>& in) {
   return enc;
 }
 
-TEST(Huffman, RoundTripsEveryShape) {
+// Both builds of the coder's loops (x86-64-v3 where the CPU has it, and portable)
+// run every Huffman test; a block from one decodes with the other.
+class Huffman : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { portable_ = huffman::use_portable(GetParam()); }
+  void TearDown() override { (void)huffman::use_portable(false); }
+  bool portable_ = false;
+};
+INSTANTIATE_TEST_SUITE_P(Paths, Huffman, ::testing::Values(false, true),
+                         [](const auto& p) { return p.param ? "portable" : "cpu_best"; });
+
+TEST_P(Huffman, RoundTripsEveryShape) {
+  EXPECT_TRUE(portable_ || !GetParam());
+  EXPECT_STREQ(huffman::path_name(), portable_ ? "portable" : "x86-64-v3");
   std::mt19937 rng(1);
   for (size_t n : {0ul, 1ul, 3ul, 4ul, 5ul, 17ul, 1000ul, 65535ul, 65536ul, 65537ul, 300000ul}) {
     std::vector<uint8_t> skewed(n), uniform(n), single(n, 42), two(n);
@@ -92,7 +105,7 @@ TEST(Huffman, RoundTripsEveryShape) {
   huff_roundtrip(fib);
 }
 
-TEST(Huffman, CompressesSkewedDataAndRejectsBadInput) {
+TEST_P(Huffman, CompressesSkewedDataAndRejectsBadInput) {
   std::mt19937 rng(2);
   std::geometric_distribution<int> g(0.5);
   std::vector<uint8_t> in(200000);
@@ -118,7 +131,7 @@ TEST(Huffman, CompressesSkewedDataAndRejectsBadInput) {
 
 // Chunks written before the encoder's blocks grew to 256 KiB (64 KiB blocks, still
 // on disk tiers) decode; a block longer than the decoder takes is refused.
-TEST(Huffman, SmallerAndLargerBlocksThanTheEncoderWrites) {
+TEST_P(Huffman, SmallerAndLargerBlocksThanTheEncoderWrites) {
   std::mt19937 rng(3);
   std::geometric_distribution<int> g(0.3);
   std::vector<uint8_t> in(5 * 65536 + 777);
@@ -155,6 +168,47 @@ TEST(Huffman, SmallerAndLargerBlocksThanTheEncoderWrites) {
   std::vector<uint8_t> dst(bn);
   EXPECT_EQ(huffman::decompress(raw.data(), raw.size(), dst.data(), dst.size(), &used),
             Code::kCorrupted);
+}
+
+// The encoder's output is a format (disk tiers keep it): whatever makes it faster
+// must write the same bytes. The digests are of what the first encoder wrote for
+// these inputs (a skewed byte stream, and the delta-coded high plane of a KV chunk).
+TEST_P(Huffman, WritesTheSameBytesAsTheFirstEncoder) {
+  std::vector<uint8_t> skewed(300001);
+  uint64_t x = 88172645463325252ull;
+  for (auto& b : skewed) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    const int z = __builtin_ctzll(x | (1ull << 40));
+    b = static_cast<uint8_t>(z < 8 ? z : (x >> 48));
+  }
+  const KvShape sh{2, 256, 1024};
+  std::vector<uint16_t> kv;
+  kv_synth(KvDataset::kRealistic, KvDtype::kBf16, sh, 5, &kv);
+  std::vector<uint8_t> hi(kv.size());
+  for (size_t i = 0; i < kv.size(); ++i) {
+    const bool first_token = (i / sh.channels) % sh.tokens == 0;
+    hi[i] = static_cast<uint8_t>((kv[i] >> 8) ^ (first_token ? 0 : kv[i - sh.channels] >> 8));
+  }
+  const struct {
+    const std::vector<uint8_t>* in;
+    size_t coded;
+    uint64_t digest;
+  } cases[] = {{&skewed, 91027, 0xe9d5b693a0187a40ull}, {&hi, 159513, 0xa7b6bfa0f054f1f2ull}};
+  for (const auto& c : cases) {
+    std::vector<uint8_t> enc(huffman::bound(c.in->size()) + 8);
+    size_t n = 0;
+    ASSERT_TRUE(huffman::compress(c.in->data(), c.in->size(), enc.data(), enc.size(), &n).ok());
+    EXPECT_EQ(n, c.coded);
+    EXPECT_EQ(xxh3_64(enc.data(), n), c.digest);
+    // The other build decodes it.
+    (void)huffman::use_portable(!GetParam());
+    std::vector<uint8_t> dec(c.in->size());
+    size_t used = 0;
+    EXPECT_TRUE(huffman::decompress(enc.data(), n, dec.data(), dec.size(), &used).ok());
+    EXPECT_EQ(used, n);
+    EXPECT_EQ(dec, *c.in);
+    (void)huffman::use_portable(GetParam());
+  }
 }
 
 struct KvCase {

@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <array>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <cstring>
+#include <memory>
 
 namespace dpukv::huffman {
 namespace {
@@ -118,10 +122,39 @@ struct BitWriter {
   }
 };
 
+// The coder's loops are built twice, from one body each: for x86-64-v3 (BMI2's
+// shifts that take any register, LZCNT) and portable (any CPU, what the DPU's Arm
+// cores run). The path is chosen at start by the CPU, or forced (use_portable).
+#define DPUKV_HUFF_BODY inline __attribute__((always_inline))
+#if defined(__x86_64__)
+#define DPUKV_HUFF_V3 __attribute__((target("arch=x86-64-v3")))
+// The features x86-64-v3 lets the compiler use (clang 14 has no name for the level).
+bool cpu_has_x86_64_v3() {
+  unsigned a, b, c, d;
+  const bool f16c_movbe = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) && (c & bit_MOVBE);
+  const bool lzcnt = __get_cpuid(0x80000001, &a, &b, &c, &d) && (c & bit_LZCNT);
+  return f16c_movbe && lzcnt && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") &&
+         __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma");
+}
+bool g_portable = !cpu_has_x86_64_v3();
+#else
+bool g_portable = true;
+#endif
+
+// The last symbols of a stream, one at a time; returns the stream's end.
+DPUKV_HUFF_BODY uint8_t* encode_tail(BitWriter w, const uint8_t* src, size_t i, size_t n,
+                                     const uint64_t* code, const uint8_t* len) {
+  for (; i < n; ++i) {
+    w.put(code[src[i]], len[src[i]]);
+    w.flush();
+  }
+  w.finish();
+  return w.p;
+}
+
 // Encodes src[0..n) into p (which has n_bytes + 8 bytes of room); returns the end.
-// Built twice: for x86-64-v3 (BMI2 shifts) and the baseline, chosen at load time.
-__attribute__((target_clones("arch=x86-64-v3", "default"))) uint8_t* encode_stream(
-    const uint8_t* src, size_t n, const uint64_t* code, const uint8_t* len, uint8_t* p) {
+DPUKV_HUFF_BODY uint8_t* encode_stream_body(const uint8_t* src, size_t n, const uint64_t* code,
+                                            const uint8_t* len, uint8_t* p) {
   BitWriter w{p};
   size_t i = 0;
   for (; i + 5 <= n; i += 5) {
@@ -132,12 +165,67 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) uint8_t* encode_stre
     w.put(code[src[i + 4]], len[src[i + 4]]);
     w.flush();
   }
-  for (; i < n; ++i) {
-    w.put(code[src[i]], len[src[i]]);
+  return encode_tail(w, src, i, n, code, len);
+}
+
+// The same bits, two symbols a lookup: pair[a | b << 8] = (code of a then b) << 5 |
+// their length (at most 22 bits, 22). Two pairs and a symbol (55 bits) go between
+// flushes. Fewer instructions a symbol than encode_stream, which is what the encoder
+// spends its time on; only pairs of symbols in the block are filled.
+DPUKV_HUFF_BODY uint8_t* encode_stream_pairs_body(const uint8_t* src, size_t n,
+                                                  const uint32_t* pair, const uint64_t* code,
+                                                  const uint8_t* len, uint8_t* p) {
+  BitWriter w{p};
+  size_t i = 0;
+  for (; i + 5 <= n; i += 5) {
+    uint16_t a, b;
+    std::memcpy(&a, src + i, 2);
+    std::memcpy(&b, src + i + 2, 2);
+    const uint32_t ea = pair[a], eb = pair[b];
+    w.put(ea >> 5, ea & 31);
+    w.put(eb >> 5, eb & 31);
+    w.put(code[src[i + 4]], len[src[i + 4]]);
     w.flush();
   }
-  w.finish();
-  return w.p;
+  return encode_tail(w, src, i, n, code, len);
+}
+
+#if defined(__x86_64__)
+DPUKV_HUFF_V3 uint8_t* encode_stream_v3(const uint8_t* src, size_t n, const uint64_t* code,
+                                        const uint8_t* len, uint8_t* p) {
+  return encode_stream_body(src, n, code, len, p);
+}
+DPUKV_HUFF_V3 uint8_t* encode_stream_pairs_v3(const uint8_t* src, size_t n, const uint32_t* pair,
+                                              const uint64_t* code, const uint8_t* len,
+                                              uint8_t* p) {
+  return encode_stream_pairs_body(src, n, pair, code, len, p);
+}
+#endif
+uint8_t* encode_stream(const uint8_t* src, size_t n, const uint64_t* code, const uint8_t* len,
+                       uint8_t* p) {
+#if defined(__x86_64__)
+  if (!g_portable) return encode_stream_v3(src, n, code, len, p);
+#endif
+  return encode_stream_body(src, n, code, len, p);
+}
+uint8_t* encode_stream_pairs(const uint8_t* src, size_t n, const uint32_t* pair,
+                             const uint64_t* code, const uint8_t* len, uint8_t* p) {
+#if defined(__x86_64__)
+  if (!g_portable) return encode_stream_pairs_v3(src, n, pair, code, len, p);
+#endif
+  return encode_stream_pairs_body(src, n, pair, code, len, p);
+}
+
+// A block with more distinct symbols than this is coded a symbol at a time: filling
+// the pairs would cost more than it saves (and such a block is near raw anyway).
+constexpr int kMaxPairSymbols = 96;
+
+// The pair table, 256 KiB, made once per thread on its first block (kept off the
+// static TLS block, which every thread of the process would carry).
+uint32_t* pair_table() {
+  static thread_local std::unique_ptr<uint32_t[]> table;
+  if (!table) table = std::make_unique<uint32_t[]>(1 << 16);
+  return table.get();
 }
 
 size_t encode_block(const uint8_t* src, size_t n, uint8_t* dst, size_t cap) {
@@ -148,6 +236,7 @@ size_t encode_block(const uint8_t* src, size_t n, uint8_t* dst, size_t cap) {
   // they give each stream's exact size without another pass.
   // Two tables per stream, filled for all four streams in one loop, so that a run of
   // one symbol (common after the delta) does not chain every increment on the last.
+  // (Eight-byte loads split by shifts, and four tables per stream, measured slower.)
   uint32_t f[4][256] = {};
   {
     uint32_t g[4][256] = {};
@@ -201,10 +290,27 @@ size_t encode_block(const uint8_t* src, size_t n, uint8_t* dst, size_t cap) {
     dst[5 + s / 2] = static_cast<uint8_t>(len[s] | (len[s + 1] << 4));
   uint64_t code64[256];
   for (int s = 0; s < 256; ++s) code64[s] = code[s];
+  uint32_t* pair = nullptr;
+  if (distinct <= kMaxPairSymbols) {
+    int used[256], u = 0;
+    for (int s = 0; s < 256; ++s)
+      if (freq[s]) used[u++] = s;
+    pair = pair_table();
+    for (int x = 0; x < u; ++x) {
+      const int a = used[x];
+      for (int y = 0; y < u; ++y) {
+        const int b = used[y];
+        pair[a | b << 8] =
+            static_cast<uint32_t>((code[a] | code[b] << len[a]) << 5 | (len[a] + len[b]));
+      }
+    }
+  }
   uint8_t* p = dst + kHeaderHuff;
   for (int k = 0; k < 4; ++k) {
     store32(dst + 5 + 128 + 4 * k, static_cast<uint32_t>(bytes[k]));
-    uint8_t* e = encode_stream(src + start[k], start[k + 1] - start[k], code64, len, p);
+    const size_t m = start[k + 1] - start[k];
+    uint8_t* e = pair ? encode_stream_pairs(src + start[k], m, pair, code64, len, p)
+                      : encode_stream(src + start[k], m, code64, len, p);
     if (static_cast<size_t>(e - p) != bytes[k]) return 0;  // cannot happen; be safe
     p = e;
   }
@@ -234,8 +340,8 @@ struct StreamReader {
 
 // src: the block ([src, src + block_len)); buf_end: end of readable input, which
 // the fast path may read up to (never past).
-__attribute__((target_clones("arch=x86-64-v3", "default"))) bool decode_block(
-    const uint8_t* src, size_t block_len, const uint8_t* buf_end, uint8_t* dst, size_t n) {
+DPUKV_HUFF_BODY bool decode_block_body(const uint8_t* src, size_t block_len, const uint8_t* buf_end,
+                                       uint8_t* dst, size_t n) {
   uint8_t len[256];
   for (int s = 0; s < 256; s += 2) {
     len[s] = src[5 + s / 2] & 15;
@@ -257,22 +363,25 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool decode_block(
     const uint16_t e = static_cast<uint16_t>((s << 4) | len[s]);
     for (uint32_t idx = code[s]; idx < (1u << kTableBits); idx += 1u << len[s]) table[idx] = e;
   }
-  // Multi-symbol table: up to three symbols whose codes fit together in the 11 bits
-  // of the index: bytes 0-2 the symbols, bits 24-25 their count, bits 28-31 the
-  // total length. Short codes (the common case on delta-coded planes) then decode
-  // two or three at a time.
-  static thread_local uint32_t multi[1 << kTableBits];
+  // Multi-symbol table: up to four symbols whose codes fit together in the 11 bits
+  // of the index: bits 0-7 their total length, bits 8-15 their count, bits 16-47
+  // the symbols. Short codes (the common case on delta-coded planes) then decode
+  // up to four at a time, and the total length in the low bits is a shift count as
+  // it is (x86 shifts take the low six bits), so each stream's chain from one lookup
+  // to the next is a shift, a mask and a load.
+  static thread_local uint64_t multi[1 << kTableBits];
   for (uint32_t idx = 0; idx < (1u << kTableBits); ++idx) {
-    uint32_t e = 0, used = 0, n_syms = 0;
-    while (n_syms < 3) {
+    uint64_t e = 0;
+    uint32_t used = 0, n_syms = 0;
+    while (n_syms < 4) {
       const uint16_t t1 = table[(idx >> used) & ((1u << kTableBits) - 1)];
       const uint32_t l = t1 & 15;
       if (used + l > kTableBits) break;  // this code needs bits beyond the index
-      e |= static_cast<uint32_t>(t1 >> 4) << (8 * n_syms);
+      e |= static_cast<uint64_t>(t1 >> 4) << (16 + 8 * n_syms);
       used += l;
       ++n_syms;
     }
-    multi[idx] = e | (n_syms << 24) | (used << 28);
+    multi[idx] = e | (n_syms << 8) | used;
   }
   size_t sizes[4];
   for (int k = 0; k < 4; ++k) sizes[k] = load32(src + 5 + 128 + 4 * k);
@@ -291,36 +400,59 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool decode_block(
   uint8_t* out[4] = {dst, dst + q, dst + 2 * q, dst + 3 * q};
   uint8_t* const out_end[4] = {dst + q, dst + 2 * q, dst + 3 * q, dst + n};
   // Fast loop: five lookups per stream per 64-bit load (5 x 11 bits <= 57 valid
-  // bits), each writing 4 bytes and advancing by 1-3 symbols. It runs while every
-  // stream has 8 readable input bytes and 16 bytes of its own output left.
+  // bits), each writing 4 bytes and advancing by 1-4 symbols. A round needs 8
+  // readable input bytes and 20 bytes of its stream's own output, and moves at most
+  // 7 and 20: the rounds every stream can take are counted first, then run
+  // without checks. A sentinel bit above the bits a round can use gives the bits
+  // it used (the leading zeros), so no stream keeps a count.
+  const uint64_t* const mt = multi;
+  const uint8_t* ip[4];
+  unsigned ib[4];
+  for (int k = 0; k < 4; ++k) ip[k] = r[k].p, ib[k] = 0;
   for (;;) {
-    bool ok = true;
-    for (int k = 0; k < 4; ++k)
-      ok &= buf_end - (r[k].p + (r[k].pos >> 3)) >= 8 && out_end[k] - out[k] >= 16;
-    if (!ok) break;
+    size_t rounds = SIZE_MAX;
+    for (int k = 0; k < 4 && rounds != 0; ++k) {
+      const ptrdiff_t in_left = buf_end - ip[k], out_left = out_end[k] - out[k];
+      rounds = in_left < 8 || out_left < 20
+                   ? 0
+                   : std::min({rounds, static_cast<size_t>(in_left - 8) / 7 + 1,
+                               static_cast<size_t>(out_left) / 20});
+    }
+    if (rounds == 0) break;
     // Named locals, not arrays: the 4-byte stores must not look like they alias
     // the decoder's own state.
     uint8_t *o0 = out[0], *o1 = out[1], *o2 = out[2], *o3 = out[3];
-    const uint64_t v0 = load64(r[0].p + (r[0].pos >> 3)) >> (r[0].pos & 7);
-    const uint64_t v1 = load64(r[1].p + (r[1].pos >> 3)) >> (r[1].pos & 7);
-    const uint64_t v2 = load64(r[2].p + (r[2].pos >> 3)) >> (r[2].pos & 7);
-    const uint64_t v3 = load64(r[3].p + (r[3].pos >> 3)) >> (r[3].pos & 7);
-    unsigned c0 = 0, c1 = 0, c2 = 0, c3 = 0;
-    for (int j = 0; j < 5; ++j) {
-      const uint32_t e0 = multi[(v0 >> c0) & kMask];
-      const uint32_t e1 = multi[(v1 >> c1) & kMask];
-      const uint32_t e2 = multi[(v2 >> c2) & kMask];
-      const uint32_t e3 = multi[(v3 >> c3) & kMask];
-      std::memcpy(o0, &e0, 4);
-      std::memcpy(o1, &e1, 4);
-      std::memcpy(o2, &e2, 4);
-      std::memcpy(o3, &e3, 4);
-      o0 += (e0 >> 24) & 3, o1 += (e1 >> 24) & 3, o2 += (e2 >> 24) & 3, o3 += (e3 >> 24) & 3;
-      c0 += e0 >> 28, c1 += e1 >> 28, c2 += e2 >> 28, c3 += e3 >> 28;
+    const uint8_t *i0 = ip[0], *i1 = ip[1], *i2 = ip[2], *i3 = ip[3];
+    unsigned b0 = ib[0], b1 = ib[1], b2 = ib[2], b3 = ib[3];
+    constexpr uint64_t kSentinel = 1ull << 63;
+    for (; rounds != 0; --rounds) {
+      uint64_t v0 = (load64(i0) | kSentinel) >> b0, v1 = (load64(i1) | kSentinel) >> b1,
+               v2 = (load64(i2) | kSentinel) >> b2, v3 = (load64(i3) | kSentinel) >> b3;
+#pragma GCC unroll 5
+      for (int j = 0; j < 5; ++j) {
+        const uint64_t e0 = mt[v0 & kMask], e1 = mt[v1 & kMask], e2 = mt[v2 & kMask],
+                       e3 = mt[v3 & kMask];
+        v0 >>= e0 & 63, v1 >>= e1 & 63, v2 >>= e2 & 63, v3 >>= e3 & 63;
+        const auto s0 = static_cast<uint32_t>(e0 >> 16), s1 = static_cast<uint32_t>(e1 >> 16),
+                   s2 = static_cast<uint32_t>(e2 >> 16), s3 = static_cast<uint32_t>(e3 >> 16);
+        std::memcpy(o0, &s0, 4);
+        std::memcpy(o1, &s1, 4);
+        std::memcpy(o2, &s2, 4);
+        std::memcpy(o3, &s3, 4);
+        o0 += (e0 >> 8) & 7, o1 += (e1 >> 8) & 7, o2 += (e2 >> 8) & 7, o3 += (e3 >> 8) & 7;
+      }
+      const auto t0 = static_cast<unsigned>(__builtin_clzll(v0)),
+                 t1 = static_cast<unsigned>(__builtin_clzll(v1)),
+                 t2 = static_cast<unsigned>(__builtin_clzll(v2)),
+                 t3 = static_cast<unsigned>(__builtin_clzll(v3));
+      i0 += t0 >> 3, i1 += t1 >> 3, i2 += t2 >> 3, i3 += t3 >> 3;
+      b0 = t0 & 7, b1 = t1 & 7, b2 = t2 & 7, b3 = t3 & 7;
     }
     out[0] = o0, out[1] = o1, out[2] = o2, out[3] = o3;
-    r[0].pos += c0, r[1].pos += c1, r[2].pos += c2, r[3].pos += c3;
+    ip[0] = i0, ip[1] = i1, ip[2] = i2, ip[3] = i3;
+    ib[0] = b0, ib[1] = b1, ib[2] = b2, ib[3] = b3;
   }
+  for (int k = 0; k < 4; ++k) r[k].pos = static_cast<uint64_t>(ip[k] - r[k].p) * 8 + ib[k];
   // Tails, one symbol at a time.
   for (int k = 0; k < 4; ++k) {
     while (out[k] < out_end[k]) {
@@ -335,7 +467,34 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool decode_block(
   return true;
 }
 
+#if defined(__x86_64__)
+DPUKV_HUFF_V3 bool decode_block_v3(const uint8_t* src, size_t block_len, const uint8_t* buf_end,
+                                   uint8_t* dst, size_t n) {
+  return decode_block_body(src, block_len, buf_end, dst, n);
+}
+#endif
+bool decode_block(const uint8_t* src, size_t block_len, const uint8_t* buf_end, uint8_t* dst,
+                  size_t n) {
+#if defined(__x86_64__)
+  if (!g_portable) return decode_block_v3(src, block_len, buf_end, dst, n);
+#endif
+  return decode_block_body(src, block_len, buf_end, dst, n);
+}
+
 }  // namespace
+
+bool use_portable(bool portable) {
+#if defined(__x86_64__)
+  g_portable = portable || !cpu_has_x86_64_v3();
+#else
+  (void)portable;
+#endif
+  return g_portable;
+}
+
+const char* path_name() {
+  return g_portable ? "portable" : "x86-64-v3";
+}
 
 size_t bound(size_t n) {
   const size_t blocks = (n + kBlockSymbols - 1) / kBlockSymbols;

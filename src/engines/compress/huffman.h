@@ -27,6 +27,13 @@ inline constexpr size_t kBlockSymbols = 256 * 1024;
 inline constexpr size_t kMaxBlockSymbols = 1024 * 1024;
 inline constexpr int kMaxCodeLen = 11;
 
+// The coder's loops run as built for x86-64-v3 where the CPU has it, else portable.
+// use_portable(true) forces the portable build (tests, `bench compress --simd
+// scalar`), false goes back to the CPU's best; returns whether portable is in use.
+// Not for use while another thread codes.
+bool use_portable(bool portable);
+const char* path_name();  // "x86-64-v3" or "portable"
+
 // Worst-case output size for n input bytes.
 size_t bound(size_t n);
 

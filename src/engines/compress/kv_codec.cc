@@ -367,6 +367,7 @@ SimdLevel kv_simd_level() {
 void kv_force_simd_level(SimdLevel l) {
   SimdLevel best = detect_simd();
   g_simd = static_cast<int>(l) <= static_cast<int>(best) ? l : best;
+  (void)huffman::use_portable(g_simd == SimdLevel::kScalar);  // the lossless codecs' coder
 }
 
 namespace {
