@@ -5,7 +5,7 @@ set -euo pipefail
 bin=$1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-out=$("$bin" bench cache --sizes 256K,1M --pool-size 64M --queue-depth 8 --disk-dir "$tmp/disk" --disk-size 64M --disk-rounds 1 --json)
+out=$("$bin" bench cache --sizes 256K,1M --pool-size 64M --queue-depth 8 --disk-dir "$tmp/disk" --disk-size 64M --disk-sizes 256K,1M --disk-rounds 1 --json)
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 echo "$out" | "$py" -c '
@@ -22,5 +22,13 @@ for op in ("store", "retrieve", "spill", "reload"):
         assert abs(r["ratio"] - r["gbps"] / r["baseline_gbps"]) < 1e-9, r
 assert ops["lookup"][0]["keys_per_s"] > 0 and ops["lookup"][0]["baseline_keys_per_s"] > 0
 assert ops["index"][0]["bytes_per_chunk"] > 0
+# The disk tier is measured at every size asked for.
+for op in ("spill", "reload"):
+    assert sorted(r["size_bytes"] for r in ops[op]) == [256 << 10, 1 << 20], ops[op]
 '
+# A disk size the tier cannot spill at is refused, not measured.
+set +e
+"$bin" bench cache --sizes 256K --pool-size 64M --disk-dir "$tmp/disk" --disk-size 64M --disk-sizes 4M > "$tmp/err" 2>&1; rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q "at most 1/64 of --disk-size" "$tmp/err"
 echo "cli bench cache: ok"

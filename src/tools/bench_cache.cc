@@ -31,6 +31,7 @@ struct Config {
   uint32_t dma_threads = 2;
   std::string disk_dir = "/tmp/dpukv-bench-cache";
   std::string disk_bytes = "1G";
+  std::string disk_sizes = "256K,1M,4M";  // what vLLM and LMCache store: 0.25-4 MiB chunks
   bool no_disk = false;
   uint32_t disk_rounds = 3;
   bench::OutputOptions out;
@@ -131,15 +132,27 @@ std::pair<double, double> raw_uring(const std::string& path, uint64_t size, uint
 }
 
 int run(const Config& c) {
-  std::vector<uint64_t> sizes;
+  std::vector<uint64_t> sizes, disk_sizes;
   uint64_t pool = 0, disk_bytes = 0;
   if (!bench::parse_size_list(c.sizes, &sizes).ok() || !bench::parse_size(c.pool, &pool).ok() ||
-      !bench::parse_size(c.disk_bytes, &disk_bytes).ok()) {
-    std::cerr << "dpukv bench cache: bad --sizes, --pool-size or --disk-size\n";
+      !bench::parse_size(c.disk_bytes, &disk_bytes).ok() ||
+      !bench::parse_size_list(c.disk_sizes, &disk_sizes).ok()) {
+    std::cerr << "dpukv bench cache: bad --sizes, --pool-size, --disk-size or --disk-sizes\n";
     return 2;
   }
+  if (c.no_disk) disk_sizes.clear();
   uint64_t max_size = 0;
   for (uint64_t s : sizes) max_size = std::max(max_size, s);
+  for (uint64_t s : disk_sizes) {
+    // The memory tier holds 32 chunks; the disk must take twice that to spill.
+    if (s % 4096 != 0 || disk_bytes < 64 * s) {
+      std::cerr << "dpukv bench cache: --disk-sizes " << bench::format_size(s)
+                << ": a multiple of 4 KiB, at most 1/64 of --disk-size ("
+                << bench::format_size(disk_bytes) << ")\n";
+      return 2;
+    }
+    max_size = std::max(max_size, s);
+  }
   if (pool < 4 * max_size) pool = 4 * max_size;
   log_set_level(LogSource::kLib, LogLevel::kError);
   std::vector<Json> rows;
@@ -272,8 +285,7 @@ int run(const Config& c) {
   // Spill and reload through the disk tier against raw io_uring O_DIRECT. The VM's
   // disk is noisy from one second to the next, so tier and raw runs alternate and
   // the medians (and the median of the per-round ratios) are reported.
-  if (!c.no_disk) {
-    const uint64_t size = sizes.back() > (1ull << 20) ? sizes[sizes.size() / 2] : sizes.back();
+  for (const uint64_t size : disk_sizes) {
     const uint32_t qd = std::min<uint32_t>(c.queue_depth, 8);
     struct Round {
       double spill = 0, reload = 0, raw_w = 0, raw_r = 0;
@@ -380,6 +392,9 @@ void add_bench_cache_command(CLI::App* bench, int* exit_code) {
   cmd->add_option("--disk-dir", c->disk_dir, "Directory for the disk tier measurement")
       ->capture_default_str();
   cmd->add_option("--disk-size", c->disk_bytes, "Disk tier size")->capture_default_str();
+  cmd->add_option("--disk-sizes", c->disk_sizes,
+                  "Chunk sizes for the spill/reload measurement (each 1/64 of --disk-size at most)")
+      ->capture_default_str();
   cmd->add_flag("--no-disk", c->no_disk, "Skip the spill/reload measurement");
   cmd->add_option("--disk-rounds", c->disk_rounds,
                   "Spill/reload rounds, each followed by its raw io_uring run (medians reported)")
