@@ -107,7 +107,9 @@ Status parse_peer_description(const uint8_t* blob, size_t len, PeerDescription* 
   return Code::kSuccess;
 }
 
-UcxNode::UcxNode(ProgressEngine* pe, const UcxNodeOptions& o) : Context(pe), opts_(o) {}
+UcxNode::UcxNode(ProgressEngine* pe, const UcxNodeOptions& o) : Context(pe), opts_(o) {
+  efd_watch_.owner = this;
+}
 
 void UcxNode::set_transport_defaults() {
   // UCX 1.13 connects TCP endpoints with a blocking connect(): to a partitioned

@@ -96,8 +96,13 @@ class UcxNode final : public Context {
   struct Peer;
   struct ReadSlot;
   struct SendSlot;
+  // UCX's event fd stays readable until the worker is armed again. Armed only before
+  // a sleep, it read as ready on every pass of a busy engine, which so never slept:
+  // an idle agent with a live peer spun a core. Arming it as it fires drains it; if
+  // UCX still has events (BUSY), poll() in the same pass takes them.
   struct EfdWatch final : FdWatcher {
-    void on_fd_ready(uint32_t) override {}
+    UcxNode* owner = nullptr;
+    void on_fd_ready(uint32_t) override { (void)owner->arm_notification(); }
   };
 
   UcxNode(ProgressEngine* pe, const UcxNodeOptions& o);

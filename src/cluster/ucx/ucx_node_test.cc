@@ -120,6 +120,42 @@ TEST(UcxNode, ControlMessagesNameTheirSender) {
   EXPECT_EQ(a.ucx->send_control(pb, big.data(), big.size()).code(), Code::kInvalidValue);
 }
 
+// Once reads and messages are done, both engines go quiet: a progress pass finds no
+// work, which is what lets an agent sleep in epoll. UCX's event fd used to read as
+// ready on every pass until the worker was armed (only before a sleep), so an agent
+// with a live peer never slept and spun a core.
+TEST(UcxNode, NodesWithLivePeersGoQuietWhenIdle) {
+  Node a(1 << 20, 1), b(1 << 20, 2);
+  uint32_t pb, pa;
+  ASSERT_TRUE(
+      a.ucx->connect(reinterpret_cast<const uint8_t*>(b.blob.data()), b.blob.size(), &pb).ok());
+  ASSERT_TRUE(
+      b.ucx->connect(reinterpret_cast<const uint8_t*>(a.blob.data()), a.blob.size(), &pa).ok());
+  int got = 0;
+  b.ucx->set_control_handler(
+      [](void* arg, uint64_t, uint32_t, const uint8_t*, size_t) { ++*static_cast<int*>(arg); },
+      &got);
+  std::vector<uint8_t> dst(1 << 20);
+  for (int round = 0; round < 3; ++round) {
+    ReadResult r;
+    ASSERT_TRUE(a.ucx->read(pb, 0, dst.data(), dst.size(), &ReadResult::cb, &r).ok());
+    ASSERT_TRUE(a.ucx->send_control(pb, "x", 1).ok());
+    ASSERT_TRUE(until(a, b, [&] { return r.done && got == round + 1; }));
+    ASSERT_TRUE(r.st.ok());
+  }
+  // A run of 1000 passes on both engines with no work, within 10 s (UCX's own
+  // timers may wake it now and then, but not on every pass).
+  int quiet = 0;
+  ASSERT_TRUE(until(a, b, [&] {
+    const bool busy = a.pe->progress() | b.pe->progress();
+    quiet = busy ? 0 : quiet + 1;
+    return quiet >= 1000;
+  })) << "the engines found work on every pass: an idle agent would spin";
+  // And a wait sleeps until its timeout rather than returning with work.
+  EXPECT_FALSE(a.pe->wait(0, 20));
+  EXPECT_FALSE(b.pe->wait(0, 20));
+}
+
 TEST(UcxNode, MalformedDescriptionsAreRefused) {
   Node a(1 << 16, 1), b(1 << 16, 2);
   uint32_t p;
