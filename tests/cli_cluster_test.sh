@@ -116,6 +116,23 @@ PYEOF
 grep -q "directory connected; replica ready" "$tmp/stat.txt" || fail "stat: $(cat "$tmp/stat.txt")"
 grep -q "keys found on peers" "$tmp/stat.txt" || fail "stat: $(cat "$tmp/stat.txt")"
 grep -qE "^  peer [0-9a-f]{16}  connected" "$tmp/stat.txt" || fail "stat: $(cat "$tmp/stat.txt")"
+# Idle agents with a live peer sleep: CPU time over one second, sampled (a measure,
+# not a wait: a machine busy with other work can only lower it). UCX's event fd
+# once kept both agents of a pair spinning a core each after their first read.
+"$py" - "${pids[1]}" "${pids[2]}" <<'PYEOF' || fail "an idle agent spins"
+import os, sys, time
+hz = os.sysconf("SC_CLK_TCK")
+def cpu(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / hz
+pids = sys.argv[1:]
+before = [cpu(p) for p in pids]
+t0 = time.monotonic()
+time.sleep(1.0)
+used = [(cpu(p) - b) / (time.monotonic() - t0) for p, b in zip(pids, before)]
+print("idle agents' CPU:", ", ".join(f"{u:.2f}" for u in used))
+sys.exit(0 if all(u < 0.3 for u in used) else 1)
+PYEOF
 
 # One command: two agents, requests spread over them.
 "$bin" replay "$trace" --nodes 2 --max-requests 600 --capacity-blocks 4000 --json >"$tmp/n.json" \
