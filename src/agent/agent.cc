@@ -10,7 +10,6 @@
 #include <cstring>
 #include <string>
 
-#include "agent/agent_metrics.h"
 #include "agent/metrics_server.h"
 #include "protocol/agent_wire.h"
 #include "runtime/log.h"
@@ -123,7 +122,6 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
       return st;
     }
   }
-  a->metrics_ = std::make_unique<Metrics>();
   if (a->opts_.metrics_port > 0) {
     Agent* self = a.get();
     DPUKV_RETURN_IF_ERROR(MetricsServer::create(
@@ -383,8 +381,8 @@ Status Agent::submit_entry(Session* s, Op op, const IoEntry& e, void* slot) {
 void Agent::finish_batch(Batch* b) {
   Session* s = b->session;
   const double secs = (monotonic_ns() - b->start_ns) / 1e9;
-  if (static_cast<Op>(b->hdr.op) == Op::kStore) metrics_->store_lat.add(secs);
-  if (static_cast<Op>(b->hdr.op) == Op::kRetrieve) metrics_->retrieve_lat.add(secs);
+  if (static_cast<Op>(b->hdr.op) == Op::kStore) latencies_.store.add(secs);
+  if (static_cast<Op>(b->hdr.op) == Op::kRetrieve) latencies_.retrieve.add(secs);
   Status worst;
   for (uint32_t i = 0; i < b->hdr.count; ++i)
     if (b->status[i] != 0) worst = static_cast<Code>(b->status[i]);
@@ -543,7 +541,7 @@ void Agent::on_lookup(Session* s, const AgentHeader& h, const uint8_t* body, uin
     }
     // The directory is away: answer from this agent alone.
   }
-  metrics_->lookup_lat.add(static_cast<double>(monotonic_ns() - lookup_t0) / 1e9);
+  latencies_.lookup.add(static_cast<double>(monotonic_ns() - lookup_t0) / 1e9);
   counters_.lookup_hits += hits;
   reply(s, h, Code::kSuccess, &hits, sizeof(hits));
 }
@@ -763,7 +761,7 @@ void Agent::remote_lookup_done(void* arg, uint32_t fetched) {
     hits += more;
     a->counters_.lookup_remote_hits += more;
     a->counters_.lookup_hits += hits;
-    a->metrics_->lookup_lat.add(static_cast<double>(monotonic_ns() - r->start_ns) / 1e9);
+    a->latencies_.lookup.add(static_cast<double>(monotonic_ns() - r->start_ns) / 1e9);
     a->reply(s, r->hdr, Code::kSuccess, &hits, sizeof(hits));
   }
   r->session = nullptr;
@@ -783,6 +781,42 @@ void Agent::push_done(void* arg, Status st, const uint8_t* taken, uint32_t n) {
     p->agent->reply(s, p->hdr, worst, p->status.data(), static_cast<uint32_t>(p->status.size()));
   --s->pending;
   p->agent->release_session(s);
+}
+
+AgentStatsSources Agent::stats_sources(bool asker_connected) const {
+  AgentStatsSources s;
+  s.clients = connected_ - (asker_connected && connected_ > 0 ? 1 : 0);
+  s.agent = counters_;
+  s.cache = cache_->stats();
+  if (metrics_server_) s.metrics_server = metrics_server_->counters();
+  s.protocol_errors = server_->counters().protocol_errors;
+  s.event_subscribers = subscribers_.size();
+  s.gpu_on = gpu_->on();
+  s.gpu_path = gpu_->description();
+  s.gpu = gpu_->counters();
+  s.gpu_engine = gpu_->engine_counters();
+  s.gpu_regions = gpu_->regions();
+  if (cluster_) {
+    ClusterStatsSnapshot& c = s.cluster.emplace();
+    c.node_id = cluster_->node_id();
+    c.node = cluster_->counters();
+    c.directory = cluster_->directory_counters();
+    c.directory_connected = cluster_->directory_connected();
+    c.replica_ready = cluster_->directory_replica_ready();
+    c.live_nodes = cluster_->directory_live_nodes();
+    c.replica_keys = cluster_->directory_replica_keys();
+    c.peers = cluster_->peer_stats();
+  }
+  s.latencies = latencies_;
+  return s;
+}
+
+std::string Agent::stats_json(bool asker_connected) const {
+  return format_stats_json(stats_sources(asker_connected));
+}
+
+std::string Agent::metrics_text() const {
+  return format_metrics_text(stats_sources(false));
 }
 
 }  // namespace dpukv

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/agent_stats.h"
 #include "agent/gpu_service.h"
 #include "cache/cache_engine.h"
 #include "cluster/cluster_node.h"
@@ -43,15 +44,6 @@ struct AgentOptions {
   ClusterOptions cluster_options;
   // Copies between the arena and clients' GPU memory (agent/gpu_service.h).
   GpuServiceOptions gpu;
-};
-
-struct AgentCounters {
-  uint64_t requests = 0, bad_requests = 0, not_permitted = 0;
-  uint64_t events_sent = 0, events_dropped = 0;  // the event feed
-  uint64_t lookups = 0, lookup_keys = 0, lookup_hits = 0;
-  uint64_t lookup_remote_hits = 0;  // leading keys a lookup found on other agents
-  uint64_t sessions_opened = 0, sessions_closed = 0;
-  uint64_t stalled_batches = 0;  // batches that waited for cache requests
 };
 
 class Agent {
@@ -81,15 +73,9 @@ class Agent {
   struct Batch;
   struct RemoteLookup;
   struct Push;
-  struct Metrics;
-  struct MetricRow {
-    const char* json;  // name in stats_json
-    const char* prom;  // Prometheus name (null: JSON only)
-    const char* type;  // gauge or counter
-    const char* help;
-    uint64_t value;
-  };
-  std::vector<MetricRow> metric_rows(bool asker_connected) const;
+  // A snapshot of the figures agent_stats.h renders (asker_connected: a client
+  // asked, and its own session is not counted among the clients).
+  AgentStatsSources stats_sources(bool asker_connected) const;
   Agent() = default;
   static void on_connect(ComchConnection* c, UserData ud);
   static void on_disconnect(ComchConnection* c, Status why, UserData ud);
@@ -142,7 +128,7 @@ class Agent {
   std::vector<std::unique_ptr<RemoteLookup>> remote_lookups_;
   std::vector<RemoteLookup*> free_remote_lookups_;
   std::unique_ptr<BufInventory> inv_;
-  std::unique_ptr<Metrics> metrics_;
+  AgentLatencies latencies_;
   std::unique_ptr<class MetricsServer> metrics_server_;
   std::function<void()> on_ready_, on_tick_;
   int metrics_port_ = 0;

@@ -1,11 +1,9 @@
-// The agent's counters and gauges: one table behind `dpukv stat` (JSON) and the
-// Prometheus text of the metrics listener.
+#include "agent/agent_stats.h"
+
 #include <cstdio>
 #include <string>
 
-#include "agent/agent.h"
-#include "agent/agent_metrics.h"
-#include "agent/metrics_server.h"
+#include "protocol/version.h"
 
 namespace dpukv {
 
@@ -30,14 +28,10 @@ std::string json_escape(const std::string& in) {
 
 }  // namespace
 
-// One table feeds both the JSON of `dpukv stat` and the Prometheus text, so a
-// counter is named and read in one place. Prometheus names carry their unit and
-// counters end in _total.
-std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
-  const CacheStats c = cache_->stats();
-  const MetricsServer::Counters mc =
-      metrics_server_ ? metrics_server_->counters() : MetricsServer::Counters{};
-  const uint64_t clients = connected_ - (asker_connected && connected_ > 0 ? 1 : 0);
+std::vector<MetricRow> metric_rows(const AgentStatsSources& s) {
+  const CacheStats& c = s.cache;
+  const MetricsServer::Counters& mc = s.metrics_server;
+  const uint64_t clients = s.clients;
   std::vector<MetricRow> rows = {
       {"clients", "dpukv_clients_connected", "gauge", "Connected clients.", clients},
       {"chunks", "dpukv_chunks", "gauge", "Chunks in the cache (each counted once).", c.chunks},
@@ -80,48 +74,48 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
        "Stores refused for lack of room (everything pinned or in use).", c.store_rejects},
       {"recovered", "dpukv_recovered_chunks", "gauge", "Chunks recovered from disk at start.",
        c.recovered},
-      {"lookups", "dpukv_lookups_total", "counter", "Lookup requests.", counters_.lookups},
+      {"lookups", "dpukv_lookups_total", "counter", "Lookup requests.", s.agent.lookups},
       {"lookup_keys", "dpukv_lookup_keys_total", "counter", "Keys asked about by lookups.",
-       counters_.lookup_keys},
+       s.agent.lookup_keys},
       {"lookup_hits", "dpukv_lookup_hit_keys_total", "counter", "Leading keys found by lookups.",
-       counters_.lookup_hits},
-      {"requests", "dpukv_requests_total", "counter", "Requests received.", counters_.requests},
+       s.agent.lookup_hits},
+      {"requests", "dpukv_requests_total", "counter", "Requests received.", s.agent.requests},
       {"bad_requests", "dpukv_bad_requests_total", "counter", "Malformed requests.",
-       counters_.bad_requests},
+       s.agent.bad_requests},
       {"stalled_batches", "dpukv_stalled_batches_total", "counter",
        "Store or retrieve batches that waited for the cache's request pool (backpressure).",
-       counters_.stalled_batches},
+       s.agent.stalled_batches},
       {"not_permitted", "dpukv_not_permitted_total", "counter",
        "Entries refused: memory not the client's, or a key of another model.",
-       counters_.not_permitted},
+       s.agent.not_permitted},
       {"protocol_errors", "dpukv_comch_protocol_errors_total", "counter",
-       "Connections closed for protocol errors.", server_->counters().protocol_errors},
+       "Connections closed for protocol errors.", s.protocol_errors},
       {"event_subscribers", "dpukv_event_subscribers", "gauge",
-       "Sessions subscribed to the event feed (chunks stored and removed).", subscribers_.size()},
+       "Sessions subscribed to the event feed (chunks stored and removed).", s.event_subscribers},
       {"events_sent", "dpukv_events_sent_total", "counter",
-       "Chunk events sent to subscribers (one per subscriber).", counters_.events_sent},
+       "Chunk events sent to subscribers (one per subscriber).", s.agent.events_sent},
       {"events_dropped", "dpukv_events_dropped_total", "counter",
        "Chunk events dropped (a subscriber not reading, or too many queued).",
-       counters_.events_dropped},
+       s.agent.events_dropped},
       {"sessions_opened", "dpukv_sessions_opened_total", "counter", "Client sessions opened.",
-       counters_.sessions_opened},
+       s.agent.sessions_opened},
       {"metrics_refused", "dpukv_metrics_connections_refused_total", "counter",
        "Metrics connections closed at once (16 open) or timed out.",
        mc.refused_busy + mc.timed_out},
   };
-  const GpuService::Counters& g = gpu_->counters();
-  const CudaEngine::Counters ge = gpu_->engine_counters();
+  const GpuService::Counters& g = s.gpu;
+  const CudaEngine::Counters& ge = s.gpu_engine;
   const std::vector<MetricRow> gpu_rows = {
       {"gpu_on", "dpukv_gpu_copies_available", "gauge",
        "1 while the agent copies to and from GPU memory (0: host memory only).",
-       gpu_->on() ? 1u : 0u},
+       s.gpu_on ? 1u : 0u},
       {"gpu_exports", "dpukv_gpu_exports_total", "counter", "GPU memory exports accepted.",
        g.exports},
       {"gpu_exports_refused", "dpukv_gpu_exports_refused_total", "counter",
        "GPU memory exports refused (no GPU path, foreign device, bad handle or range).",
        g.exports_refused},
       {"gpu_regions", "dpukv_gpu_regions_open", "gauge", "GPU memory regions open now.",
-       gpu_->regions()},
+       s.gpu_regions},
       {"gpu_copies", "dpukv_gpu_copies_total", "counter",
        "Copies between the arena and GPU memory.", ge.copies},
       {"gpu_copy_bytes", "dpukv_gpu_copy_bytes_total", "counter",
@@ -133,19 +127,18 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
   for (size_t i = 0; i < kRequestStates; ++i)
     rows.push_back({kRequestStateNames[i], kRequestStateMetrics[i], "gauge",
                     "Cache requests in this state of the pipeline now.", c.requests_in_state[i]});
-  if (!cluster_) return rows;
-  const ClusterNode::Counters& k = cluster_->counters();
-  const Directory::Counters& d = cluster_->directory_counters();
+  if (!s.cluster) return rows;
+  const ClusterNode::Counters& k = s.cluster->node;
+  const Directory::Counters& d = s.cluster->directory;
   const std::vector<MetricRow> cluster_rows = {
       {"cluster_directory_connected", "dpukv_cluster_directory_connected", "gauge",
-       "1 while the Redis directory is reachable.", cluster_->directory_connected() ? 1u : 0u},
+       "1 while the Redis directory is reachable.", s.cluster->directory_connected ? 1u : 0u},
       {"cluster_live_nodes", "dpukv_cluster_live_nodes", "gauge",
-       "Agents whose directory lease is live, this one included.",
-       cluster_->directory_live_nodes()},
+       "Agents whose directory lease is live, this one included.", s.cluster->live_nodes},
       {"cluster_peers", "dpukv_cluster_peers", "gauge", "Other agents this one has talked to.",
-       cluster_->peer_stats().size()},
+       s.cluster->peers.size()},
       {"lookup_remote_hits", "dpukv_lookup_remote_hit_keys_total", "counter",
-       "Leading keys lookups found on other agents.", counters_.lookup_remote_hits},
+       "Leading keys lookups found on other agents.", s.agent.lookup_remote_hits},
       {"remote_fetches", "dpukv_cluster_fetches_total", "counter",
        "Lookups that asked the cluster for missing keys.", k.fetches},
       {"remote_hits", "dpukv_cluster_remote_hits_total", "counter",
@@ -181,10 +174,10 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
        "Chunk entries written to the directory.", d.published},
       {"directory_replica_keys", "dpukv_cluster_directory_replica_keys", "gauge",
        "Chunks in this agent's replica of the directory (about 110 bytes each).",
-       cluster_->directory_replica_keys()},
+       s.cluster->replica_keys},
       {"directory_replica_ready", "dpukv_cluster_directory_replica_ready", "gauge",
        "1 while lookups are answered from the replica (0: they ask Redis).",
-       cluster_->directory_replica_ready() ? 1u : 0u},
+       s.cluster->replica_ready ? 1u : 0u},
       {"directory_lookups_local", "dpukv_cluster_directory_lookups_local_total", "counter",
        "Directory lookups answered from this agent's replica (no round trip).", d.lookups_local},
       {"directory_bad_entries", "dpukv_cluster_directory_bad_entries_total", "counter",
@@ -223,18 +216,18 @@ std::vector<Agent::MetricRow> Agent::metric_rows(bool asker_connected) const {
   return rows;
 }
 
-std::string Agent::stats_json(bool asker_connected) const {
+std::string format_stats_json(const AgentStatsSources& s) {
   std::string out = std::string("{\"version\":\"") + kDpukvVersion + "\"";
-  out += ",\"gpu_path\":\"" + json_escape(gpu_->description()) + "\"";
-  for (const MetricRow& m : metric_rows(asker_connected))
+  out += ",\"gpu_path\":\"" + json_escape(s.gpu_path) + "\"";
+  for (const MetricRow& m : metric_rows(s))
     out += ",\"" + std::string(m.json) + "\":" + std::to_string(m.value);
-  if (cluster_) {
+  if (s.cluster) {
     char node[32];
     std::snprintf(node, sizeof(node), "%016llx",
-                  static_cast<unsigned long long>(cluster_->node_id()));
+                  static_cast<unsigned long long>(s.cluster->node_id));
     out += ",\"cluster_node\":\"" + std::string(node) + "\",\"peers\":[";
     bool first = true;
-    for (const ClusterNode::PeerStats& p : cluster_->peer_stats()) {
+    for (const ClusterNode::PeerStats& p : s.cluster->peers) {
       std::snprintf(node, sizeof(node), "%016llx", static_cast<unsigned long long>(p.node));
       out += std::string(first ? "" : ",") + "{\"node\":\"" + node +
              "\",\"connected\":" + (p.connected ? "true" : "false") +
@@ -247,40 +240,40 @@ std::string Agent::stats_json(bool asker_connected) const {
     }
     out += "]";
   }
-  const Metrics::Histogram& l = metrics_->lookup_lat;
+  const LatencyHistogram& l = s.latencies.lookup;
   char buf[64];
   std::snprintf(buf, sizeof(buf), ",\"lookup_mean_us\":%.2f}", l.n ? l.sum / l.n * 1e6 : 0.0);
   return out + buf;
 }
 
-std::string Agent::metrics_text() const {
+std::string format_metrics_text(const AgentStatsSources& s) {
   std::string out =
       std::string(
           "# HELP dpukv_build_info The agent's version.\n# TYPE dpukv_build_info gauge\n"
           "dpukv_build_info{version=\"") +
       kDpukvVersion + "\"} 1\n";
-  for (const MetricRow& m : metric_rows(false)) {
+  for (const MetricRow& m : metric_rows(s)) {
     if (m.prom == nullptr) continue;
     out += std::string("# HELP ") + m.prom + " " + m.help + "\n# TYPE " + m.prom + " " + m.type +
            "\n" + m.prom + " " + std::to_string(m.value) + "\n";
   }
-  auto histogram = [&](const char* name, const Metrics::Histogram& h) {
+  auto histogram = [&](const char* name, const LatencyHistogram& h) {
     out += std::string("# HELP ") + name + " Request latency in seconds.\n# TYPE " + name +
            " histogram\n";
     uint64_t cum = 0;
-    const size_t nb = sizeof(Metrics::kBuckets) / sizeof(double);
+    const size_t nb = LatencyHistogram::kNumBuckets;
     for (size_t i = 0; i < nb; ++i) {
       cum += h.counts[i];
-      out += std::string(name) + "_bucket{le=\"" + std::to_string(Metrics::kBuckets[i]) + "\"} " +
-             std::to_string(cum) + "\n";
+      out += std::string(name) + "_bucket{le=\"" + std::to_string(LatencyHistogram::kBuckets[i]) +
+             "\"} " + std::to_string(cum) + "\n";
     }
     cum += h.counts[nb];
     out += std::string(name) + "_bucket{le=\"+Inf\"} " + std::to_string(cum) + "\n";
     out += std::string(name) + "_sum " + std::to_string(h.sum) + "\n" + name + "_count " +
            std::to_string(h.n) + "\n";
   };
-  if (cluster_) {
-    const std::vector<ClusterNode::PeerStats> peers = cluster_->peer_stats();
+  if (s.cluster) {
+    const std::vector<ClusterNode::PeerStats>& peers = s.cluster->peers;
     auto per_peer = [&](const char* name, const char* help, uint64_t ClusterNode::PeerStats::*f) {
       out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n";
       char node[32];
@@ -296,9 +289,9 @@ std::string Agent::metrics_text() const {
     per_peer("dpukv_peer_errors_total", "Failed asks and reads with this peer.",
              &ClusterNode::PeerStats::errors);
   }
-  histogram("dpukv_store_batch_seconds", metrics_->store_lat);
-  histogram("dpukv_retrieve_batch_seconds", metrics_->retrieve_lat);
-  histogram("dpukv_lookup_seconds", metrics_->lookup_lat);
+  histogram("dpukv_store_batch_seconds", s.latencies.store);
+  histogram("dpukv_retrieve_batch_seconds", s.latencies.retrieve);
+  histogram("dpukv_lookup_seconds", s.latencies.lookup);
   return out;
 }
 
