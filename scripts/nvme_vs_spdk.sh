@@ -30,7 +30,22 @@ w=$(mktemp -d /tmp/dpukv-vs-spdk.XXXXXX)
 nqn=nqn.2026-11.io.dpukv:perf
 port=4420
 tpid=""
-cleanup() { [ -n "$tpid" ] && { kill "$tpid" 2>/dev/null; sleep 1; kill -9 "$tpid" 2>/dev/null; } || true; rm -rf "$w"; }
+# Hugepage files of SPDK processes that died without cleaning up (SIGKILL) keep
+# their pages taken: those of pids no longer alive are dropped.
+drop_stale_spdk_hugepages() {
+  local f p
+  for f in /dev/hugepages/spdk_pid*; do
+    [ -e "$f" ] || continue
+    p=${f#/dev/hugepages/spdk_pid}
+    p=${p%%map_*}
+    kill -0 "$p" 2>/dev/null || rm -f "$f"
+  done
+}
+cleanup() {
+  [ -n "$tpid" ] && { kill "$tpid" 2>/dev/null; sleep 1; kill -9 "$tpid" 2>/dev/null; } || true
+  rm -rf "$w"
+  drop_stale_spdk_hugepages
+}
 trap cleanup EXIT
 log() { [ $json = 1 ] || echo "$*" >&2; }
 rpc() { /usr/bin/python3 "$spdk/scripts/rpc.py" -s "$w/rpc.sock" "$@" >/dev/null; }

@@ -23,6 +23,17 @@ done
 export LD_LIBRARY_PATH=$spdk/build/lib:$spdk/build/libvfio-user/build-release/lib
 rpc_py() { /usr/bin/python3 "$spdk/scripts/rpc.py" -s "$1" "${@:2}"; }
 
+# Hugepage files of SPDK processes that died without cleaning up (SIGKILL) keep
+# their pages taken: those of pids no longer alive are dropped.
+drop_stale_spdk_hugepages() {
+  local f p
+  for f in /dev/hugepages/spdk_pid*; do
+    [ -e "$f" ] || continue
+    p=${f#/dev/hugepages/spdk_pid}
+    p=${p%%map_*}
+    kill -0 "$p" 2>/dev/null || rm -f "$f"
+  done
+}
 # SPDK's tools need hugepages (2 MiB): 1 GiB for the target and host in turn.
 old_hp=$(cat /proc/sys/vm/nr_hugepages)
 if [ "$old_hp" -lt 512 ]; then
@@ -30,6 +41,7 @@ if [ "$old_hp" -lt 512 ]; then
 fi
 mkdir -p /dev/hugepages
 mountpoint -q /dev/hugepages || mount -t hugetlbfs nodev /dev/hugepages
+drop_stale_spdk_hugepages
 if [ "$(awk '/HugePages_Free/ {print $2}' /proc/meminfo)" -lt 400 ]; then
   echo "SKIP: fewer than 400 free hugepages"; exit 77
 fi
