@@ -4,10 +4,11 @@ set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config python3 clang-14 libclang-rt-14-dev clang-format
       libgtest-dev libcli11-dev nlohmann-json3-dev liburing-dev libisal-dev liblz4-dev libzstd-dev
       libxxhash-dev libucx-dev libhiredis-dev gnuplot-nox pybind11-dev python3-dev)
-# --test: also what the real-initiator test boots (a Debian kernel under QEMU) and
-# the connector test's torch (CPU).
+# --test: also what the real-initiator test boots (a Debian kernel under QEMU), the
+# connector test's torch (CPU), pytest, and what `pip install ./python` needs offline.
 if [ "${1:-}" = "--test" ]; then
-  pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static cpio python3-torch redis-server iproute2)
+  pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static cpio python3-torch redis-server iproute2
+         python3-pytest python3-pip python3-venv python3-setuptools python3-wheel)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -16,7 +16,7 @@
 #     engine copying into exported GPU staging), with that machine's Python: the
 #     client over the C ABI (python/dpukv/_ctypes_client.py), since the compiled
 #     module is built for Debian's Python;
-#   - python/bench_connector.py at the Llama-3.1-8B shape (2k, 8k, 32k prefixes).
+#   - python/benchmarks/bench_connector.py at the Llama-3.1-8B shape (2k, 8k, 32k prefixes).
 # Prints one JSON object: each test's result, the connector test's line, the
 # benchmark's rows, and the driver and GPU it ran on. Exit status: 0 when every
 # test that ran passed. PYTHON names the interpreter (default python3);
@@ -33,7 +33,7 @@ tests=(cuda_driver_test cuda_engine_test gpu_agent_test)
 if [ "${1:-}" = "--bundle" ]; then
   out=${2:?usage: gpu_check.sh --bundle DIR}
   build=${BUILD:-$here/build/release}
-  mkdir -p "$out/bin" "$out/lib" "$out/python/dpukv"
+  mkdir -p "$out/bin" "$out/lib" "$out/python/dpukv" "$out/python/tests" "$out/python/benchmarks"
   for t in "${tests[@]}" dpukv libdpukv_client.so.0; do
     if [ "$t" = libdpukv_client.so.0 ]; then cp -L "$build/$t" "$out/lib/"; else cp "$build/$t" "$out/bin/"; fi
     ldd "$build/$t" | awk '/=> \//{print $3}' | while read -r lib; do
@@ -46,7 +46,9 @@ if [ "${1:-}" = "--bundle" ]; then
   # Without debug information the bundle fits what a device run may carry (64 MiB).
   strip --strip-debug "$out"/bin/* "$out/lib/libdpukv_client.so.0"
   cp "$here"/python/dpukv/*.py "$out/python/dpukv/"
-  cp "$here/python/test_connector.py" "$here/python/bench_connector.py" "$out/python/"
+  cp "$here/python/tests/test_connector.py" "$here/python/tests/reference_model.py" \
+    "$out/python/tests/"
+  cp "$here/python/benchmarks/bench_connector.py" "$out/python/benchmarks/"
   cp "$0" "$out/"
   echo "bundle in $out: run $out/gpu_check.sh $out on the GPU machine"
   exit 0
@@ -88,7 +90,7 @@ if [ "${GPU_CHECK_TESTS:-1}" = 0 ]; then
   echo "connector: not run (GPU_CHECK_TESTS=0)" >"$tmp/connector.log"
 elif start_agent "${GPU_CHECK_AGENT_MEMORY:-1G}" 1000; then
   DPUKV_TEST_DEVICE=$device DPUKV_TEST_PATH=gpu timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" \
-    "$py" "$dir/python/test_connector.py" "$dir/python" \
+    "$py" "$dir/python/tests/test_connector.py" "$dir/python" \
     "$tmp/agent.sock" >"$tmp/connector.log" 2>&1 || rc=1
   stop_agent
 else
@@ -101,7 +103,7 @@ bench_args=(--shape llama-8b)
 [ -z "${GPU_CHECK_BENCH_ARGS:-}" ] || bench_args=($GPU_CHECK_BENCH_ARGS)
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && start_agent "${GPU_CHECK_AGENT_MEMORY:-24G}" 30000; then
   timeout "${GPU_CHECK_BENCH_TIMEOUT:-1200}" \
-    "$py" "$dir/python/bench_connector.py" "$dir/python" "$tmp/agent.sock" "${bench_args[@]}" \
+    "$py" "$dir/python/benchmarks/bench_connector.py" "$dir/python" "$tmp/agent.sock" "${bench_args[@]}" \
     >"$tmp/bench.json" 2>"$tmp/bench.log" || rc=1
   stop_agent
 fi

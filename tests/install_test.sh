@@ -33,4 +33,16 @@ if command -v systemd-analyze >/dev/null; then
   out=$(systemd-analyze verify --root="$tmp" "$unit" 2>&1 || true)
   ! grep -qiE "unknown (key|section)|failed to parse|invalid" <<<"$out" || fail "systemd-analyze: $out"
 fi
+# The Python package with its compiled client, where the Debian interpreter finds it.
+ext=$(find "$tmp" -path "*/dist-packages/dpukv/_dpukv*.so" | head -1)
+[ -n "$ext" ] || fail "no Python package installed"
+preload=""
+if ldd "$ext" | grep libasan >/dev/null; then
+  preload=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)
+fi
+(cd "$tmp" && env ${preload:+LD_PRELOAD=$preload ASAN_OPTIONS=detect_leaks=0} PYTHONDONTWRITEBYTECODE=1 \
+  PYTHONPATH="$(dirname "$(dirname "$ext")")" /usr/bin/python3 -c '
+import dpukv
+assert dpukv.client_kind == "compiled", dpukv.client_kind
+assert dpukv.model_id("m") == dpukv.model_id("m") != 0') || fail "the installed Python package does not import"
 echo "install: ok"

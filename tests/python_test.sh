@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs a Python test against a real agent: python_test.sh BIN MODDIR SCRIPT [agent options]
+# Runs a Python test against a real agent: python_test.sh BIN PKGDIR SCRIPT [agent options]
+# (PKGDIR: the folder that holds the dpukv package with its compiled client)
 # starts one and passes its socket; with --own-agent the script starts (and kills)
 # its agents itself and gets the binary's path instead.
 set -euo pipefail
@@ -7,6 +8,7 @@ bin=$1
 moddir=$2
 script=$3
 shift 3  # the rest: more agent options
+export DPUKV_BIN=$bin
 tmp=$(mktemp -d)
 agent=""
 trap '[ -n "$agent" ] && kill $agent 2>/dev/null; rm -rf "$tmp"' EXIT
@@ -14,7 +16,7 @@ trap '[ -n "$agent" ] && kill $agent 2>/dev/null; rm -rf "$tmp"' EXIT
 # stops reading at the first match, ldd dies of SIGPIPE, and pipefail makes the
 # whole test read as "no ASan" now and then.)
 preload=""
-if ldd "$moddir"/_dpukv*.so | grep libasan >/dev/null; then
+if ldd "$moddir"/dpukv/_dpukv*.so | grep libasan >/dev/null; then
   preload=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)
 fi
 run_python() {

@@ -15,7 +15,8 @@ The methods follow vLLM's KVConnectorBase_V1 split:
   worker side:    register_kv_caches, start_load_kv, wait_for_layer_load,
                   save_kv_layer, wait_for_save
 This class has not been run inside vLLM (vLLM cannot be installed here); it is
-exercised by python/test_connector.py with the reference model of model.py.
+exercised by python/tests/test_connector.py with the reference model
+(python/tests/reference_model.py).
 
 Data path (`path`): "gpu" when the KV caches are CUDA tensors and the agent has
 a GPU path: staging is GPU memory exported to the agent, whose CUDA engine copies

@@ -1,5 +1,5 @@
 """Time to first token with and without a dpukv prefix hit, through the connector
-and the reference model (python/dpukv/model.py), against a running agent.
+and the reference model (python/tests/reference_model.py), against a running agent.
 
 For each prefix length: a full prefill of prefix + 128 new tokens (the baseline),
 then the same prompt after the prefix was saved: lookup, layerwise load, and a
@@ -17,7 +17,7 @@ to a same-run pinned host-to-GPU copy of the same bytes. Without a GPU it says s
 and measures the CPU path with a small shape; --device cuda-double runs the GPU
 path's code through the CUDA driver test double (its figures are not GPU figures).
 Usage:
-  bench_connector.py BUILD_DIR SOCKET [--shape small|llama-8b] [--prefixes 512,2048]
+  bench_connector.py PACKAGE_DIR SOCKET [--shape small|llama-8b] [--prefixes 512,2048]
                      [--device cuda-double]"""
 import argparse
 import json
@@ -26,12 +26,12 @@ import sys
 import time
 
 sys.path.insert(0, sys.argv[1])
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))  # the reference model
 import torch  # noqa: E402
 
 import dpukv  # noqa: E402
 from dpukv.connector import DpukvConnector  # noqa: E402
-from dpukv.model import LlamaConfig, LlamaModel, PagedKVCache  # noqa: E402
+from reference_model import LlamaConfig, LlamaModel, PagedKVCache  # noqa: E402
 
 
 def sync(device):

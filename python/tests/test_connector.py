@@ -4,7 +4,7 @@ three chunks, loads them layer by layer into other blocks of the paged cache and
 prefills only the rest. B's logits must be bit-identical to the same model
 reusing A's KV kept in memory, and close to a full prefill of B. Then a lease
 that expires before the load turns into a miss (LoadMiss), not stale bytes.
-Usage: test_connector.py BUILD_DIR SOCKET (the agent runs with a 1 s pin timeout)
+Usage: test_connector.py PACKAGE_DIR SOCKET (the agent runs with a 1 s pin timeout)
 
 DPUKV_TEST_DEVICE=cuda-double runs every connector through the CUDA driver test
 double (device.CudaDouble: its memory as GPU staging, its events), and
@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 import dpukv  # noqa: E402
 from dpukv.connector import DpukvConnector, LoadMiss  # noqa: E402
-from dpukv.model import LlamaConfig, LlamaModel, PagedKVCache  # noqa: E402
+from reference_model import LlamaConfig, LlamaModel, PagedKVCache  # noqa: E402
 
 DEVICE = None
 DEV = "cpu"  # where the model and the KV caches live

@@ -1,7 +1,7 @@
 """vLLM's connector contract, driven as vLLM drives it: a small engine with a
 scheduler and a worker (two DpukvConnectorV1 instances, roles SCHEDULER and
 WORKER, sharing only the metadata), continuous batching step by step, and the
-reference Llama model (dpukv.model) run layer by layer over the whole batch with
+reference Llama model (reference_model.py) run layer by layer over the whole batch with
 wait_for_layer_load / save_kv_layer around each layer, as vLLM's attention layers
 call them.
 
@@ -19,7 +19,8 @@ released); an expired lease (the load fails, the blocks are reported through
 get_block_ids_with_load_errors, the engine recomputes them, logits still
 identical to a plain prefill); tensor parallelism as two ranks (each stores its
 own shard, a hit needs both); bad configuration refused.
-Usage: test_vllm_contract.py BUILD_DIR SOCKET (agent with --pin-timeout-ms 1000)"""
+Usage: test_vllm_contract.py PACKAGE_DIR SOCKET (agent with --pin-timeout-ms 1000; DPUKV_BIN
+names the dpukv binary, for `dpukv events`)"""
 import os
 import sys
 import time
@@ -30,7 +31,7 @@ try:
     import vllm.distributed.kv_transfer.kv_connector.v1.base  # noqa: F401
     STANDINS = False
 except ImportError:
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "vllm_standins"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "vllm_standins"))
     STANDINS = True
 import torch  # noqa: E402
 from vllm.distributed import parallel_state  # noqa: E402
@@ -42,7 +43,7 @@ from vllm.v1.core.sched.output import (  # noqa: E402
 import subprocess  # noqa: E402
 
 import dpukv  # noqa: E402
-from dpukv.model import LlamaConfig, LlamaModel, PagedKVCache  # noqa: E402
+from reference_model import LlamaConfig, LlamaModel, PagedKVCache  # noqa: E402
 from dpukv.vllm import DpukvConnectorMetadata, DpukvConnectorV1, ReqMeta  # noqa: E402
 
 SOCKET = sys.argv[2]
@@ -587,7 +588,7 @@ except ValueError as err:
 
 # 8. The same feed for a router outside the engine: `dpukv events`, the example
 # consumer, prints the chunks of one model stored and removed, one JSON per line.
-cons = subprocess.Popen([os.path.join(sys.argv[1], "dpukv"), "events", "--socket", SOCKET,
+cons = subprocess.Popen([os.environ["DPUKV_BIN"], "events", "--socket", SOCKET,
                          "--json", "--count", "2", "--model", "contract-events"],
                         stdout=subprocess.PIPE)
 pending = [b""]

@@ -3,7 +3,7 @@ against real agent processes this test starts and kills: no call may answer
 SUCCESS (or a hit) for an agent that is not there; the client reconnects once an
 agent is back; a load whose agent went away between lookup and load raises
 LoadMiss on every layer, never leaves blocks unfilled behind a normal return.
-Usage: test_agent_gone.py BUILD_DIR DPUKV_BINARY"""
+Usage: test_agent_gone.py PACKAGE_DIR DPUKV_BINARY (PACKAGE_DIR holds the dpukv package)"""
 import atexit
 import os
 import signal
@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 import dpukv  # noqa: E402
 from dpukv.connector import DpukvConnector, LoadMiss  # noqa: E402
-from dpukv.model import LlamaConfig, PagedKVCache  # noqa: E402
+from reference_model import LlamaConfig, PagedKVCache  # noqa: E402
 
 BIN = sys.argv[2]
 tmp = tempfile.mkdtemp()
@@ -179,7 +179,7 @@ child = subprocess.Popen(
     [sys.executable, "-c", """
 import sys
 sys.path.insert(0, sys.argv[1])
-import _dpukv as d
+from dpukv import _dpukv as d
 c = d.Client(sys.argv[2])
 print("ready", flush=True)
 sys.stdin.readline()
