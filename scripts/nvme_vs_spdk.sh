@@ -30,17 +30,8 @@ w=$(mktemp -d /tmp/dpukv-vs-spdk.XXXXXX)
 nqn=nqn.2026-11.io.dpukv:perf
 port=4420
 tpid=""
-# Hugepage files of SPDK processes that died without cleaning up (SIGKILL) keep
-# their pages taken: those of pids no longer alive are dropped.
-drop_stale_spdk_hugepages() {
-  local f p
-  for f in /dev/hugepages/spdk_pid*; do
-    [ -e "$f" ] || continue
-    p=${f#/dev/hugepages/spdk_pid}
-    p=${p%%map_*}
-    kill -0 "$p" 2>/dev/null || rm -f "$f"
-  done
-}
+# shellcheck source=spdk_hugepages.sh
+. scripts/spdk_hugepages.sh  # drop_stale_spdk_hugepages
 cleanup() {
   [ -n "$tpid" ] && { kill "$tpid" 2>/dev/null; sleep 1; kill -9 "$tpid" 2>/dev/null; } || true
   rm -rf "$w"

@@ -23,17 +23,8 @@ done
 export LD_LIBRARY_PATH=$spdk/build/lib:$spdk/build/libvfio-user/build-release/lib
 rpc_py() { /usr/bin/python3 "$spdk/scripts/rpc.py" -s "$1" "${@:2}"; }
 
-# Hugepage files of SPDK processes that died without cleaning up (SIGKILL) keep
-# their pages taken: those of pids no longer alive are dropped.
-drop_stale_spdk_hugepages() {
-  local f p
-  for f in /dev/hugepages/spdk_pid*; do
-    [ -e "$f" ] || continue
-    p=${f#/dev/hugepages/spdk_pid}
-    p=${p%%map_*}
-    kill -0 "$p" 2>/dev/null || rm -f "$f"
-  done
-}
+# shellcheck source=../scripts/spdk_hugepages.sh
+. "$(dirname "$0")/../scripts/spdk_hugepages.sh"
 # SPDK's tools need hugepages (2 MiB): 1 GiB for the target and host in turn.
 old_hp=$(cat /proc/sys/vm/nr_hugepages)
 if [ "$old_hp" -lt 512 ]; then
