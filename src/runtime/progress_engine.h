@@ -35,7 +35,11 @@ class Context;
 
 // Receives readiness of a watched fd inside progress(). A watcher must stay alive
 // until unwatch_fd() returns; events already fetched for it in the same progress()
-// call are dropped when it is unwatched.
+// call are dropped when it is unwatched. Fds are level-triggered and a ready fd
+// counts as work: by the end of the pass its fd must be drained (by the watcher or
+// by its context's poll()) or stay ready only while there is work. An fd that
+// stays ready with nothing to do keeps the engine from ever sleeping (UCX's event
+// fd did that until UcxNode re-armed it in its watcher).
 class FdWatcher {
  public:
   virtual void on_fd_ready(uint32_t epoll_events) = 0;
