@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/chunk_index.h"
+#include "cache/chunk_table.h"
 #include "cache/disk_tier.h"
 #include "cache/eviction_policy.h"
 #include "cache/slab_allocator.h"
@@ -149,7 +149,7 @@ class CacheEngine final : public Context {
   // Size of a stored chunk, or 0.
   uint64_t chunk_size(const ChunkKey& key) const;
 
-  // Sharing with other agents (cache_sharing.cc). The cache knows nothing of how
+  // Sharing with other agents. The cache knows nothing of how
   // bytes travel between agents; it shows a chunk in place and takes one in.
   //
   // The arena: what a transport exposes for one-sided reads.
@@ -169,7 +169,7 @@ class CacheEngine final : public Context {
   // leaves every tier, on the engine's thread; with replay, a new listener is
   // first told of every chunk present now. Listeners must not add or remove
   // listeners from the callback.
-  using ResidencyCb = void (*)(void* arg, const ChunkKey& key, bool present);
+  using ResidencyCb = ChunkTable::ResidencyCb;
   void add_residency_listener(ResidencyCb cb, void* arg, bool replay);
   void remove_residency_listener(ResidencyCb cb, void* arg);
 
@@ -178,9 +178,8 @@ class CacheEngine final : public Context {
   Status sync();  // flushes the disk log
 
  private:
-  struct Entry;
   struct Request;
-  // What a request waits for (Request in cache_engine_internal.h).
+  // What a request waits for (Request in cache_requests.h).
   enum class RequestState : uint8_t {
     kFree,
     kWaitRoom,   // waiting for a spill to free memory
@@ -200,20 +199,10 @@ class CacheEngine final : public Context {
   size_t poll() override;
   bool arm_notification() override;
 
-  // Index.
-  int32_t find(const ChunkKey& k) const;
-  int32_t insert(const ChunkKey& k);
-  void erase(int32_t e);
-  struct Queue {
-    int32_t head = -1, tail = -1;
-    uint64_t bytes = 0;
-  };
+  // Placement: which chunk leaves a tier, and room in each (cache_engine.cc).
   void touch(int32_t e);  // a chunk was used
   int32_t pick_victim();
   int32_t pick_index_victim();
-  // Disk queue (see make_disk_room).
-  void d_push(int32_t e, bool front);
-  void d_unlink(int32_t e);
   bool make_disk_room(uint64_t size, uint64_t* off);
   void drop_disk_copy(int32_t e);
 
@@ -252,7 +241,6 @@ class CacheEngine final : public Context {
   void retry_waiting();
   void resume_waiting(Request* r);
   void advance(Request* r);  // a completion or a retry: the state says what comes next
-  void announce(int32_t e);  // a chunk became present: tell the residency listener
   static void dma_done(DmaMemcpyTask* t, UserData task_ud, UserData ctx_ud);
 
   CacheOptions opts_;
@@ -270,15 +258,8 @@ class CacheEngine final : public Context {
     void on_fd_ready(uint32_t) override {}
   } disk_watch_;
 
-  std::vector<Entry> entries_;
-  // The index finds entries by key; the keys are the entries' own.
-  struct EntryKey {
-    const CacheEngine* engine;
-    const ChunkKey* operator()(int32_t e) const;  // null: entry e is free
-  };
-  ChunkIndex<EntryKey> index_{EntryKey{this}};
+  ChunkTable table_;                          // every chunk, its copies' states, the disk queue
   std::unique_ptr<EvictionPolicy> policy_;    // memory-resident chunks
-  Queue disk_q_;                              // chunks with a disk copy, most valuable first
   static constexpr uint32_t kMaxSpills = 16;  // write-backs in flight
   static constexpr uint64_t kSpillBackoffNs = 1000000000ull;
   // Disk reads and writes whose completion the engine has not handled yet (the
@@ -298,8 +279,6 @@ class CacheEngine final : public Context {
   std::vector<Request*> waiting_;   // requests waiting for room (a spill or a copy to land)
   std::vector<Request*> retrying_;  // waiting_'s previous contents while they are retried
   CacheStats st_;
-  std::vector<std::pair<ResidencyCb, void*>> residency_;
-  void tell_residency(const ChunkKey& key, bool present);
 };
 
 }  // namespace dpukv

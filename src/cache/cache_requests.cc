@@ -1,4 +1,4 @@
-#include "cache/cache_engine_internal.h"
+#include "cache/cache_requests.h"
 
 #include <sys/epoll.h>
 
@@ -130,13 +130,13 @@ Status CacheEngine::store_device(const ChunkKey& key, const DeviceRange& src, Do
 // A store the engine accepted: its entry, then room and the copy (begin_store).
 Status CacheEngine::begin_store_request(Request* r, uint64_t size) {
   const ChunkKey& key = r->key;
-  const int32_t existing = find(key);
+  const int32_t existing = table_.find(key);
   if (existing >= 0) {  // chunks are immutable: an existing key is a success, and fresh again
     touch(existing);
     finish(r, Code::kSuccess);
     return Code::kSuccess;
   }
-  int32_t e = insert(key);
+  int32_t e = table_.insert(key);
   // A full index is a capacity like any other: evict (from every tier) to make room.
   while (e < 0) {
     const int32_t v = disk_ ? pick_index_victim() : pick_victim();
@@ -147,12 +147,12 @@ Status CacheEngine::begin_store_request(Request* r, uint64_t size) {
     }
     ++st_.evictions;
     drop_entry(v);
-    e = insert(key);
+    e = table_.insert(key);
   }
   r->entry = e;
-  Entry& en = entries_[static_cast<size_t>(e)];
+  ChunkEntry& en = table_.at(e);
   en.size = size;
-  en.loading = true;  // not evictable, not yet present
+  en.memory = ChunkEntry::Memory::kAwaitingRoom;  // not evictable, not yet present
   // Encoded chunks first take a slot of the codec's worst case, then move to one
   // of their own size. Device bytes are not on the host for the codec to read.
   const uint64_t bound =
@@ -167,20 +167,20 @@ Status CacheEngine::begin_store_request(Request* r, uint64_t size) {
 }
 
 void CacheEngine::begin_store(Request* r) {
-  Entry& en = entries_[static_cast<size_t>(r->entry)];
+  ChunkEntry& en = table_.at(r->entry);
   uint64_t off;
   if (!make_room(en.stored, &off)) {
     if (room_may_come()) {
       wait_for_room(r, en.stored);
       return;
     }
-    erase(r->entry);
+    table_.erase(r->entry);
     ++st_.store_rejects;
     finish(r, Code::kNoMemory);
     return;
   }
   en.mem_off = off;
-  en.in_mem = true;
+  en.memory = ChunkEntry::Memory::kFilling;
   Status st;
   if (r->device) {
     st = start_device_copy(r, false);
@@ -193,8 +193,8 @@ void CacheEngine::begin_store(Request* r) {
   }
   if (!st.ok()) {
     mem_alloc_.free(off);
-    en.in_mem = false;
-    erase(r->entry);
+    en.memory = ChunkEntry::Memory::kNone;
+    table_.erase(r->entry);
     finish(r, st);
   }
 }
@@ -233,9 +233,8 @@ void CacheEngine::codec_done(CompressTask* t, UserData task_ud, UserData ctx_ud)
 // their own size (state Shrink) or, when none is smaller, keep that one.
 void CacheEngine::after_encode(Request* r, Status st, uint64_t out_len) {
   const int32_t e = r->entry;
-  Entry& en = entries_[static_cast<size_t>(e)];
+  ChunkEntry& en = table_.at(e);
   if (!st.ok() || state() == CtxState::kStopping) {
-    en.loading = false;
     drop_memory(e);
     finish(r, st.ok() ? Status(Code::kShutdown) : st);
     return;
@@ -267,17 +266,15 @@ void CacheEngine::after_encode(Request* r, Status st, uint64_t out_len) {
 
 void CacheEngine::complete_store(Request* r, uint64_t cs) {
   const int32_t e = r->entry;
-  Entry& en = entries_[static_cast<size_t>(e)];
-  en.loading = false;
+  ChunkEntry& en = table_.at(e);
   en.checksum = cs;
-  en.mem_ready = true;
+  en.memory = ChunkEntry::Memory::kReady;
   policy_->insert(e, en.key.hash(), en.stored);
-  announce(e);
+  table_.announce(e);
   ++st_.stores;
   st_.store_bytes += en.size;
   finish(r, Code::kSuccess);  // also frees a finished shrink's encode slot
-  if (opts_.write_through && entries_[static_cast<size_t>(e)].hits >= opts_.disk_admit_hits)
-    start_spill(e);
+  if (opts_.write_through && table_.at(e).hits >= opts_.disk_admit_hits) start_spill(e);
   clean_ahead();
 }
 
@@ -305,14 +302,13 @@ Status CacheEngine::retrieve_device(const ChunkKey& key, const DeviceRange& dst,
 // A retrieve the engine accepted, with `room` bytes where the chunk goes: a miss,
 // a chunk too big, or on to the copy (after a reload for a disk-only chunk).
 void CacheEngine::begin_retrieve_request(Request* r, uint64_t room) {
-  const int32_t e = find(r->key);
-  if (e < 0 ||
-      !(entries_[static_cast<size_t>(e)].mem_ready || entries_[static_cast<size_t>(e)].on_disk)) {
+  const int32_t e = table_.find(r->key);
+  if (e < 0 || !(table_.at(e).mem_ready() || table_.at(e).on_disk())) {
     ++st_.misses;
     finish(r, Code::kNotFound);
     return;
   }
-  Entry& en = entries_[static_cast<size_t>(e)];
+  ChunkEntry& en = table_.at(e);
   if (r->device && en.encoded) {  // the decoder writes host memory only
     finish(r, Code::kNotSupported);
     return;
@@ -323,7 +319,7 @@ void CacheEngine::begin_retrieve_request(Request* r, uint64_t room) {
   }
   r->entry = e;
   ++en.hits;
-  if (en.mem_ready) {
+  if (en.mem_ready()) {
     begin_read(r);
     return;
   }
@@ -337,7 +333,7 @@ void CacheEngine::begin_retrieve_request(Request* r, uint64_t room) {
 // chunk cannot change under its reader). Device chunks are never encoded, so the
 // bytes copied are the bytes stored.
 Status CacheEngine::start_device_copy(Request* r, bool to_device) {
-  Entry& en = entries_[static_cast<size_t>(r->entry)];
+  ChunkEntry& en = table_.at(r->entry);
   if (en.stored != en.size) return Code::kNotSupported;
   uint8_t* host = static_cast<uint8_t*>(arena_->data()) + en.mem_off;
   DPUKV_RETURN_IF_ERROR(device_->copy(r->dev.region, r->dev.offset, host, en.size, to_device,
@@ -359,7 +355,7 @@ void CacheEngine::device_done(void* arg, Status st) {
 // Memory copy → the client's buffer: a DMA (checksummed) or, for an encoded chunk,
 // a decode on the compress engine (which checks the original's checksum).
 void CacheEngine::begin_read(Request* r) {
-  Entry& en = entries_[static_cast<size_t>(r->entry)];
+  ChunkEntry& en = table_.at(r->entry);
   ++en.readers;
   Status st;
   if (r->device) {
@@ -382,13 +378,12 @@ Status CacheEngine::prefetch(const ChunkKey& key, DoneCb cb, void* arg) {
   Request* r;
   DPUKV_RETURN_IF_ERROR(
       accept(static_cast<int>(Request::Kind::kPrefetch), key, nullptr, cb, arg, &r));
-  const int32_t e = find(key);
-  if (e < 0 ||
-      !(entries_[static_cast<size_t>(e)].mem_ready || entries_[static_cast<size_t>(e)].on_disk)) {
+  const int32_t e = table_.find(key);
+  if (e < 0 || !(table_.at(e).mem_ready() || table_.at(e).on_disk())) {
     finish(r, Code::kNotFound);
     return Code::kSuccess;
   }
-  if (entries_[static_cast<size_t>(e)].mem_ready) {
+  if (table_.at(e).mem_ready()) {
     finish(r, Code::kSuccess);
     return Code::kSuccess;
   }
@@ -399,8 +394,8 @@ Status CacheEngine::prefetch(const ChunkKey& key, DoneCb cb, void* arg) {
 }
 
 Status CacheEngine::start_reload(Request* r) {
-  Entry& en = entries_[static_cast<size_t>(r->entry)];
-  if (en.loading || en.spilling) {  // another request is moving it; try again later
+  ChunkEntry& en = table_.at(r->entry);
+  if (en.filling() || en.writing()) {  // another request is moving it; try again later
     wait_for_room(r, 0);
     return Code::kSuccess;
   }
@@ -413,13 +408,12 @@ Status CacheEngine::start_reload(Request* r) {
     return Code::kNoMemory;
   }
   en.mem_off = off;
-  en.in_mem = true;
-  en.loading = true;
+  en.memory = ChunkEntry::Memory::kFilling;
   Status st =
       disk_->read(en.disk_off, static_cast<uint8_t*>(arena_->data()) + off, en.stored, r->index);
   if (!st.ok()) {
     mem_alloc_.free(off);
-    en.in_mem = en.loading = false;
+    en.memory = ChunkEntry::Memory::kNone;
     return st;
   }
   ++disk_ios_;
@@ -428,8 +422,8 @@ Status CacheEngine::start_reload(Request* r) {
 }
 
 CacheEngine::SpillStart CacheEngine::start_spill(int32_t e) {
-  Entry& en = entries_[static_cast<size_t>(e)];
-  if (!disk_ || en.on_disk || en.spilling || !en.mem_ready || !spilling_allowed())
+  ChunkEntry& en = table_.at(e);
+  if (!disk_ || en.on_disk() || en.writing() || !en.mem_ready() || !spilling_allowed())
     return SpillStart::kRefused;
   Request* r = new_request();
   if (r == nullptr) return SpillStart::kBusy;
@@ -451,7 +445,7 @@ CacheEngine::SpillStart CacheEngine::start_spill(int32_t e) {
     disk_failed("write could not be submitted", EIO);
     return SpillStart::kRefused;
   }
-  en.spilling = true;
+  en.disk = ChunkEntry::Disk::kWriting;
   ++en.readers;
   ++disk_ios_;
   spill_bytes_ += en.stored;
@@ -462,10 +456,9 @@ CacheEngine::SpillStart CacheEngine::start_spill(int32_t e) {
 // The end of a DMA: a store's bytes are in the arena (state Dma, or Shrink after
 // an encode), or a retrieve's are in the client's buffer.
 void CacheEngine::after_copy(Request* r, Status st, uint64_t cs) {
-  Entry& en = entries_[static_cast<size_t>(r->entry)];
+  ChunkEntry& en = table_.at(r->entry);
   if (r->kind == Request::Kind::kStore) {
     if (!st.ok() || state() == CtxState::kStopping) {
-      en.loading = false;
       drop_memory(r->entry);
       finish(r, st.ok() ? Status(Code::kShutdown) : st);
       return;
@@ -481,7 +474,7 @@ void CacheEngine::after_copy(Request* r, Status st, uint64_t cs) {
 // whose bytes failed their check is dropped and reported as a miss.
 void CacheEngine::finish_read(Request* r, Status st, bool corrupted) {
   const int32_t e = r->entry;
-  Entry& en = entries_[static_cast<size_t>(e)];
+  ChunkEntry& en = table_.at(e);
   --en.readers;
   if (corrupted) {
     ++st_.checksum_failures;
@@ -490,9 +483,9 @@ void CacheEngine::finish_read(Request* r, Status st, bool corrupted) {
         "on read; dropped, reported as a miss",
         static_cast<unsigned long long>(en.key.model),
         static_cast<unsigned long long>(en.key.prefix_hash),
-        static_cast<unsigned long long>(en.stored), en.on_disk ? "disk copy" : "memory",
-        static_cast<unsigned long long>(en.on_disk ? en.disk_off : en.mem_off));
-    if (en.readers == 0 && !en.spilling && !en.loading) drop_entry(e);
+        static_cast<unsigned long long>(en.stored), en.on_disk() ? "disk copy" : "memory",
+        static_cast<unsigned long long>(en.on_disk() ? en.disk_off : en.mem_off));
+    if (en.readers == 0 && !en.writing() && !en.filling()) drop_entry(e);
     ++st_.misses;
     finish(r, Code::kNotFound);
     return;
@@ -516,17 +509,17 @@ void CacheEngine::finish_read(Request* r, Status st, bool corrupted) {
 void CacheEngine::after_spill(Request* r, Status st) {
   --disk_ios_;
   const int32_t e = r->entry;
-  Entry& en = entries_[static_cast<size_t>(e)];
-  en.spilling = false;
+  ChunkEntry& en = table_.at(e);
+  en.disk = ChunkEntry::Disk::kNone;  // Ready below once the write is logged
   --en.readers;
   spill_bytes_ -= en.stored;
   const bool wrote = st.ok();
   if (!wrote) disk_failed("write failed", last_io_errno_ ? last_io_errno_ : EIO);
   if (wrote && disk_->log_put(en.key, r->disk_off, en.stored, en.checksum, en.size, en.encoded)) {
-    en.on_disk = true;
+    en.disk = ChunkEntry::Disk::kReady;
     en.disk_off = r->disk_off;
     mem_clean_bytes_ += en.stored;
-    d_push(e, true);
+    table_.disk_push_front(e);
     ++st_.spills;
   } else {
     if (wrote) disk_failed("index log cannot grow", disk_->last_log_errno());
@@ -534,12 +527,12 @@ void CacheEngine::after_spill(Request* r, Status st) {
   }
   set_state(r, Request::State::kDone);
   free_requests_.push_back(r);
-  if (en.evict_when_clean) {
-    en.evict_when_clean = false;
+  if (en.evict_after_write) {
+    en.evict_after_write = false;
     evict_pending_bytes_ -= en.stored;
     // Without a disk copy (the write failed) the chunk stays: memory is not
     // drained by a disk that cannot take data.
-    if (en.on_disk && evictable(e)) {
+    if (en.on_disk() && evictable(e)) {
       ++st_.evictions;
       drop_memory(e);
     }
@@ -552,8 +545,7 @@ void CacheEngine::after_spill(Request* r, Status st) {
 void CacheEngine::after_reload(Request* r, Status st) {
   --disk_ios_;
   const int32_t e = r->entry;
-  Entry& en = entries_[static_cast<size_t>(e)];
-  en.loading = false;
+  ChunkEntry& en = table_.at(e);
   if (!st.ok()) {
     ++st_.io_errors;
     LOG_ERR("cache: disk tier read of %llu bytes at offset %llu failed: %s",
@@ -561,17 +553,17 @@ void CacheEngine::after_reload(Request* r, Status st) {
             static_cast<unsigned long long>(en.disk_off),
             std::strerror(last_io_errno_ ? last_io_errno_ : EIO));
     mem_alloc_.free(en.mem_off);
-    en.in_mem = false;
+    en.memory = ChunkEntry::Memory::kNone;
     finish(r, Code::kIoFailed);
     retry_waiting();
     return;
   }
-  en.mem_ready = true;
+  en.memory = ChunkEntry::Memory::kReady;
   policy_->insert(e, en.key.hash(), en.stored);
   // The disk copy is now redundant: first to go when the disk tier needs room.
   mem_clean_bytes_ += en.stored;
-  d_unlink(e);
-  d_push(e, false);
+  table_.disk_unlink(e);
+  table_.disk_push_back(e);
   ++st_.reloads;
   retry_waiting();
   if (r->kind == Request::Kind::kPrefetch) {
@@ -608,20 +600,19 @@ void CacheEngine::retry_waiting() {
 // A request that waited for room (or for its chunk to stop moving) tries again.
 void CacheEngine::resume_waiting(Request* r) {
   if (r->kind == Request::Kind::kStore) {
-    begin_store(r);  // its entry is held (loading) while it waits
+    begin_store(r);  // its entry is held (AwaitingRoom) while it waits
     return;
   }
   // A waiting read holds nothing: its chunk may have moved, or left the cache
   // and had its entry reused, meanwhile. Look it up again.
-  const int32_t e = find(r->key);
-  if (e < 0 ||
-      !(entries_[static_cast<size_t>(e)].mem_ready || entries_[static_cast<size_t>(e)].on_disk)) {
+  const int32_t e = table_.find(r->key);
+  if (e < 0 || !(table_.at(e).mem_ready() || table_.at(e).on_disk())) {
     if (r->kind == Request::Kind::kRetrieve) ++st_.misses;
     finish(r, Code::kNotFound);
     return;
   }
   r->entry = e;
-  if (entries_[static_cast<size_t>(e)].mem_ready) {
+  if (table_.at(e).mem_ready()) {
     if (r->kind == Request::Kind::kRetrieve)
       begin_read(r);
     else

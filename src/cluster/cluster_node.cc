@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "cluster/cluster_node_parts.h"
+#include "cluster/cluster_node_read.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -38,6 +39,7 @@ Status ClusterNode::create(ProgressEngine* pe, CacheEngine* cache, const Cluster
   d.replica_max_keys = o.replica_max_keys > 0 ? o.replica_max_keys : 1;
   DPUKV_RETURN_IF_ERROR(c->ucx_->description(&d.description));
   DPUKV_RETURN_IF_ERROR(Directory::create(pe, d, &c->dir_));
+  if (o.remote_tier) c->tier_ = std::make_unique<RemoteTier>(cache, c->dir_.get());
   c->ucx_->set_control_handler(&ClusterNode::on_control, c.get());
   *out = std::move(c);
   return Code::kSuccess;
@@ -45,6 +47,7 @@ Status ClusterNode::create(ProgressEngine* pe, CacheEngine* cache, const Cluster
 
 ClusterNode::~ClusterNode() {
   stopping_ = true;
+  if (tier_) tier_->stop();
   cache_->remove_residency_listener(&ClusterNode::on_residency, this);
   dir_.reset();  // its pending callbacks run now, into a node that still exists
   ucx_.reset();
@@ -63,6 +66,7 @@ Status ClusterNode::do_start() {
 
 void ClusterNode::do_stop() {
   stopping_ = true;
+  if (tier_) tier_->stop();
   cache_->remove_residency_listener(&ClusterNode::on_residency, this);
   // Unanswered asks end now (their keys are misses); answered ones finish with
   // their reads, which the UcxNode's stop breaks.
@@ -87,31 +91,149 @@ void ClusterNode::on_residency(void* arg, const ChunkKey& k, bool present) {
   auto* self = static_cast<ClusterNode*>(arg);
   if (present) {
     self->dir_->add(k);
-    // Written to the remote tier from poll(): the cache is in the middle of a call.
-    if (self->opts_.remote_tier && self->copies_.erase(k) == 0) self->uploads_.push_back(k);
+    if (self->tier_) self->tier_->on_present(k);
   } else {
     self->dir_->remove(k);
   }
 }
 
-// A few chunks per round, each read in place while pinned (hiredis copies it).
-void ClusterNode::upload_some() {
-  for (int i = 0; i < 16 && !uploads_.empty(); ++i) {
-    const ChunkKey k = uploads_.back();
-    uploads_.pop_back();
-    ChunkPlacement p;
-    if (!cache_->locate(k, &p).ok()) continue;  // gone, or only on disk already
-    void* base;
-    uint64_t len;
-    cache_->arena(&base, &len);
-    const TierValue h{kTierMagic, static_cast<uint8_t>(p.encoded), {}, p.size, p.stored, p.checksum,
-                      k};
-    std::string v(reinterpret_cast<const char*>(&h), sizeof(h));
-    v.append(static_cast<const char*>(base) + p.offset, p.stored);
-    cache_->unpin(&k, 1);
-    dir_->put_value(k, std::move(v));
-    ++counters_.tier_puts;
+// ---- prefill-to-decode transfers ---------------------------------------------------
+
+Status ClusterNode::push(uint64_t node, const ChunkKey* keys, uint32_t n, PushCb cb, void* arg) {
+  if (state() != CtxState::kRunning) return Code::kBadState;
+  if (keys == nullptr || n == 0 || n > peer::kMaxKeys || cb == nullptr || node == node_id())
+    return Code::kInvalidValue;
+  auto o = std::make_unique<Offer>();
+  o->id = next_request_++;
+  o->link = link(node);
+  o->cb = cb;
+  o->arg = arg;
+  o->n = n;
+  o->deadline_ms = monotonic_ms() + 8ull * opts_.request_timeout_ms;  // the reads take time
+  std::vector<uint8_t> msg(peer::message_bytes(peer::Type::kOffer, n));
+  peer::write_header(peer::Type::kOffer, o->id, n, msg.data());
+  std::memcpy(msg.data() + sizeof(peer::Header), keys, n * sizeof(ChunkKey));
+  Link* l = o->link;
+  offers_.emplace(o->id, std::move(o));
+  ++counters_.pushes;
+  send(l, std::move(msg), {});  // a link that fails ends the offer (link_failed)
+  return Code::kSuccess;
+}
+
+void ClusterNode::offer_done(Offer* o, Status st, const uint8_t* taken) {
+  std::unique_ptr<Offer> owned = std::move(offers_[o->id]);
+  offers_.erase(o->id);
+  std::vector<uint8_t> none;
+  if (taken == nullptr) {
+    none.assign(o->n, static_cast<uint8_t>(st.code()));
+    taken = none.data();
+  } else {
+    for (uint32_t i = 0; i < o->n; ++i) counters_.pushed_chunks += taken[i] == 0;
   }
+  o->cb(o->arg, st, taken, o->n);
+}
+
+void ClusterNode::on_offer(uint64_t sender, const peer::Message& m) {
+  ++counters_.offers;
+  if (free_fetches_.empty()) {
+    fetches_.push_back(std::make_unique<Fetch>());
+    fetches_.back()->owner = this;
+    free_fetches_.push_back(fetches_.back().get());
+  }
+  Fetch* f = free_fetches_.back();
+  free_fetches_.pop_back();
+  f->in_use = true;
+  ++fetching_;
+  f->cb = nullptr;
+  f->arg = nullptr;
+  f->keys.resize(m.count);
+  for (uint32_t i = 0; i < m.count; ++i) f->keys[i] = m.key(i);
+  f->got.assign(m.count, 0);
+  f->asks = 0;
+  f->tier.clear();
+  f->tier_from = UINT32_MAX;
+  f->tier_retried = false;
+  f->offer_from = sender;
+  f->offer_request = m.request;
+  plan(f, nullptr, link(sender));  // the offering node holds them all
+}
+
+void ClusterNode::on_taken(Link* l, const peer::Message& m) {
+  auto it = offers_.find(m.request);
+  if (it == offers_.end() || it->second->link != l || it->second->n != m.count) {
+    ++counters_.bad_messages;  // late (timed out), or not an answer to us
+    return;
+  }
+  offer_done(it->second.get(), Code::kSuccess, m.items);
+}
+
+// ---- holder side -------------------------------------------------------------------
+
+void ClusterNode::on_pin(uint64_t sender, const peer::Message& m) {
+  ++counters_.served_requests;
+  auto s = std::make_unique<Serve>();
+  s->owner = this;
+  s->sender = sender;
+  s->request = m.request;
+  s->keys.resize(m.count);
+  s->placed.resize(m.count);
+  s->status.assign(m.count, static_cast<uint8_t>(Code::kNotFound));
+  Serve* raw = s.get();
+  serves_.push_back(std::move(s));
+  raw->prefetching = 1;  // a guard: a prefetch may complete at once
+  for (uint32_t i = 0; i < m.count; ++i) {
+    raw->keys[i] = m.key(i);
+    const Status st = cache_->locate(raw->keys[i], &raw->placed[i]);
+    raw->status[i] = static_cast<uint8_t>(st.code());
+    if (st != Code::kAgain) continue;
+    ++raw->prefetching;
+    if (!cache_->prefetch(raw->keys[i], &ClusterNode::on_prefetched, raw).ok()) --raw->prefetching;
+  }
+  on_prefetched(raw, Code::kSuccess);  // drops the guard
+}
+
+void ClusterNode::on_prefetched(void* arg, Status) {
+  auto* s = static_cast<Serve*>(arg);
+  if (--s->prefetching != 0) return;
+  ClusterNode* self = s->owner;
+  for (size_t i = 0; i < s->keys.size(); ++i)
+    if (s->status[i] == static_cast<uint8_t>(Code::kAgain))
+      s->status[i] = static_cast<uint8_t>(self->cache_->locate(s->keys[i], &s->placed[i]).code());
+  self->answer(s);
+  for (size_t i = 0; i < self->serves_.size(); ++i)
+    if (self->serves_[i].get() == s) {
+      self->serves_[i] = std::move(self->serves_.back());
+      self->serves_.pop_back();
+      break;
+    }
+}
+
+void ClusterNode::answer(Serve* s) {
+  const auto n = static_cast<uint32_t>(s->keys.size());
+  std::vector<uint8_t> msg(peer::message_bytes(peer::Type::kPlaced, n));
+  peer::write_header(peer::Type::kPlaced, s->request, n, msg.data());
+  std::vector<ChunkKey> pinned;
+  Link* l = link(s->sender);
+  for (uint32_t i = 0; i < n; ++i) {
+    peer::Placed p{};
+    p.status = s->status[i] == static_cast<uint8_t>(Code::kAgain)
+                   ? static_cast<uint8_t>(Code::kNotFound)
+                   : s->status[i];
+    if (p.status == 0) {
+      p.encoded = s->placed[i].encoded ? 1 : 0;
+      p.offset = s->placed[i].offset;
+      p.stored = s->placed[i].stored;
+      p.size = s->placed[i].size;
+      p.checksum = s->placed[i].checksum;
+      pinned.push_back(s->keys[i]);
+      ++counters_.served_chunks;
+      counters_.served_bytes += p.stored;
+      ++l->stats.served;
+      l->stats.served_bytes += p.stored;
+    }
+    std::memcpy(msg.data() + sizeof(peer::Header) + i * sizeof(p), &p, sizeof(p));
+  }
+  send(l, std::move(msg), std::move(pinned));
 }
 
 // ---- links ---------------------------------------------------------------------
@@ -259,8 +381,7 @@ void ClusterNode::on_control(void* arg, uint64_t sender, uint32_t, const uint8_t
 
 size_t ClusterNode::poll() {
   if (state() != CtxState::kRunning) return 0;
-  size_t n = uploads_.size();
-  if (!uploads_.empty()) upload_some();
+  size_t n = tier_ ? tier_->poll() : 0;
   const uint64_t now = monotonic_ms();
   if (!lent_.empty() && now >= lent_check_ms_) {  // a walk of them, at most ten times a second
     const uint64_t expired = lent_.expire(now);
@@ -333,6 +454,19 @@ size_t ClusterNode::forget_gone_peers(uint64_t now) {
     it = links_.erase(it);
   }
   return forgotten;
+}
+
+ClusterNode::Counters ClusterNode::counters() const {
+  Counters c = counters_;
+  if (tier_) {
+    const RemoteTier::Counters& t = tier_->counters();
+    c.tier_puts = t.puts;
+    c.tier_hits = t.hits;
+    c.tier_bytes = t.bytes;
+    c.tier_rejects = t.rejects;
+    c.no_room += t.no_room;
+  }
+  return c;
 }
 
 std::vector<ClusterNode::PeerStats> ClusterNode::peer_stats() const {

@@ -35,6 +35,7 @@
 #include "cluster/directory/directory.h"
 #include "cluster/lent_pins.h"
 #include "cluster/peer_wire.h"
+#include "cluster/remote_tier.h"
 #include "cluster/ucx/ucx_node.h"
 #include "runtime/context.h"
 
@@ -116,7 +117,7 @@ class ClusterNode final : public Context {
   // peer::kMaxKeys keys or this node itself.
   Status push(uint64_t node, const ChunkKey* keys, uint32_t n, PushCb cb, void* arg);
 
-  const Counters& counters() const { return counters_; }
+  Counters counters() const;  // with the remote tier's
   std::vector<PeerStats> peer_stats() const;
   bool directory_connected() const { return dir_->connected(); }
   const Directory::Counters& directory_counters() const { return dir_->counters(); }
@@ -147,10 +148,9 @@ class ClusterNode final : public Context {
   void on_offer(uint64_t sender, const peer::Message& m);
   void on_taken(Link* l, const peer::Message& m);
   void offer_done(Offer* o, Status st, const uint8_t* taken);
-  // The remote tier.
+  // The remote tier (remote_tier.h) for the keys at f->tier.
   bool ask_tier(Fetch* f);
-  void upload_some();
-  static void on_values(void* arg, Status st, const std::vector<std::string>& values);
+  static void on_tier(void* arg, const uint8_t* got, uint32_t n);
   Link* pick_holder(const std::vector<uint64_t>& holders);
   void send_ask(Ask* a);
   void on_placed(Link* l, const peer::Message& m);
@@ -185,12 +185,8 @@ class ClusterNode final : public Context {
   uint64_t forget_check_ms_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<Offer>> offers_;  // by request id
   uint32_t resolving_ = 0, fetching_ = 0;
-  std::vector<ChunkKey> uploads_;  // chunks to write to the remote tier
-  struct KeyHash {
-    size_t operator()(const ChunkKey& k) const { return k.hash(); }
-  };
-  std::unordered_set<ChunkKey, KeyHash> copies_;  // ingested here: not uploaded again
   Counters counters_;
+  std::unique_ptr<RemoteTier> tier_;  // with ClusterOptions::remote_tier; outlives dir_
   // Last: destroyed first, while everything their callbacks touch still exists.
   std::unique_ptr<UcxNode> ucx_;
   std::unique_ptr<Directory> dir_;

@@ -3,8 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cluster/cluster_node.h"
-#include "cluster/cluster_node_parts.h"
+#include "cluster/cluster_node_read.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -119,11 +118,11 @@ void ClusterNode::plan(Fetch* f, const std::vector<std::vector<uint64_t>>* holde
 
 // One MGET for the keys at f->tier; false if there are none or it was not sent.
 bool ClusterNode::ask_tier(Fetch* f) {
-  if (f->tier.empty()) return false;
+  if (f->tier.empty() || !tier_) return false;
   std::vector<ChunkKey> ks;
+  ks.reserve(f->tier.size());
   for (uint32_t i : f->tier) ks.push_back(f->keys[i]);
-  if (!dir_->get_values(ks.data(), static_cast<uint32_t>(ks.size()), &ClusterNode::on_values, f)
-           .ok()) {
+  if (!tier_->get(std::move(ks), &ClusterNode::on_tier, f).ok()) {
     f->tier.clear();
     return false;
   }
@@ -131,49 +130,12 @@ bool ClusterNode::ask_tier(Fetch* f) {
   return true;
 }
 
-void ClusterNode::on_values(void* arg, Status st, const std::vector<std::string>& values) {
+void ClusterNode::on_tier(void* arg, const uint8_t* got, uint32_t n) {
   auto* f = static_cast<Fetch*>(arg);
-  ClusterNode* self = f->owner;
-  for (size_t j = 0; st.ok() && !self->stopping_ && j < values.size() && j < f->tier.size(); ++j) {
-    const std::string& v = values[j];
-    if (v.empty()) break;  // leading keys only
-    TierValue h;
-    if (v.size() < sizeof(h)) {
-      ++self->counters_.tier_rejects;
-      break;
-    }
-    std::memcpy(&h, v.data(), sizeof(h));
-    const ChunkKey& k = f->keys[f->tier[j]];
-    const ChunkPlacement p{0, h.stored, h.size, h.checksum, h.encoded != 0};
-    uint8_t* dst = nullptr;
-    if (h.magic != kTierMagic || h.encoded > 1 || v.size() - sizeof(h) != h.stored ||
-        !(h.key == k)) {  // another chunk's value under this key
-      ++self->counters_.tier_rejects;
-      break;
-    }
-    Status in = self->cache_->begin_ingest(k, p, &dst);
-    if (in == Code::kBadState) {  // here already
-      f->got[f->tier[j]] = self->cache_->contains(k) ? 1 : 0;
-      continue;
-    }
-    if (!in.ok()) {
-      if (in == Code::kNoMemory) ++self->counters_.no_room;
-      break;
-    }
-    std::memcpy(dst, v.data() + sizeof(h), h.stored);
-    self->copies_.insert(k);  // its arrival must not write it back to the tier
-    in = self->cache_->end_ingest(k, true);
-    if (!in.ok()) {
-      self->copies_.erase(k);
-      ++self->counters_.tier_rejects;
-      break;
-    }
-    f->got[f->tier[j]] = 1;
-    ++self->counters_.tier_hits;
-    self->counters_.tier_bytes += h.size;
-  }
+  for (uint32_t j = 0; j < n && j < f->tier.size(); ++j)
+    if (got[j]) f->got[f->tier[j]] = 1;
   f->tier.clear();
-  if (--f->asks == 0) self->fetch_done(f);
+  if (--f->asks == 0) f->owner->fetch_done(f);
 }
 
 void ClusterNode::send_ask(Ask* a) {
@@ -240,9 +202,9 @@ void ClusterNode::on_read(void* arg, Status st) {
   ClusterNode* self = p->owner;
   Ask* a = p->ask;
   const ChunkKey& k = a->fetch->keys[p->index];
-  if (self->opts_.remote_tier) self->copies_.insert(k);  // another agent has it: not uploaded
+  if (self->tier_) self->tier_->mark_arrival(k);  // another agent has it: not uploaded
   const Status kept = self->cache_->end_ingest(k, st.ok());
-  if (!kept.ok()) self->copies_.erase(k);
+  if (!kept.ok() && self->tier_) self->tier_->arrival_failed(k);
   if (kept.ok()) {
     a->fetch->got[p->index] = 1;
     ++self->counters_.remote_hits;
@@ -293,7 +255,7 @@ void ClusterNode::fetch_done(Fetch* f) {
     for (uint32_t j = fetched; j < end; ++j)
       if (!f->got[j]) f->tier.push_back(j);
     ++counters_.tier_fallbacks;
-    if (ask_tier(f)) return;  // on_values ends the fetch
+    if (ask_tier(f)) return;  // on_tier ends the fetch
   }
   if (f->in_use) {
     f->in_use = false;

@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "cache/cache_test_harness.h"
-#include "cluster/cluster_node_parts.h"
 #include "testing/redis_test_server.h"
 
 namespace dpukv {

@@ -5,12 +5,10 @@
 #include <cstring>
 
 #include "nvmf/controller_core.h"
+#include "nvmf/identify.h"
 #include "runtime/log.h"
 
 namespace dpukv::nvme {
-namespace {
-constexpr uint32_t kSmartLogSize = 512, kFirmwareLogSize = 512, kErrorEntrySize = 64;
-}  // namespace
 
 // ---- admin ------------------------------------------------------------------
 
@@ -54,75 +52,24 @@ void ControllerCore::execute_admin(Request* r) {
   finish(r, st);
 }
 
-void ControllerCore::nguid(uint32_t nsid, uint8_t* out) const {
-  uint64_t h = 0x6470756b766e7630ull ^ (uint64_t{nsid} * 0x9e3779b97f4a7c15ull);
-  for (char c : cfg_.serial) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
-  put64(out, h);
-  put64(out + 8, h * 0x9e3779b97f4a7c15ull + nsid);
-}
-
 uint16_t ControllerCore::identify(Request* r) {
   const Sqe& cmd = r->cmd;
   uint8_t cns = cmd.cdw10 & 0xff;
   alignas(8) uint8_t d[kIdentifySize] = {};
   switch (cns) {
-    case kCnsController: {
-      if (cfg_.discovery) {
-        identify_discovery(d);
-        break;
-      }
-      put16(d + 0, cfg_.vendor_id);
-      put16(d + 2, cfg_.vendor_id);
-      put_ascii(d + 4, 20, cfg_.serial);
-      put_ascii(d + 24, 40, cfg_.model);
-      put_ascii(d + 64, 8, cfg_.firmware);
-      d[72] = 6;  // RAB
-      d[77] = cfg_.mdts;
-      put16(d + 78, cfg_.cntlid);
-      put32(d + 80, 0x00010400);
-      d[111] = 1;  // CNTRLTYPE: I/O controller
-      d[258] = kAbortLimit - 1;
-      d[259] = kAerLimit - 1;
-      d[260] = 0x03;  // FRMW: one slot, read-only
-      d[261] = 0x04;  // LPA: extended Get Log Page offsets
-      d[262] = static_cast<uint8_t>(error_log_.size() - 1);
-      put16(d + 266, 343);  // WCTEMP
-      put16(d + 268, 373);  // CCTEMP
-      put16(d + 320, 10);   // KAS: 100 ms units
-      // CTRATT TBKAS: any command on any queue restarts the keep-alive timer.
-      if (cfg_.fabrics) put32(d + 96, 1u << 6);
-      d[512] = 0x66;                                                            // SQES: 64 bytes
-      d[513] = 0x44;                                                            // CQES: 16 bytes
-      if (cfg_.fabrics) put16(d + 514, static_cast<uint16_t>(cfg_.mqes + 1u));  // MAXCMD
-      put32(d + 516, kMaxNamespaces);
-      put16(d + 520, 0x1c);  // ONCS: DSM, Write Zeroes, Save/Select in features
-      d[525] = 0x07;         // VWC present; flush with NSID all supported
-      if (cfg_.fabrics) put32(d + 536, 1u | 1u << 20);  // SGLs; offsets in data blocks
-      std::memcpy(d + 768, cfg_.subnqn.data(), std::min<size_t>(cfg_.subnqn.size(), 255));
-      if (cfg_.fabrics) {
-        put32(d + 1792, (64 + cfg_.in_capsule_bytes) / 16);  // IOCCSZ
-        put32(d + 1796, 1);                                  // IORCSZ
-        put16(d + 1800, 0);                                  // ICDOFF
-        d[1802] = 0;                                         // FCATT: dynamic controllers
-        d[1803] = 1;                                         // MSDBD
-      }
-      put16(d + 2048, 2500);  // PSD0 max power: 25 W
+    case kCnsController:
+      identify_controller(
+          cfg_, IdentifyLimits{kAbortLimit, kAerLimit, ErrorLog::kEntries, kMaxNamespaces}, d);
       break;
-    }
     case kCnsNamespace: {
       // NSID FFFFFFFFh (capabilities common to all namespaces) is for controllers
       // with namespace management (OACS bit 3), which this one is not.
       if (cmd.nsid == 0 || cmd.nsid > kMaxNamespaces) return kInvalidNamespace;
       const Bdev* b = ns_->get(cmd.nsid);
       if (b == nullptr) break;  // allocated but inactive: zeroes
-      put64(d + 0, b->num_blocks());
-      put64(d + 8, b->num_blocks());
-      put64(d + 16, b->num_blocks());
-      d[25] = 0;     // NLBAF: one format
-      d[26] = 0;     // FLBAS
-      d[33] = 0x09;  // DLFEAT: deallocated blocks read zero; Write Zeroes may deallocate
-      nguid(cmd.nsid, d + 104);
-      d[128 + 2] = static_cast<uint8_t>(std::countr_zero(b->block_size()));  // LBAF0.LBADS
+      uint8_t id[16];
+      namespace_nguid(cfg_.serial, cmd.nsid, id);
+      identify_namespace(b->num_blocks(), b->block_size(), id, d);
       break;
     }
     case kCnsActiveNsList: {
@@ -139,39 +86,15 @@ uint16_t ControllerCore::identify(Request* r) {
       break;
     case kCnsNsDescriptors: {
       if (ns_->get(cmd.nsid) == nullptr) return kInvalidNamespace;
-      d[0] = 2;  // NIDT: NGUID, the same one Identify Namespace reports
-      d[1] = 16;
-      nguid(cmd.nsid, d + 4);
+      uint8_t id[16];
+      namespace_nguid(cfg_.serial, cmd.nsid, id);
+      namespace_descriptors(id, d);
       break;
     }
     default:
       return kInvalidField;
   }
   return copy_to_data(r, d, sizeof d);
-}
-
-// A discovery controller's Identify: what NVMe over Fabrics asks of one (no
-// namespaces, no I/O command set, CNTRLTYPE 2).
-void ControllerCore::identify_discovery(uint8_t* d) const {
-  put16(d + 0, cfg_.vendor_id);
-  put16(d + 2, cfg_.vendor_id);
-  put_ascii(d + 4, 20, cfg_.serial);
-  put_ascii(d + 24, 40, cfg_.model);
-  put_ascii(d + 64, 8, cfg_.firmware);
-  d[77] = cfg_.mdts;
-  put16(d + 78, cfg_.cntlid);
-  put32(d + 80, 0x00010400);
-  put32(d + 92, 1u << 31);  // OAES: discovery log page change notices
-  put32(d + 96, 1u << 6);   // CTRATT: traffic-based keep alive
-  d[111] = 2;               // CNTRLTYPE: discovery controller
-  d[259] = kAerLimit - 1;
-  d[261] = 0x04;  // LPA: extended Get Log Page offsets
-  d[262] = static_cast<uint8_t>(error_log_.size() - 1);
-  put16(d + 320, 10);                                     // KAS: 100 ms units
-  put16(d + 514, static_cast<uint16_t>(cfg_.mqes + 1u));  // MAXCMD
-  put32(d + 536, 1u | 1u << 20);                          // SGLs; offsets in data blocks
-  std::memcpy(d + 768, cfg_.subnqn.data(), std::min<size_t>(cfg_.subnqn.size(), 255));
-  d[1803] = 1;  // MSDBD
 }
 
 void ControllerCore::discovery_log_changed() {
@@ -190,59 +113,32 @@ uint16_t ControllerCore::get_log_page(Request* r) {
   alignas(8) uint8_t log[kIdentifySize] = {};
   uint32_t size;
   switch (lid) {
-    case kLogError: {
-      size = static_cast<uint32_t>(error_log_.size() * kErrorEntrySize);
-      // Newest first, as the log page orders them.
-      size_t have = std::min<uint64_t>(error_count_, error_log_.size());
-      for (size_t i = 0; i < have; ++i) {
-        const ErrorEntry& e = error_log_[(error_count_ - 1 - i) % error_log_.size()];
-        uint8_t* p = log + i * kErrorEntrySize;
-        put64(p, e.count);
-        put16(p + 8, e.sqid);
-        put16(p + 10, e.cid);
-        put16(p + 12, static_cast<uint16_t>(e.status << 1));
-        put16(p + 14, 0xffff);  // parameter location unknown
-        put64(p + 16, e.lba);
-        put32(p + 24, e.nsid);
-      }
+    case kLogError:
+      size = error_log_.page(log);
       if (!rae) event_masked_[kAerError] = false;
       break;
-    }
-    case kLogSmart: {
+    case kLogSmart:
       if (cmd.nsid != 0 && cmd.nsid != kNsidAll) return kInvalidField;  // no per-namespace log
-      size = kSmartLogSize;
-      log[0] = critical_warning_;
-      put16(log + 1, temperature_);
-      log[3] = 100;  // available spare
-      log[4] = 10;   // spare threshold
-      // Data units are thousands of 512-byte units, rounded up.
-      put64(log + 32, (stats_.bytes_read / 512 + 999) / 1000);
-      put64(log + 48, (stats_.bytes_written / 512 + 999) / 1000);
-      put64(log + 64, stats_.reads);
-      put64(log + 80, stats_.writes);
-      put64(log + 176, error_count_);
-      put16(log + 200, temperature_);  // temperature sensor 1
+      size = smart_log_page(
+          SmartFigures{critical_warning_, temperature_, stats_.bytes_read, stats_.bytes_written,
+                       stats_.reads, stats_.writes, error_log_.count()},
+          log);
       if (!rae) event_masked_[kAerSmart] = false;
       break;
-    }
     case kLogFirmwareSlot:
-      size = kFirmwareLogSize;
-      log[0] = 1;  // active slot 1
-      put_ascii(log + 8, 8, cfg_.firmware);
+      size = firmware_slot_log_page(cfg_.firmware, log);
       break;
     default: {
       std::vector<uint8_t> page;  // admin path: a small allocation is fine
       if (!transport_log(lid, &page)) return kInvalidLogPage;
       if (lid == kLogDiscovery && !rae) event_masked_[kAerNotice] = false;
-      if (offset >= page.size()) return kInvalidField;
-      std::vector<uint8_t> out(len, 0);
-      std::memcpy(out.data(), page.data() + offset, std::min<uint64_t>(len, page.size() - offset));
+      std::vector<uint8_t> out;
+      if (!log_window(page.data(), page.size(), offset, len, &out)) return kInvalidField;
       return copy_to_data(r, out.data(), out.size());
     }
   }
-  if (offset >= size) return kInvalidField;
-  std::vector<uint8_t> out(len, 0);  // admin path: a small allocation is fine
-  std::memcpy(out.data(), log + offset, std::min<uint64_t>(len, size - offset));
+  std::vector<uint8_t> out;
+  if (!log_window(log, size, offset, len, &out)) return kInvalidField;
   return copy_to_data(r, out.data(), out.size());
 }
 
@@ -412,8 +308,7 @@ void ControllerCore::deliver_events() {
 
 void ControllerCore::record_error(uint16_t qid, uint16_t cid, uint16_t status, uint64_t lba,
                                   uint32_t nsid) {
-  ErrorEntry& e = error_log_[error_count_ % error_log_.size()];
-  e = ErrorEntry{++error_count_, qid, cid, status, lba, nsid};
+  error_log_.record(qid, cid, status, lba, nsid);
 }
 
 }  // namespace dpukv::nvme

@@ -23,24 +23,10 @@
 
 #include "nvme/nvme_spec.h"
 #include "nvmf/bdev/bdev.h"
+#include "nvmf/controller_config.h"
+#include "nvmf/log_pages.h"
 
 namespace dpukv::nvme {
-
-struct ControllerConfig {
-  std::string serial = "DPUKV00000001";
-  std::string model = "dpukv NVMe emulation";
-  std::string firmware = "0.1";
-  std::string subnqn = "nqn.2026-11.io.dpukv:nvme";
-  uint16_t vendor_id = 0x15b3;
-  uint16_t cntlid = 1;
-  uint16_t max_io_queues = 31;    // I/O queue pairs the controller can allocate
-  uint16_t mqes = 1023;           // CAP.MQES: largest queue size, 0-based
-  uint16_t num_vectors = 32;      // MSI-X vectors (PCIe)
-  uint8_t mdts = 8;               // max transfer = 2^mdts minimum pages (1 MiB)
-  bool fabrics = false;           // NVMe over Fabrics identify fields and rules
-  bool discovery = false;         // a discovery controller: no I/O, the discovery log
-  uint32_t in_capsule_bytes = 0;  // fabrics: in-capsule data the I/O queues accept
-};
 
 struct ControllerStats {
   uint64_t admin_commands = 0, io_commands = 0, errors = 0;
@@ -182,8 +168,6 @@ class ControllerCore {
   void execute_admin(Request* r);
   void execute_io(Request* r);
   uint16_t identify(Request* r);
-  void identify_discovery(uint8_t* d) const;
-  void nguid(uint32_t nsid, uint8_t* out) const;
   uint16_t get_log_page(Request* r);
   uint16_t set_features(Request* r);
   uint16_t get_features(Request* r);
@@ -222,14 +206,7 @@ class ControllerCore {
   std::vector<Event> events_;
   std::array<bool, 8> event_masked_{};
 
-  struct ErrorEntry {
-    uint64_t count;
-    uint16_t sqid, cid, status;
-    uint64_t lba;
-    uint32_t nsid;
-  };
-  std::array<ErrorEntry, 8> error_log_{};
-  uint64_t error_count_ = 0;
+  ErrorLog error_log_;
 };
 
 }  // namespace dpukv::nvme
