@@ -120,7 +120,7 @@ class ClusterNode final : public Context {
   Counters counters() const;  // with the remote tier's
   std::vector<PeerStats> peer_stats() const;
   bool directory_connected() const { return dir_->connected(); }
-  const Directory::Counters& directory_counters() const { return dir_->counters(); }
+  Directory::Counters directory_counters() const { return dir_->counters(); }
   size_t directory_replica_keys() const { return dir_->replica_keys(); }
   size_t directory_live_nodes() const { return dir_->live_nodes(); }
   bool directory_replica_ready() const { return dir_->replica_ready(); }

@@ -5,6 +5,7 @@
 #include <ctime>
 
 #include "cluster/directory/directory_event.h"
+#include "cluster/directory/directory_keys.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -20,45 +21,7 @@ uint64_t wall_ms() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000 + static_cast<uint64_t>(ts.tv_nsec) / 1000000;
 }
 
-// Lowercase hex without snprintf: a 64-key lookup formats 256 of these, and
-// snprintf made formatting cost as much as the Redis round trip.
-void put_hex16(char* p, uint64_t v) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  for (int i = 15; i >= 0; --i, v >>= 4) p[i] = kDigits[v & 15];
-}
-
-bool parse_hex16(const char* s, size_t n, uint64_t* out) {
-  if (n != 16) return false;
-  uint64_t v = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const char c = s[i];
-    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-    if (d < 0) return false;
-    v = v << 4 | static_cast<uint64_t>(d);
-  }
-  *out = v;
-  return true;
-}
-
 }  // namespace
-
-// ",ID,ID,": 16 hex and a comma each, at most kMaxHolders of them, each once. A
-// value that is longer or not of this form (anyone who can write to the Redis can
-// put anything there) gives no holders: false, and the caller counts it.
-bool Directory::parse_holders(const char* s, size_t len, std::vector<uint64_t>* out) {
-  const size_t first = out->size();
-  if (len > 1 + kMaxHolders * 17 || len == 0 || s[0] != ',' || (len - 1) % 17 != 0) return false;
-  for (size_t i = 1; i + 17 <= len; i += 17) {
-    uint64_t node;
-    if (!parse_hex16(s + i, 16, &node) || s[i + 16] != ',') {
-      out->resize(first);
-      return false;
-    }
-    if (std::find(out->begin() + static_cast<long>(first), out->end(), node) == out->end())
-      out->push_back(node);
-  }
-  return true;
-}
 
 // A chunk's holders are one string, ",ID,ID,", so that a lookup of any number of
 // keys is one MGET (a hash per chunk costs one command per key on the server:
@@ -104,9 +67,12 @@ constexpr const char* kDropDeadScript =
 Directory::Directory(ProgressEngine* pe, const DirectoryOptions& o)
     : Context(pe),
       opts_(o),
-      replica_(o.replica_max_keys),
+      keys_(o.prefix),
       link_(pe, RedisLink::Events{this, &Directory::on_link_up, &Directory::on_link_down}),
-      feed_(pe, RedisLink::Events{this, &Directory::on_feed_up, &Directory::on_feed_down}) {}
+      sync_(pe,
+            ReplicaSyncOptions{o.host, o.port, o.user, o.password, o.retry_ms, o.connect_timeout_ms,
+                               o.replica_max_keys},
+            &keys_, &link_) {}
 
 Status Directory::create(ProgressEngine* pe, const DirectoryOptions& o,
                          std::unique_ptr<Directory>* out) {
@@ -119,7 +85,7 @@ Status Directory::create(ProgressEngine* pe, const DirectoryOptions& o,
 
 Directory::~Directory() {
   link_.drop();  // pending callbacks run with no reply
-  feed_.drop();
+  sync_.drop();
   for (LookupOp* op : local_ops_) delete op;
   for (LookupOp* op : free_ops_) delete op;
 }
@@ -129,61 +95,6 @@ Directory::LookupOp* Directory::take_op() {
   LookupOp* op = free_ops_.back();
   free_ops_.pop_back();
   return op;
-}
-
-std::string Directory::hex16(uint64_t v) {
-  std::string s(16, '0');
-  put_hex16(s.data(), v);
-  return s;
-}
-
-size_t Directory::key_size() const {
-  return opts_.prefix.size() + 3 + 32;
-}
-
-// PREFIX:K:BYTES where K is 'c' (holders) or 'v' (remote-tier value) and BYTES the
-// key's 32 bytes (model, prefix hash, world size and rank, layout; little endian):
-// binary, because Redis parses and hashes every byte of 64 keys per lookup.
-void Directory::format_key(char* p, char kind, const ChunkKey& k) const {
-  std::memcpy(p, opts_.prefix.data(), opts_.prefix.size());
-  p += opts_.prefix.size();
-  *p++ = ':';
-  *p++ = kind;
-  *p++ = ':';
-  const uint64_t w[4] = {k.model, k.prefix_hash, (uint64_t{k.world_size} << 32) | k.rank, k.layout};
-  std::memcpy(p, w, sizeof(w));
-}
-
-bool Directory::parse_key(const char* p, size_t len, ChunkKey* k) const {
-  const size_t pl = opts_.prefix.size();
-  if (len != key_size() || std::memcmp(p, opts_.prefix.data(), pl) != 0 || p[pl] != ':' ||
-      p[pl + 1] != 'c' || p[pl + 2] != ':')
-    return false;
-  p += pl + 3;
-  uint64_t w[4];
-  std::memcpy(w, p, sizeof(w));
-  k->model = w[0];
-  k->prefix_hash = w[1];
-  k->world_size = static_cast<uint32_t>(w[2] >> 32);
-  k->rank = static_cast<uint32_t>(w[2]);
-  k->layout = w[3];
-  return true;
-}
-
-std::string Directory::chunk_key(const ChunkKey& k) const {
-  std::string s(key_size(), '\0');
-  format_key(s.data(), 'c', k);
-  return s;
-}
-
-std::string Directory::value_key(const ChunkKey& k) const {
-  std::string s(key_size(), '\0');
-  format_key(s.data(), 'v', k);
-  return s;
-}
-
-std::string Directory::node_key(uint64_t node) const {
-  return opts_.prefix + ":n:" + hex16(node);
 }
 
 // ---- connection ------------------------------------------------------------------
@@ -241,7 +152,7 @@ void Directory::on_link_up(void* owner) {
   ++d->counters_.connects;
   d->adds_.assign(d->held_.begin(), d->held_.end());
   d->renew_lease();
-  if (d->feed_subscribed_ && !d->replica_ready_) d->start_scan();
+  if (d->opts_.replicate) d->sync_.link_up();
 }
 
 void Directory::on_link_down(void* owner, const char* why) {
@@ -290,7 +201,8 @@ void Directory::on_reply(redisAsyncContext* c, void* r, void* priv) {
   const bool ok = reply != nullptr && reply->type == REDIS_REPLY_ARRAY && reply->elements == n;
   for (size_t k = 0; ok && k < n; ++k) {
     const redisReply* e = reply->element[k];
-    if (e->type == REDIS_REPLY_STRING && !parse_holders(e->str, e->len, &listed[k])) {
+    if (e->type == REDIS_REPLY_STRING &&
+        !DirectoryKeys::parse_holders(e->str, e->len, &listed[k])) {
       ++d->counters_.bad_entries;
       d->drop_dead(op->keys[k]);  // removes it
     }
@@ -331,8 +243,8 @@ void Directory::live_holders(const LookupOp& op, const std::vector<std::vector<u
 void Directory::drop_dead(const ChunkKey& k) {
   if (!link_.up()) return;
   command(&Directory::on_reply, nullptr,
-          {"EVAL", kDropDeadScript, "2", chunk_key(k), opts_.prefix + ":nodes",
-           std::to_string(wall_ms()), std::to_string(1 + kMaxHolders * 17)});
+          {"EVAL", kDropDeadScript, "2", keys_.holders_key(k), keys_.nodes_key(),
+           std::to_string(wall_ms()), std::to_string(1 + DirectoryKeys::kMaxHolders * 17)});
 }
 
 void Directory::on_live_nodes(redisAsyncContext* c, void* r, void*) {
@@ -346,7 +258,7 @@ void Directory::on_live_nodes(redisAsyncContext* c, void* r, void*) {
   for (size_t i = 0; i < reply->elements; ++i) {
     uint64_t node;
     const redisReply* e = reply->element[i];
-    if (e->type == REDIS_REPLY_STRING && parse_hex16(e->str, e->len, &node))
+    if (e->type == REDIS_REPLY_STRING && DirectoryKeys::parse_hex16(e->str, e->len, &node))
       d->live_.push_back(node);
   }
   std::sort(d->live_.begin(), d->live_.end());
@@ -369,13 +281,13 @@ void Directory::on_lease(redisAsyncContext* c, void* r, void*) {
 }
 
 void Directory::renew_lease() {
-  const std::string id = hex16(opts_.node_id);
+  const std::string id = DirectoryKeys::hex16(opts_.node_id);
   const uint64_t now = wall_ms();
   command(&Directory::on_lease, nullptr,
-          {"EVAL", kLeaseScript, "1", opts_.prefix + ":nodes", id, std::to_string(now),
+          {"EVAL", kLeaseScript, "1", keys_.nodes_key(), id, std::to_string(now),
            std::to_string(now + opts_.lease_ms)});
   command(&Directory::on_reply, nullptr,
-          {"SET", node_key(opts_.node_id), opts_.description, "PX",
+          {"SET", keys_.node_key(opts_.node_id), opts_.description, "PX",
            std::to_string(2ull * opts_.lease_ms)});
   renew_at_ms_ = monotonic_ms() + opts_.lease_ms / 3;
   refresh_live();
@@ -384,20 +296,21 @@ void Directory::renew_lease() {
 // The live nodes, read apart from lookups so that a lookup is one MGET.
 void Directory::refresh_live() {
   command(&Directory::on_live_nodes, nullptr,
-          {"ZRANGEBYSCORE", opts_.prefix + ":nodes", std::to_string(wall_ms()), "+inf"});
+          {"ZRANGEBYSCORE", keys_.nodes_key(), std::to_string(wall_ms()), "+inf"});
   live_at_ms_ = monotonic_ms() + opts_.live_refresh_ms;
 }
 
 void Directory::flush() {
-  const std::string id = hex16(opts_.node_id);
+  const std::string id = DirectoryKeys::hex16(opts_.node_id);
   const std::string expiry = std::to_string(kChunkExpiryMs);
   for (const ChunkKey& k : adds_)
-    command(&Directory::on_reply, nullptr, {"EVAL", kAddScript, "1", chunk_key(k), id, expiry});
+    command(&Directory::on_reply, nullptr,
+            {"EVAL", kAddScript, "1", keys_.holders_key(k), id, expiry});
   counters_.published += adds_.size();
   published_now_.swap(adds_);
   adds_.clear();
   for (const ChunkKey& k : removes_)
-    command(&Directory::on_reply, nullptr, {"EVAL", kRemoveScript, "1", chunk_key(k), id});
+    command(&Directory::on_reply, nullptr, {"EVAL", kRemoveScript, "1", keys_.holders_key(k), id});
   counters_.unpublished += removes_.size();
   publish_events();
   removes_.clear();
@@ -406,7 +319,7 @@ void Directory::flush() {
 // The same edits as events, after them on the same connection: a subscriber that
 // hears of an entry finds it in Redis too.
 void Directory::publish_events() {
-  const std::string channel = opts_.prefix + ":events";
+  const std::string channel = keys_.events_channel();
   std::string msg;
   auto send = [&] {
     command(&Directory::on_reply, nullptr, {"PUBLISH", channel, msg});
@@ -453,14 +366,14 @@ Status Directory::lookup(const ChunkKey* keys, uint32_t n, LookupCb cb, void* ar
   op->keys.assign(keys, keys + n);
   ++counters_.lookups;
   counters_.lookup_keys += n;
-  if (replica_ready_) {  // answered from the replica in the next poll()
+  if (sync_.ready()) {  // answered from the replica in the next poll()
     ++counters_.lookups_local;
     local_ops_.push_back(op);
     return Code::kSuccess;
   }
   // The MGET in RESP, written here: every argument but the first has the same
   // length, and hiredis' general formatter cost more than Redis' work.
-  const size_t klen = key_size();
+  const size_t klen = keys_.chunk_key_size();
   char head[32], each[32];
   const int hn = std::snprintf(head, sizeof(head), "*%u\r\n$4\r\nMGET\r\n", n + 1);
   const int an = std::snprintf(each, sizeof(each), "$%zu\r\n", klen);
@@ -470,7 +383,7 @@ Status Directory::lookup(const ChunkKey* keys, uint32_t n, LookupCb cb, void* ar
   p += hn;
   for (uint32_t i = 0; i < n; ++i) {
     std::memcpy(p, each, static_cast<size_t>(an));
-    format_key(p + an, 'c', keys[i]);
+    keys_.format(p + an, 'c', keys[i]);
     p += an + klen;
     *p++ = '\r';
     *p++ = '\n';
@@ -494,7 +407,7 @@ void Directory::put_value(const ChunkKey& k, std::string value) {
   void* size = reinterpret_cast<void*>(static_cast<uintptr_t>(value.size()));
   const uint64_t before = counters_.errors;
   command(&Directory::on_put, size,
-          {"SET", value_key(k), std::move(value), "PX", std::to_string(kChunkExpiryMs)});
+          {"SET", keys_.value_key(k), std::move(value), "PX", std::to_string(kChunkExpiryMs)});
   if (counters_.errors != before) ++counters_.value_put_failures;  // not even sent
 }
 
@@ -544,7 +457,7 @@ Status Directory::get_values(const ChunkKey* keys, uint32_t n, ValuesCb cb, void
     return Code::kConnectionReset;
   }
   std::vector<std::string> argv = {"MGET"};
-  for (uint32_t i = 0; i < n; ++i) argv.push_back(value_key(keys[i]));
+  for (uint32_t i = 0; i < n; ++i) argv.push_back(keys_.value_key(keys[i]));
   auto reply_cb = [](redisAsyncContext*, void* r, void* priv) {
     std::unique_ptr<ValuesOp> o(static_cast<ValuesOp*>(priv));
     auto* reply = static_cast<redisReply*>(r);
@@ -574,7 +487,7 @@ Status Directory::find_node(uint64_t node_id, NodeCb cb, void* arg) {
   if (state() != CtxState::kRunning) return Code::kBadState;
   if (!connected()) return Code::kConnectionReset;
   auto* op = new NodeOp{cb, arg};
-  std::string key = node_key(node_id);
+  std::string key = keys_.node_key(node_id);
   const char* argv[] = {"GET", key.c_str()};
   const size_t len[] = {3, key.size()};
   auto reply_cb = [](redisAsyncContext*, void* r, void* priv) {
@@ -594,26 +507,46 @@ Status Directory::find_node(uint64_t node_id, NodeCb cb, void* arg) {
   return Code::kSuccess;
 }
 
+// Lookups taken while the replica was complete, answered as an MGET would be.
+size_t Directory::answer_local() {
+  if (local_ops_.empty()) return 0;
+  answering_.swap(local_ops_);
+  for (LookupOp* op : answering_) {
+    const size_t n = op->keys.size();
+    if (listed_.size() < n) listed_.resize(n);
+    for (size_t k = 0; k < n; ++k) listed_[k].clear();
+    listed_.resize(n);
+    for (size_t k = 0; k < n; ++k) sync_.replica().find(op->keys[k], &listed_[k]);
+    live_holders(*op, listed_);
+    const LookupCb cb = op->cb;
+    void* const arg = op->arg;
+    free_ops_.push_back(op);
+    cb(arg, Code::kSuccess, holders_);
+  }
+  const size_t n = answering_.size();
+  answering_.clear();
+  return n;
+}
+
 // ---- the context -------------------------------------------------------------------
 
 Status Directory::do_start() {
   // An unreachable Redis is retried; the agent runs meanwhile.
-  link_started_ms_ = feed_started_ms_ = monotonic_ms();
+  link_started_ms_ = monotonic_ms();
   if (!link_.connect(opts_.host, opts_.port, opts_.user, opts_.password))
     retry_at_ms_ = monotonic_ms() + opts_.retry_ms;
-  if (opts_.replicate && !feed_.connect(opts_.host, opts_.port, opts_.user, opts_.password))
-    feed_retry_at_ms_ = monotonic_ms() + opts_.retry_ms;
+  if (opts_.replicate) sync_.start(monotonic_ms());
   return Code::kSuccess;
 }
 
 void Directory::do_stop() {
   stop_deadline_ms_ = monotonic_ms() + opts_.stop_timeout_ms;
-  feed_.close();
+  sync_.close();
   if (!connected()) return;
   // Leave at once: peers stop asking this node; its chunk fields age out with it.
-  const std::string id = hex16(opts_.node_id);
-  command(&Directory::on_reply, nullptr, {"ZREM", opts_.prefix + ":nodes", id});
-  command(&Directory::on_reply, nullptr, {"DEL", node_key(opts_.node_id)});
+  const std::string id = DirectoryKeys::hex16(opts_.node_id);
+  command(&Directory::on_reply, nullptr, {"ZREM", keys_.nodes_key(), id});
+  command(&Directory::on_reply, nullptr, {"DEL", keys_.node_key(opts_.node_id)});
   link_.close();  // after the replies
 }
 
@@ -622,21 +555,21 @@ bool Directory::drained() {
   // Still connecting: give up. A Redis that does not answer the goodbye in time
   // (hung, stopped) does not hold the agent's stop.
   if (link_.open() && !link_.up()) link_.drop();
-  if (feed_.open() && !feed_.up()) feed_.drop();
-  if (monotonic_ms() >= stop_deadline_ms_ && (link_.open() || feed_.open())) {
+  if (sync_.connecting()) sync_.drop();
+  if (monotonic_ms() >= stop_deadline_ms_ && (link_.open() || sync_.open())) {
     LOG_WARN(
         "cluster directory: Redis at %s:%u did not answer within %u ms; leaving without "
         "its answer (this node's lease runs out on its own)",
         opts_.host.c_str(), opts_.port, opts_.stop_timeout_ms);
     link_.drop();
-    feed_.drop();
+    sync_.drop();
   }
-  return !link_.open() && !feed_.open() && local_ops_.empty();
+  return !link_.open() && !sync_.open() && local_ops_.empty();
 }
 
 bool Directory::arm_notification() {
   link_.service();
-  feed_.service();
+  sync_.service();
   return !local_ops_.empty();
 }
 
@@ -644,20 +577,12 @@ size_t Directory::poll() {
   size_t n = answer_local();
   if (state() != CtxState::kRunning) {  // stopping: the leave commands still go out
     link_.service();
-    feed_.service();
+    sync_.service();
     return n;
   }
   const uint64_t now = monotonic_ms();
   expire_lookups(now);
-  if (opts_.replicate && !replica_off_ && !feed_.open() && now >= feed_retry_at_ms_) {
-    feed_started_ms_ = now;
-    if (!feed_.connect(opts_.host, opts_.port, opts_.user, opts_.password))
-      feed_retry_at_ms_ = now + opts_.retry_ms;
-  }
-  if (feed_.open() && !feed_.up() && now - feed_started_ms_ >= opts_.connect_timeout_ms) {
-    feed_.drop();  // no answer to AUTH/PING: Redis hung
-    feed_retry_at_ms_ = now + opts_.retry_ms;
-  }
+  if (opts_.replicate) sync_.poll(now, link_.up());
   if (!link_.open()) {
     if (now >= retry_at_ms_) {
       link_started_ms_ = now;
@@ -673,7 +598,7 @@ size_t Directory::poll() {
       return n;
     }
     link_.service();
-    feed_.service();
+    sync_.service();
     return n;
   }
   n += adds_.size() + removes_.size();
@@ -684,11 +609,21 @@ size_t Directory::poll() {
     refresh_live();
     ++n;
   }
-  if (feed_subscribed_ && !replica_ready_ && !scanning_ && now >= scan_retry_at_ms_) start_scan();
   if (!adds_.empty() || !removes_.empty()) flush();
   link_.service();
-  feed_.service();
+  sync_.service();
   return n;
+}
+
+Directory::Counters Directory::counters() const {
+  Counters c = counters_;
+  const ReplicaSync::Counters& r = sync_.counters();
+  c.events = r.events;
+  c.bad_events = r.bad_events;
+  c.syncs = r.syncs;
+  c.bad_entries += r.bad_entries;
+  c.errors += r.errors;
+  return c;
 }
 
 }  // namespace dpukv

@@ -3,20 +3,17 @@
 // engine (hiredis' async API, its socket watched in the engine's epoll set): the
 // agent's threads never wait for Redis.
 //
-// Data model (keys under a prefix, "dpukv" by default):
-//   PREFIX:nodes            sorted set: node id (16 hex) -> lease deadline (ms, wall clock)
-//   PREFIX:n:NODE           the node's peer description (what UcxNode::connect takes)
-//   PREFIX:c:CHUNK          string ",NODE,NODE,": the holders (CHUNK: the key's 32 bytes),
-//                           edited by server-side scripts
-//   PREFIX:events           channel: every edit of a node's entries, as events
-//                           (directory_event.h), published after the edits
+// Data model: the names of directory_keys.h, under a prefix ("dpukv" by default):
+// a sorted set of live nodes and their lease deadlines, each node's description,
+// and per chunk one string ",NODE,NODE," of its holders, edited by server-side
+// scripts; every edit is also published on PREFIX:events (directory_event.h).
 // A node renews its lease every lease/3 and re-reads the live nodes every
 // live_refresh_ms. Additions and removals are queued and sent pipelined once per
 // progress round, each round's also as one event message.
 //
 // Lookups answer live holders only, so a dead agent's entries age out with its
 // lease (and are removed when a lookup meets them). A node keeps a replica of the
-// directory (directory_replica.h): a second connection subscribed to the events,
+// directory (replica_sync.h): a second connection subscribed to the events,
 // filled by a scan of the entries when it subscribes; once the scan is done, a
 // lookup is answered from the replica in the next progress round, with no round
 // trip. Until then, and whenever the subscription is lost (it is then cleared and
@@ -34,8 +31,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "cluster/directory/directory_replica.h"
+#include "cluster/directory/directory_keys.h"
 #include "cluster/directory/redis_link.h"
+#include "cluster/directory/replica_sync.h"
 #include "protocol/chunk_key.h"
 #include "runtime/context.h"
 #include "runtime/progress_engine.h"
@@ -88,8 +86,6 @@ class Directory final : public Context {
     uint64_t bad_entries = 0;             // holder lists that were not one (too long, malformed)
     uint64_t lookup_timeouts = 0;         // lookups Redis did not answer within lookup_timeout_ms
   };
-  // Holders one chunk may list; a longer list is not one this code wrote.
-  static constexpr size_t kMaxHolders = 256;
 
   static Status create(ProgressEngine* pe, const DirectoryOptions& o,
                        std::unique_ptr<Directory>* out);
@@ -99,7 +95,7 @@ class Directory final : public Context {
   void add(const ChunkKey& k);
   void remove(const ChunkKey& k);
   // A holder said it does not hold k (a stale entry): the replica forgets it.
-  void forget(const ChunkKey& k, uint64_t node) { replica_.drop(k, node); }
+  void forget(const ChunkKey& k, uint64_t node) { sync_.forget(k, node); }
   // Holders of each key: from the replica, or one round trip. CONNECTION_RESET at
   // once if Redis is away.
   Status lookup(const ChunkKey* keys, uint32_t n, LookupCb cb, void* arg);
@@ -115,12 +111,12 @@ class Directory final : public Context {
   Status get_values(const ChunkKey* keys, uint32_t n, ValuesCb cb, void* arg);
 
   bool connected() const { return link_.up(); }
-  bool replica_ready() const { return replica_ready_; }
-  size_t replica_keys() const { return replica_.size(); }
+  bool replica_ready() const { return sync_.ready(); }
+  size_t replica_keys() const { return sync_.replica().size(); }
   // Nodes whose lease was live at the last refresh, this one included.
   size_t live_nodes() const { return live_.size(); }
   bool is_live(uint64_t node) const { return std::binary_search(live_.begin(), live_.end(), node); }
-  const Counters& counters() const { return counters_; }
+  Counters counters() const;  // with the replica's
 
  private:
   // One lookup: a single MGET of the keys' holder strings, or an answer from the
@@ -148,14 +144,6 @@ class Directory final : public Context {
   void refresh_live();
   void command(redisCallbackFn* cb, void* priv, std::vector<std::string> argv);
   LookupOp* take_op();
-  size_t key_size() const;
-  void format_key(char* p, char kind, const ChunkKey& k) const;
-  bool parse_key(const char* p, size_t len, ChunkKey* k) const;
-  std::string chunk_key(const ChunkKey& k) const;
-  std::string value_key(const ChunkKey& k) const;
-  std::string node_key(uint64_t node) const;
-  static std::string hex16(uint64_t v);
-  static bool parse_holders(const char* s, size_t len, std::vector<uint64_t>* out);
   void drop_dead(const ChunkKey& k);
 
   static void on_link_up(void* owner);
@@ -166,22 +154,13 @@ class Directory final : public Context {
   static void on_put(redisAsyncContext* c, void* reply, void* priv);
   void warn_refused(const char* what, const std::string& why);
 
-  // The replica (directory_sync.cc).
-  static void on_feed_up(void* owner);
-  static void on_feed_down(void* owner, const char* why);
-  static void on_feed_message(redisAsyncContext* c, void* reply, void* priv);
-  static void on_scan(redisAsyncContext* c, void* reply, void* priv);
-  static void on_scan_values(redisAsyncContext* c, void* reply, void* priv);
-  void start_scan();
-  void send_scan(const std::string& cursor);
-  void scan_settled();
-  void apply_holders(const ChunkKey& k, const char* s, size_t len);
-  void replica_overflowed();
+  // Lookups taken while the replica was ready, answered as an MGET would be.
   size_t answer_local();
   // The live holders of keys[i] into holders_[i]; entries of dead ones dropped.
   void live_holders(const LookupOp& op, const std::vector<std::vector<uint64_t>>& listed);
 
   DirectoryOptions opts_;
+  DirectoryKeys keys_;
   bool leased_ = false;  // a lease was taken on this connection
   uint64_t retry_at_ms_ = 0, renew_at_ms_ = 0, live_at_ms_ = 0;
   uint64_t down_since_ms_ = 0, last_down_log_ms_ = 0;  // Redis unreachable since (0: it is not)
@@ -197,20 +176,13 @@ class Directory final : public Context {
   std::string key_buf_;  // the lookup's MGET, formatted
   std::vector<LookupOp*> free_ops_;
   std::vector<std::vector<uint64_t>> holders_;
-  // The replica and its synchronisation.
-  DirectoryReplica replica_;
-  bool feed_subscribed_ = false, replica_ready_ = false, replica_off_ = false;
-  bool scanning_ = false, scan_cursor_done_ = false;
-  uint64_t scan_epoch_ = 0;
-  uint32_t scan_batches_ = 0;  // MGETs of scanned keys not answered yet
-  uint64_t feed_retry_at_ms_ = 0, scan_retry_at_ms_ = 0;
   std::vector<LookupOp*> local_ops_, answering_;
   std::vector<LookupOp*> sent_ops_;  // MGETs waiting for Redis, oldest first
-  uint64_t link_started_ms_ = 0, feed_started_ms_ = 0, stop_deadline_ms_ = 0;
+  uint64_t link_started_ms_ = 0, stop_deadline_ms_ = 0;
   std::vector<std::vector<uint64_t>> listed_;
   // Last: destroyed first, while what their callbacks touch still exists.
   RedisLink link_;              // commands
-  RedisLink feed_;              // subscribed to PREFIX:events
+  ReplicaSync sync_;            // the replica, its subscription to PREFIX:events, its scans
   std::vector<uint64_t> live_;  // live nodes, sorted, as of the last lease renewal
   Counters counters_;
 };
