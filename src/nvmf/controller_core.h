@@ -24,6 +24,7 @@
 #include "nvme/nvme_spec.h"
 #include "nvmf/bdev/bdev.h"
 #include "nvmf/controller_config.h"
+#include "nvmf/features.h"
 #include "nvmf/log_pages.h"
 
 namespace dpukv::nvme {
@@ -108,11 +109,11 @@ class ControllerCore {
   uint32_t cc() const { return cc_; }
   const ControllerStats& stats() const { return stats_; }
   const ControllerConfig& config() const { return cfg_; }
-  uint32_t keep_alive_timeout_ms() const { return feat_kato_; }
+  uint32_t keep_alive_timeout_ms() const { return features_.keep_alive_ms(); }
   // The KATO a Fabrics Connect gave: the feature's value from then on (Get
   // Features reports the KATO in force, as hosts adopt what it says), kept over
   // controller resets; Set Features changes it as the host asks.
-  void set_connect_kato(uint32_t ms) { kato_connect_ = feat_kato_ = ms; }
+  void set_connect_kato(uint32_t ms) { features_.set_keep_alive_ms(ms); }
   // Number of Queues as granted: SQs and CQs apart (PCIe SQs may share a CQ); a
   // Fabrics queue is a pair, so it may use the smaller of the two.
   uint16_t allocated_sqs() const { return allocated_sqs_; }
@@ -186,16 +187,8 @@ class ControllerCore {
   uint32_t inflight_ = 0;
   uint32_t at_bdev_ = 0;  // requests a block device holds (what a drain waits for)
 
-  // Features (current values).
-  uint32_t feat_arbitration_ = 0, feat_power_ = 0, feat_error_recovery_ = 0, feat_vwc_ = 1;
-  uint32_t feat_coalescing_ = 0, feat_aec_ = 0, feat_kato_ = 0, feat_write_atomicity_ = 0;
-  uint32_t kato_connect_ = 0;
-  // Host Behavior Support (FID 16h): the host's 512-byte data structure, kept and
-  // read back; nothing here acts on it (no LBA migration queues, no NVMe-oF
-  // specific behaviours are changed by it).
-  std::array<uint8_t, 512> feat_host_behavior_{};
-  uint16_t temp_over_ = 343, temp_under_ = 0;  // Kelvin, composite sensor
-  uint16_t temperature_ = 313;
+  FeatureSet features_;
+  uint16_t temperature_ = 313;  // Kelvin, composite sensor
   uint8_t critical_warning_ = 0;
 
   // Asynchronous events.
