@@ -19,7 +19,7 @@ ALLOWED = {
     "comch": {"runtime"},
     "nvme": {"runtime"},
     "rpc": {"runtime"},
-    "cache": {"runtime", "protocol", "engines", "nvme"},
+    "cache": {"runtime", "protocol", "engines"},
     "cluster": {"runtime", "protocol", "cache"},
     "agent": {"runtime", "protocol", "engines", "comch", "cache", "cluster"},
     "client": {"runtime", "protocol", "comch", "dpukv"},
@@ -30,13 +30,17 @@ ALLOWED = {
 # Rooms: sub-folders with a row of their own (a room of a folder is built into that
 # folder's library). The cluster's endpoint and directory know nothing of the cache
 # or of each other; the node composes them.
-ROOMS = ("cluster/ucx", "cluster/directory")
+# The cache's tiers (where chunk bytes lie: the slab allocator, the disk tier, its
+# chunk stores and index log) know nothing of the engine above them.
+ROOMS = ("cluster/ucx", "cluster/directory", "cache/tier")
 ALLOWED.update({
     "cluster/ucx": {"runtime"},
     "cluster/directory": {"runtime", "protocol"},
+    "cache/tier": {"runtime", "protocol", "nvme"},
 })
 ALLOWED["cluster"] |= {"cluster/ucx", "cluster/directory"}
 ALLOWED["tools"] |= {"cluster/ucx", "cluster/directory"}
+ALLOWED["cache"] |= {"cache/tier"}
 # Libraries whose sources are not in a folder of their own name.
 LIB_FOLDER = {"dpukv_crc32c": "runtime", "dpukv_client_shared": "client", "dpukv": "tools"}
 # Include roots that are not src/ folders: the folder whose library exports them.

@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "cache/chunk_table.h"
-#include "cache/disk_tier.h"
 #include "cache/eviction_policy.h"
-#include "cache/slab_allocator.h"
+#include "cache/tier/disk_tier.h"
+#include "cache/tier/slab_allocator.h"
 #include "engines/compress/compress_engine.h"
 #include "engines/device_copier.h"
 #include "engines/dma/dma_engine.h"

@@ -21,7 +21,7 @@
 
 #include "cache/cache_test_harness.h"
 #include "cache/chunk_index.h"
-#include "cache/slab_allocator.h"
+#include "cache/tier/slab_allocator.h"
 #include "engines/compress/kv_synth.h"
 #include "runtime/child_process.h"
 #include "runtime/log.h"

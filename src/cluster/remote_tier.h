@@ -1,7 +1,7 @@
 // The remote tier (LMCache's Redis backend): every chunk this node stores is also
 // written to Redis as a value, and keys no live agent holds are looked for there,
 // for clusters without a fabric between agents. A member of the ChunkStore family
-// in spirit (cache/chunk_store.h), but asynchronous and shared by every node: it
+// in spirit (cache/tier/chunk_store.h), but asynchronous and shared by every node: it
 // sits beside the directory, whose Redis link carries its values.
 //
 // Contract:

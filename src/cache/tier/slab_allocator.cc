@@ -1,4 +1,4 @@
-#include "cache/slab_allocator.h"
+#include "cache/tier/slab_allocator.h"
 
 #include <algorithm>
 

@@ -18,9 +18,9 @@
 #include <utility>
 #include <vector>
 
-#include "cache/chunk_store.h"
-#include "cache/index_log.h"
-#include "cache/slab_allocator.h"
+#include "cache/tier/chunk_store.h"
+#include "cache/tier/index_log.h"
+#include "cache/tier/slab_allocator.h"
 #include "protocol/chunk_key.h"
 #include "runtime/status.h"
 

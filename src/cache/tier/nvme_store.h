@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "cache/chunk_store.h"
+#include "cache/tier/chunk_store.h"
 #include "nvme/tcp_host.h"
 
 namespace dpukv {

@@ -1,9 +1,9 @@
-#include "cache/nvme_store.h"
+#include "cache/tier/nvme_store.h"
 
 #include <algorithm>
 #include <cerrno>
 
-#include "cache/slab_allocator.h"
+#include "cache/tier/slab_allocator.h"
 #include "runtime/host_port.h"
 #include "runtime/log.h"
 

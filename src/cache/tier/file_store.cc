@@ -1,4 +1,4 @@
-#include "cache/file_store.h"
+#include "cache/tier/file_store.h"
 
 #include <fcntl.h>
 #include <sys/eventfd.h>
@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "cache/slab_allocator.h"
+#include "cache/tier/slab_allocator.h"
 #include "runtime/log.h"
 
 namespace dpukv {

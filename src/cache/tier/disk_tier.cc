@@ -1,4 +1,4 @@
-#include "cache/disk_tier.h"
+#include "cache/tier/disk_tier.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cache/file_store.h"
-#include "cache/nvme_store.h"
+#include "cache/tier/file_store.h"
+#include "cache/tier/nvme_store.h"
 #include "runtime/log.h"
 
 namespace dpukv {

@@ -1,4 +1,4 @@
-#include "cache/index_log.h"
+#include "cache/tier/index_log.h"
 
 #include <fcntl.h>
 #include <unistd.h>

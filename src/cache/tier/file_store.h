@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "cache/chunk_store.h"
+#include "cache/tier/chunk_store.h"
 
 namespace dpukv {
 
