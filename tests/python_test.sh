@@ -2,7 +2,9 @@
 # Runs a Python test against a real agent: python_test.sh BIN PKGDIR SCRIPT [agent options]
 # (PKGDIR: the folder that holds the dpukv package with its compiled client)
 # starts one and passes its socket; with --own-agent the script starts (and kills)
-# its agents itself and gets the binary's path instead.
+# its agents itself and gets the binary's path instead. With --pytest (first of
+# the options) SCRIPT is a pytest module: pytest runs it, with the agent's socket
+# in DPUKV_TEST_SOCKET and PKGDIR in DPUKV_PY_PACKAGE_DIR.
 set -euo pipefail
 bin=$1
 moddir=$2
@@ -26,6 +28,11 @@ run_python() {
     /usr/bin/python3 "$@"
   fi
 }
+pytest=0
+if [ "${1:-}" = "--pytest" ]; then
+  pytest=1
+  shift
+fi
 if [ "${1:-}" = "--own-agent" ]; then
   run_python "$script" "$moddir" "$bin"
   exit
@@ -38,4 +45,10 @@ until [ -S "$sock" ]; do
   kill -0 $agent 2>/dev/null || { echo "the agent exited before it listened"; exit 1; }
   sleep 0.05
 done
-run_python "$script" "$moddir" "$sock"
+if [ $pytest = 1 ]; then
+  # No cache or bytecode written into the source tree.
+  DPUKV_TEST_SOCKET=$sock DPUKV_PY_PACKAGE_DIR=$moddir PYTHONDONTWRITEBYTECODE=1 \
+    run_python -m pytest -q -p no:cacheprovider "$script"
+else
+  run_python "$script" "$moddir" "$sock"
+fi

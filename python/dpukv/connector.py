@@ -46,6 +46,7 @@ An agent that is away is a miss, never an error the engine has to handle: the
 lookup answers 0, a load that cannot start makes every layer of the request
 raise LoadMiss, a save that cannot start is counted as a save failure."""
 import operator
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -145,6 +146,7 @@ class DpukvConnector:
         self.dev = None
         self.path = None
         self.path_reason = ""
+        self._unpin = None  # gives the host staging's page lock back (host-pinned)
 
     # ---- worker side -----------------------------------------------------------
 
@@ -230,6 +232,18 @@ class DpukvConnector:
         self.path = "host-pinned" if self.dev is not None and self.dev.pin(self.staging) else "host"
         if self.dev is not None and self.path == "host":
             self.dev = None  # nothing asynchronous to order: plain host copies
+        if self.path == "host-pinned":
+            # Also when the connector is collected without close(): a lock left on
+            # staging the client unmaps later keeps a later mapping at that address
+            # from being pinned (the driver: already registered), and its connector
+            # would fall back to unpinned copies.
+            self._unpin = weakref.finalize(self, self.dev.unpin, self.staging)
+
+    def close(self):
+        """Gives back what register_kv_caches took of the driver (the host staging's
+        page lock). Before the client closes: its staging goes with it."""
+        if self._unpin is not None:
+            self._unpin()
 
     def _rows_view(self, kv):
         """[num_blocks, parts, row] over a strided layer cache, in row_dtype units."""

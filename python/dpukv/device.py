@@ -65,6 +65,11 @@ class CudaDouble:
         return self.lib.cuMemHostRegister_v2(ctypes.c_void_p(addr), ctypes.c_size_t(len(view)),
                                              0) == 0
 
+    def unpin(self, staging):
+        view = memoryview(staging)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(view))
+        return self.lib.cuMemHostUnregister(ctypes.c_void_p(addr)) == 0
+
     def stream(self):
         return None
 
@@ -138,6 +143,13 @@ class TorchCuda:
         addr = ctypes.addressof(ctypes.c_char.from_buffer(view))
         r = torch.cuda.cudart().cudaHostRegister(addr, len(view), 0)
         return int(r) == 0
+
+    def unpin(self, staging):
+        """The lock pin() took; before the staging's memory goes (the driver keeps a
+        registration of unmapped memory, and a later mapping there cannot be pinned)."""
+        view = memoryview(staging)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(view))
+        return int(torch.cuda.cudart().cudaHostUnregister(addr)) == 0
 
     def stream(self):
         return self._side

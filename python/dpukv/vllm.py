@@ -468,6 +468,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
     def shutdown(self):
         if self._role != KVConnectorRole.SCHEDULER and self.core.kv is not None:
             self.core.wait_for_save()  # the last stores land before the client goes
+            self.core.close()
         close = getattr(self.client, "close", None)
         if close is not None:
             close()
