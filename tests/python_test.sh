@@ -34,7 +34,12 @@ if [ "${1:-}" = "--pytest" ]; then
   shift
 fi
 if [ "${1:-}" = "--own-agent" ]; then
-  run_python "$script" "$moddir" "$bin"
+  if [ $pytest = 1 ]; then
+    DPUKV_PY_PACKAGE_DIR=$moddir PYTHONDONTWRITEBYTECODE=1 \
+      run_python -m pytest -q -p no:cacheprovider "$script"
+  else
+    run_python "$script" "$moddir" "$bin"
+  fi
   exit
 fi
 sock=$tmp/agent.sock
