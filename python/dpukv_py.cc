@@ -195,16 +195,19 @@ PYBIND11_MODULE(_dpukv, m) {
   py::class_<PyPending>(m, "Pending");
 
   py::class_<PyClient>(m, "Client")
-      .def(py::init([](const std::string& socket, uint64_t model, uint32_t connect_timeout_ms) {
+      .def(py::init([](const std::string& socket, uint64_t model, uint32_t connect_timeout_ms,
+                       bool absent_ok) {
              ClientOptions o;
              o.socket_path = socket;
              o.model = model;
              o.connect_timeout_ms = connect_timeout_ms;
+             o.absent_ok = absent_ok;
              PyClient pc;
              check(Client::connect(o, &pc.c), "connect");
              return pc;
            }),
-           py::arg("socket") = "", py::arg("model") = 0, py::arg("connect_timeout_ms") = 2000)
+           py::arg("socket") = "", py::arg("model") = 0, py::arg("connect_timeout_ms") = 2000,
+           py::arg("absent_ok") = false)
       .def("alloc_staging",
            [](PyClient& pc, size_t bytes) {
              Client& c = pc.get();

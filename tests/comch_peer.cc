@@ -117,8 +117,10 @@ int role_echo(const std::string& path, int n) {
   return 0;
 }
 
-int make_memory(ClientState* s, size_t size) {
-  if (!MemRegion::create(size, MemRegionOptions{}, &s->mem).ok()) return die("mem");
+int make_memory(ClientState* s, size_t size, bool touch = true) {
+  MemRegionOptions mo;
+  mo.prefault = touch;
+  if (!MemRegion::create(size, mo, &s->mem).ok()) return die("mem");
   if (!Mmap::create(s->mem->data(), s->mem->size(), kAccessLocalReadWrite | kAccessExportReadWrite,
                     s->mem->fd(), 0, &s->map)
            .ok() ||
@@ -144,6 +146,20 @@ int role_export(const std::string& path) {
     if (p[i] != static_cast<uint8_t>(i * 7 + 1)) return die("server did not write");
   (void)s.cl->stop();
   while (s.cl->state() != CtxState::kIdle) s.pe->progress();
+  return 0;
+}
+
+// Exports `mib` MiB of memory it never touches (a sparse memfd); exits 0 once the
+// server closes the connection, else runs until killed.
+int role_sparse_export(const std::string& path, size_t mib) {
+  ClientState s;
+  if (int rc = connect_client(path, &s)) return rc;
+  if (int rc = make_memory(&s, mib << 20, false)) return rc;
+  ComchSendTask* t;
+  if (!s.cl->export_alloc_init(s.cl->connection(), *s.map, 5, UserData{}, &t).ok() ||
+      !s.cl->submit(t).ok())
+    return die("export");
+  while (!s.disconnected) s.pe->wait(100000, 10);
   return 0;
 }
 
@@ -338,6 +354,8 @@ int main(int argc, char** argv) {
   if (role == "echo") return role_echo(path, arg.empty() ? 50 : std::atoi(arg.c_str()));
   if (role == "export") return role_export(path);
   if (role == "stream") return role_stream(path);
+  if (role == "sparse-export")
+    return role_sparse_export(path, std::strtoull(arg.c_str(), nullptr, 10));
   if (role == "fastpath-echo") return role_fastpath_echo(path, std::atoi(arg.c_str()));
   if (role == "server") return role_server(path, false);
   if (role == "stalled-server") return role_server(path, true);

@@ -24,6 +24,12 @@ typedef struct dpukv_key {
 
 /* socket may be NULL (the default path). model: 0, or the model id this session uses. */
 int dpukv_connect(const char* socket, uint64_t model, dpukv_client** out);
+/* As dpukv_connect, but an agent that is not there yet is not an error: the client
+ * starts disconnected (calls answer CONNECTION_RESET; staging is kept and exported
+ * once the agent is there) and connects on a later call when the agent appears. */
+int dpukv_connect_absent_ok(const char* socket, uint64_t model, dpukv_client** out);
+/* 1 while the client has a live session with its agent, else 0. */
+int dpukv_connected(dpukv_client* c);
 void dpukv_close(dpukv_client* c);
 const char* dpukv_status_name(int status);
 

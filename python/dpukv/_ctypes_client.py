@@ -40,6 +40,8 @@ _U64S = ctypes.POINTER(_u64)
 _INTS = ctypes.POINTER(_int)
 for name, res, args in [
     ("dpukv_connect", _int, [ctypes.c_char_p, _u64, ctypes.POINTER(_p)]),
+    ("dpukv_connect_absent_ok", _int, [ctypes.c_char_p, _u64, ctypes.POINTER(_p)]),
+    ("dpukv_connected", _int, [_p]),
     ("dpukv_close", None, [_p]),
     ("dpukv_status_name", ctypes.c_char_p, [_int]),
     ("dpukv_alloc_staging", _int, [_p, ctypes.c_size_t, ctypes.POINTER(_p), _U64S]),
@@ -136,11 +138,14 @@ class Pending:
 
 
 class Client:
-    def __init__(self, socket="", model=0, connect_timeout_ms=2000):
+    def __init__(self, socket="", model=0, connect_timeout_ms=2000, absent_ok=False):
         del connect_timeout_ms  # the C ABI uses the library's default
         self._c = ctypes.c_void_p()
-        _check(_lib.dpukv_connect(socket.encode() if socket else None, model,
-                                  ctypes.byref(self._c)), "connect")
+        fn = _lib.dpukv_connect_absent_ok if absent_ok else _lib.dpukv_connect
+        _check(fn(socket.encode() if socket else None, model, ctypes.byref(self._c)), "connect")
+
+    def connected(self):
+        return bool(self._c) and _lib.dpukv_connected(self._c) == 1
 
     def close(self):
         if self._c:

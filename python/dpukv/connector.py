@@ -91,6 +91,10 @@ class _Load:
     slot: int
 
 
+class _Queued:
+    """A layer whose retrieve waits for room in the load staging."""
+
+
 @dataclass
 class _Failed:
     """A layer that will not load; wait_for_layer_load raises with this reason."""
@@ -150,13 +154,27 @@ class DpukvConnector:
 
     # ---- worker side -----------------------------------------------------------
 
-    def register_kv_caches(self, kv_caches):
+    def register_kv_caches(self, kv_caches, layer_ids=None, total_layers=None):
         """kv_caches: per layer a tensor [2, num_blocks, block_size, kv_heads, head_dim]
         (kv_layout HND: [2, num_blocks, kv_heads, block_size, head_dim]; MLA:
-        [num_blocks, block_size, head_dim])."""
+        [num_blocks, block_size, head_dim]).
+
+        layer_ids: the model's own index of each cache's layer, and total_layers the
+        model's layer count (default: the caches are layers 0..n-1 of n). A pipeline
+        stage holds only some of the model's layers: its keys are those of the
+        model's layers it holds, so that no two stages share a key."""
         kv_caches = list(kv_caches)
         if not kv_caches:
             raise ValueError("register_kv_caches needs at least one layer's KV cache")
+        if layer_ids is None:
+            layer_ids = list(range(len(kv_caches)))
+        layer_ids = list(layer_ids)
+        if total_layers is None:
+            total_layers = len(kv_caches)
+        if (len(layer_ids) != len(kv_caches) or len(set(layer_ids)) != len(layer_ids) or
+                not all(isinstance(i, int) and 0 <= i < total_layers for i in layer_ids)):
+            raise ValueError(f"layer_ids {layer_ids} are not {len(kv_caches)} distinct layers "
+                             f"of [0, {total_layers})")
         first = kv_caches[0]
         # K and V per block, or MLA's one latent part.
         self.parts = 1 if self.kv_layout == "MLA" else 2
@@ -185,12 +203,16 @@ class DpukvConnector:
         self.blocks_per_chunk = self.chunk_tokens // self.block_size
         self.chunk_bytes = self.parts * self.chunk_tokens * heads * dim * first.element_size()
         dtype = str(first.dtype).replace("torch.", "")
-        self.layouts = layer_layouts(dtype, len(kv_caches), heads, dim, self.kv_layout)
-        # Two halves of staging: loads and saves run at the same time.
+        model_layouts = layer_layouts(dtype, total_layers, heads, dim, self.kv_layout)
+        self.layer_ids = layer_ids
+        self.layouts = [model_layouts[i] for i in layer_ids]
+        # Two halves of staging: loads and saves run at the same time. A hit needs
+        # one layer's chunks in the load half at a time (layers load in rounds when
+        # they do not all fit: max_load_chunks).
         self.slots = self.staging_bytes // self.chunk_bytes // 2
-        if self.slots < len(kv_caches):
-            raise ValueError("staging_bytes must hold at least one chunk per layer for loads "
-                             "and one for saves")
+        if self.slots < 1:
+            raise ValueError(f"staging_bytes ({self.staging_bytes}) must hold at least two "
+                             f"chunks of {self.chunk_bytes} bytes (one to load, one to save)")
         self._open_staging(kv_caches, 2 * self.slots * self.chunk_bytes)
         # Gathers and scatters move whole blocks: every layer's cache seen as rows
         # (row b: K of block b, row num_blocks + b: V of block b) and staging as rows
@@ -390,52 +412,95 @@ class DpukvConnector:
 
     # ---- loads -----------------------------------------------------------------
 
+    @property
+    def max_load_chunks(self):
+        """The largest hit this connector loads: one layer's chunks fill at most the
+        load half of staging (the layers go through it in rounds)."""
+        return self.slots
+
     def start_load_kv(self, request_id):
-        """Starts every layer's retrieve at once; wait_for_layer_load(l) finishes
-        layer l (the engine calls it just before the layer's attention). An agent
-        that is away does not raise here: every layer of the request raises
-        LoadMiss when it is waited for."""
+        """Starts the retrieve of every layer that fits in the load staging now (the
+        rest start as earlier layers are scattered); wait_for_layer_load(l) finishes
+        layer l (the engine calls it just before the layer's attention). Nothing
+        here raises for the agent or the hit's size: an agent that is away, or a hit
+        larger than max_load_chunks, makes every layer of the request raise LoadMiss
+        when it is waited for."""
         req = self._request(request_id)
         n = req.matched_chunks
-        if n * len(self.kv) > self.slots:
-            raise ValueError("the hit is larger than the load staging; raise staging_bytes")
         if req.load_started:
             raise ValueError(f"start_load_kv({request_id!r}) was called already")
         req.load_started = True
         req.loads = [None] * len(self.kv)
         if n == 0:
             return
-        for l in range(len(self.kv)):
-            slot = self._take_slots(n, request_id)
-            self._slots_ready(slot, n)
-            keys = req.keys[l][:n]
-            offsets = [(slot + c) * self.chunk_bytes for c in range(n)]
-            try:
-                pending = self.client.submit_retrieve(self.staging, keys, offsets,
-                                                      [self.chunk_bytes] * n)
-            except (native.AgentUnavailable, RuntimeError) as e:  # away, or refused
-                self._give_slots(slot, n)
-                for m in range(l, len(self.kv)):
-                    req.loads[m] = _Failed(f"the load did not start: {e}")
+        if n > self.max_load_chunks:
+            why = (f"a hit of {n} chunks is larger than the load staging "
+                   f"({self.max_load_chunks} chunks of {self.chunk_bytes} bytes); "
+                   "raise staging_bytes")
+            req.loads = [_Failed(why)] * len(self.kv)
+            return
+        req.loads = [_Queued()] * len(self.kv)
+        # The first layer may finish other requests' loads to find room; later ones
+        # take only free slots and otherwise wait for their turn (_pump).
+        self._start_layer(request_id, 0, self._take_slots(n, request_id))
+        self._pump(request_id)
+
+    def _pump(self, request_id):
+        """Starts the request's queued layers, in order, while a run of free slots
+        is there for them."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return
+        for l, load in enumerate(req.loads):
+            if not isinstance(load, _Queued):
+                continue
+            slot = self._free_run(req.matched_chunks)
+            if slot is None:
                 return
-            req.loads[l] = _Load(pending, n, slot)
-            self.inflight.append((request_id, l))
+            self._start_layer(request_id, l, slot)
+
+    def _start_layer(self, request_id, l, slot):
+        req = self.requests[request_id]
+        n = req.matched_chunks
+        self._slots_ready(slot, n)
+        keys = req.keys[l][:n]
+        offsets = [(slot + c) * self.chunk_bytes for c in range(n)]
+        try:
+            pending = self.client.submit_retrieve(self.staging, keys, offsets,
+                                                  [self.chunk_bytes] * n)
+        except (native.AgentUnavailable, RuntimeError) as e:  # away, or refused
+            self._give_slots(slot, n)
+            for m in range(l, len(self.kv)):
+                if isinstance(req.loads[m], (_Queued, type(None))):
+                    req.loads[m] = _Failed(f"the load did not start: {e}")
+            return
+        req.loads[l] = _Load(pending, n, slot)
+        self.inflight.append((request_id, l))
+
+    def _free_run(self, n):
+        """The first run of n free load slots (taken), or None."""
+        run = 0
+        for i, free in enumerate(self.load_free):
+            run = run + 1 if free else 0
+            if run == n:
+                first = i - n + 1
+                for j in range(first, first + n):
+                    self.load_free[j] = False
+                return first
+        return None
 
     def _take_slots(self, n, request_id):
-        """The first run of n free load slots; finishes other requests' oldest loads
-        until there is one."""
+        """The first run of n free load slots; finishes the oldest loads in flight
+        (other requests' first) until there is one."""
         while True:
-            run = 0
-            for i, free in enumerate(self.load_free):
-                run = run + 1 if free else 0
-                if run == n:
-                    first = i - n + 1
-                    for j in range(first, first + n):
-                        self.load_free[j] = False
-                    return first
+            first = self._free_run(n)
+            if first is not None:
+                return first
             victim = next((x for x in self.inflight if x[0] != request_id), None)
-            if victim is None:  # cannot happen: n * layers <= slots was checked
-                raise RuntimeError("load staging exhausted by one request")
+            if victim is None:
+                victim = self.inflight[0] if self.inflight else None
+            if victim is None:  # cannot happen: n <= max_load_chunks was checked
+                raise RuntimeError("load staging exhausted with nothing in flight")
             self._finish(*victim)
 
     def _give_slots(self, slot, n):
@@ -502,8 +567,11 @@ class DpukvConnector:
             return
         if not req.load_started:
             raise LoadMiss(f"request {request_id!r}: start_load_kv was not called")
+        if isinstance(req.loads[layer], _Queued):  # its turn came before room did
+            self._start_layer(request_id, layer, self._take_slots(req.matched_chunks, request_id))
         if isinstance(req.loads[layer], _Load):
             self._finish(request_id, layer)
+            self._pump(request_id)  # the slots it gave back: the next layers' turn
         if isinstance(req.loads[layer], _Failed):
             raise LoadMiss(req.loads[layer].reason)
 
@@ -555,6 +623,7 @@ class DpukvConnector:
                                                    [self.chunk_bytes] * len(batch))
             except native.AgentUnavailable:
                 self.counters["save_failures"] += len(batch)  # the cache is away
+                self.saving_chunks -= len(batch)  # its slots are free again
                 continue
             self.saves.append((pending, len(batch)))
 

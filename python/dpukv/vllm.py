@@ -109,6 +109,46 @@ class _SchedReq:
     lookup_ns: int = 0  # when the hit was looked up (its lease began)
 
 
+def _layer_number(name):
+    m = re.search(r"layers\.(\d+)\.", name)
+    return int(m.group(1)) if m else None
+
+
+def _total_layers(mc, pc):
+    """The model's layer count, over every pipeline stage."""
+    get = getattr(mc, "get_total_num_hidden_layers", None)
+    if get is not None:
+        return int(get())
+    for cfg in (getattr(mc, "hf_text_config", None), getattr(mc, "hf_config", None)):
+        n = getattr(cfg, "num_hidden_layers", None)
+        if isinstance(n, int) and n > 0:
+            return n
+    if int(getattr(pc, "pipeline_parallel_size", 1) or 1) > 1:
+        raise ValueError("dpukv: the model's layer count over all pipeline stages is unknown")
+    return int(mc.get_num_layers(pc))
+
+
+def _stage_layers(mc, pc, total):
+    """[first, end): the model's layers this process's pipeline stage holds."""
+    get = getattr(mc, "get_layers_start_end_indices", None)
+    if get is not None and int(getattr(pc, "pipeline_parallel_size", 1) or 1) > 1:
+        first, end = get(pc)
+        return int(first), int(end)
+    return 0, total
+
+
+_ITEM_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
+
+
+def _max_load_chunks(staging_bytes, chunk_tokens, kv_heads, head_dim, dtype, kv_layout):
+    """What DpukvConnector.max_load_chunks will be for caches of this configuration
+    (fp8 and other 1-byte caches: 1 byte an element)."""
+    parts = 1 if kv_layout == "MLA" else 2
+    item = _ITEM_BYTES.get(str(dtype), 1)
+    chunk_bytes = parts * chunk_tokens * kv_heads * head_dim * item
+    return max(staging_bytes // chunk_bytes // 2, 0)
+
+
 def _extra(config, name, default):
     get = getattr(config, "get_from_extra_config", None)
     if get is not None:
@@ -133,6 +173,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             raise ValueError(f"dpukv.kv_layout must be NHD or HND, not {self.kv_layout!r}")
         if getattr(mc, "use_mla", False):
             self.kv_layout = "MLA"  # one latent cache per layer: [num_blocks, block_size, dim]
+        self.staging_bytes = int(_extra(tc, "dpukv.staging_bytes", 512 << 20))
         self.lease_ns = int(float(_extra(tc, "dpukv.lease_ms", 0)) * 1e6)
         if self.lease_ns < 0:
             raise ValueError("dpukv.lease_ms must be >= 0")
@@ -141,7 +182,13 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             raise ValueError(f"dpukv.save must be all or seen_twice, not {self.save_policy!r}")
         # What the keys are made of, from the configuration: the scheduler has no
         # KV cache to read it from, and the worker checks its tensors against it.
-        self.layers = mc.get_num_layers(pc)
+        # Pipeline parallelism: a stage holds some of the model's layers, and each
+        # layer's keys carry its index in the model (never its index in the stage:
+        # stage 1's first layer is not stage 0's). The scheduler looks every layer
+        # of every stage up.
+        self.total_layers = _total_layers(mc, pc)
+        self.stage_layers = _stage_layers(mc, pc, self.total_layers)
+        self.layers = self.total_layers
         self.kv_heads = mc.get_num_kv_heads(pc)  # per rank
         self.head_dim = mc.get_head_size()
         dtype = vllm_config.cache_config.cache_dtype
@@ -152,7 +199,18 @@ class DpukvConnectorV1(KVConnectorBase_V1):
                                      self.kv_layout)
         self.model = native.model_id(self.model_name)
         socket = str(_extra(tc, "dpukv.socket", ""))
-        self.client = native.Client(socket, model=self.model)
+        # An agent that is not there yet is a miss, not an engine that fails to
+        # start: the client connects when it appears (its calls say
+        # AgentUnavailable until then).
+        self.client = native.Client(socket, model=self.model, absent_ok=True)
+        if not self.client.connected():
+            logger.warning("dpukv: no agent at %s yet: every lookup is a miss until one "
+                           "starts", socket or "the default socket")
+        # The largest hit a worker's load staging carries (one layer's chunks at a
+        # time): the scheduler never reports more.
+        self.max_load_chunks = _max_load_chunks(
+            self.staging_bytes, self.chunk_tokens, self.kv_heads, self.head_dim, self.dtype,
+            self.kv_layout)
         if role == KVConnectorRole.SCHEDULER:
             self._reqs = {}
             # KV events: the agent reports chunk keys; a chunk's layer-0, rank-0 key
@@ -166,7 +224,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             self.rank = get_tensor_model_parallel_rank()
             self.core = DpukvConnector(
                 self.client, self.model_name, chunk_tokens=self.chunk_tokens,
-                staging_bytes=int(_extra(tc, "dpukv.staging_bytes", 512 << 20)),
+                staging_bytes=self.staging_bytes,
                 world_size=self.world_size, rank=self.rank, kv_layout=self.kv_layout)
             self.layer_index = {}
             self._loading = []  # ReqMeta of this step's loads
@@ -207,7 +265,8 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         hit = min(hits) if hits else 0
         if hit * self.chunk_tokens >= len(tokens):
             hit -= 1  # vLLM computes at least one token of the prompt
-        st.hit_chunks = max(hit, 0)
+        # No more than a worker's load staging carries: the rest is recomputed.
+        st.hit_chunks = max(min(hit, self.max_load_chunks), 0)
         self._remember(st, 0, min(hits) if hits else 0)  # present: removals name them
         new = st.hit_chunks * self.chunk_tokens - num_computed_tokens
         if new <= 0:  # vLLM's own prefix cache has it all
@@ -366,18 +425,21 @@ class DpukvConnectorV1(KVConnectorBase_V1):
                 view = kv_cache.permute(*[stride_order.index(i) for i in range(len(stride_order))])
             except (NotImplementedError, TypeError):
                 view = kv_cache
-        if view.shape[0] != self.layers:
+        first, end = self.stage_layers
+        if view.shape[0] != end - first:
             raise ValueError(f"a cross-layer KV cache of shape {tuple(kv_cache.shape)} does not "
-                             f"lead with the model's {self.layers} layers")
+                             f"lead with this stage's {end - first} layers")
         self.layer_index = {}  # by the number in the names vLLM calls with (_layer)
-        self._register([view[l] for l in range(self.layers)], f"{self.layers} layers in one")
+        self._register([view[l] for l in range(end - first)], list(range(first, end)),
+                       f"{end - first} layers in one")
 
     def _layer(self, name):
+        """The index in this worker's caches of the layer vLLM names."""
         layer = self.layer_index.get(name)
         if layer is None and self.core.kv is not None:
-            m = re.search(r"layers\.(\d+)\.", name)
-            if m and int(m.group(1)) < len(self.core.kv):
-                layer = self.layer_index[name] = int(m.group(1))
+            g = _layer_number(name)
+            if g is not None and g in self.core.layer_ids:
+                layer = self.layer_index[name] = self.core.layer_ids.index(g)
         return layer
 
     def register_kv_caches(self, kv_caches):
@@ -385,22 +447,33 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         (NHD; HND: [2, num_blocks, kv_heads, block_size, head_dim]). Layers are
         ordered by the number in their name (model.layers.N...), else as given."""
         names = list(kv_caches)
-
-        def order(name):
-            m = re.search(r"layers\.(\d+)\.", name)
-            return int(m.group(1)) if m else names.index(name)
-
-        names.sort(key=order)
+        numbers = [_layer_number(n) for n in names]
+        first, end = self.stage_layers
+        if None in numbers:
+            # Names without a layer number: this stage's layers, in the order given.
+            if len(names) != end - first:
+                raise ValueError(f"{len(names)} KV caches named without layer numbers for "
+                                 f"this stage's {end - first} layers")
+            ids = list(range(first, end))
+        else:
+            order = sorted(range(len(names)), key=lambda i: numbers[i])
+            names = [names[i] for i in order]
+            ids = [numbers[i] for i in order]
         self.layer_index = {n: i for i, n in enumerate(names)}
-        self._register([kv_caches[n] for n in names], f"{len(names)} layers")
+        self._register([kv_caches[n] for n in names], ids, f"{len(names)} layers")
 
-    def _register(self, caches, what):
-        self.core.register_kv_caches(caches)
-        if self.core.layouts != self.layouts:
+    def _register(self, caches, layer_ids, what):
+        bad = [g for g in layer_ids if not self.stage_layers[0] <= g < self.stage_layers[1]]
+        if bad:
+            raise ValueError(f"KV caches of layers {bad} are not this pipeline stage's layers "
+                             f"[{self.stage_layers[0]}, {self.stage_layers[1]}) of "
+                             f"{self.total_layers}")
+        self.core.register_kv_caches(caches, layer_ids=layer_ids, total_layers=self.total_layers)
+        if self.core.layouts != [self.layouts[g] for g in layer_ids]:
             raise ValueError(
                 "the KV caches do not match the model configuration the scheduler uses "
                 f"({len(caches)} layers of {tuple(caches[0].shape)} {caches[0].dtype}; "
-                f"config: {self.layers} layers, {self.kv_heads} KV heads of {self.head_dim}, "
+                f"config: {self.total_layers} layers, {self.kv_heads} KV heads of {self.head_dim}, "
                 f"{self.dtype})")
         logger.info("dpukv: %s registered, %s path%s", what, self.core.path,
                     (": " + self.core.path_reason) if self.core.path_reason else "")
@@ -418,9 +491,16 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             if self.lease_ns > 0 and now - rm.lookup_ns > self.lease_ns:
                 self._load_errors.update(rm.block_ids[rm.load_from * bpc:rm.load_to * bpc])
                 continue
-            self.core.prepare_load(rm.req_id, rm.token_ids, rm.block_ids, rm.load_from,
-                                   rm.load_to)
-            self.core.start_load_kv(rm.req_id)
+            try:
+                self.core.prepare_load(rm.req_id, rm.token_ids, rm.block_ids, rm.load_from,
+                                       rm.load_to)
+                self.core.start_load_kv(rm.req_id)
+            except (ValueError, RuntimeError) as e:
+                # Never an exception out of the step: the blocks are recomputed.
+                logger.warning("dpukv: load of request %s not started (%s)", rm.req_id, e)
+                self._load_errors.update(rm.block_ids[rm.load_from * bpc:rm.load_to * bpc])
+                self.core.request_finished(rm.req_id)
+                continue
             self._loading.append(rm)
 
     def wait_for_layer_load(self, layer_name):

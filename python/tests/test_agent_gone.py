@@ -196,6 +196,64 @@ def test_loads_whose_agent_went_miss_and_never_return_stale_or_unfilled_blocks()
     conn.request_finished("q")
 
 
+def test_saves_refused_by_an_absent_agent_give_their_staging_slots_back():
+    # Issue 34.4: a save that could not start kept its slots counted as in use for
+    # the connector's life, and every later save waited for stores that never were.
+    fresh()
+    agent = start_agent()
+    torch.manual_seed(2)
+    cfg = LlamaConfig(dtype=torch.bfloat16)
+    cache = PagedKVCache(cfg, num_blocks=64, block_size=16)
+    conn = DpukvConnector(dpukv.Client(SOCK, model=dpukv.model_id("gone-saves")), "gone-saves",
+                          chunk_tokens=32, staging_bytes=4 << 20)
+    conn.register_kv_caches(cache.layers)
+    prompt = torch.randint(0, cfg.vocab_size, (100,)).tolist()
+    src = cache.allocate(len(prompt))
+    stop_agent(agent)
+    for layer in range(cfg.layers):
+        conn.save_kv_layer("away", layer, prompt, src)
+    conn.wait_for_save()  # a store sent before the client saw the agent go fails here
+    assert conn.saving_chunks == 0, conn.saving_chunks
+    assert conn.counters["save_failures"] == 3 * cfg.layers, conn.counters
+    # The agent is back: saves are stored again, and the step's collect does not
+    # have to wait for anything but them.
+    agent = start_agent()
+    eventually(lambda: conn.client.lookup(conn._keys(prompt, 0)), "connector lookup")
+    for layer in range(cfg.layers):
+        conn.save_kv_layer("back", layer, prompt, src)
+    assert conn.saving_chunks == 3 * cfg.layers
+    conn.wait_for_save()
+    assert conn.saving_chunks == 0
+    assert conn.counters["saved_chunks"] == 3 * cfg.layers, conn.counters
+    stop_agent(agent)
+
+
+def test_a_client_started_before_its_agent_connects_when_the_agent_appears():
+    # Issue 34.3: an engine comes up with its agent absent; lookups miss, staging is
+    # kept, and once an agent listens the same client stores and loads.
+    fresh()
+    model = dpukv.model_id("absent-first")
+    try:
+        dpukv.Client(SOCK, model=model)
+        raise AssertionError("a plain client connected to no agent")
+    except dpukv.AgentUnavailable:
+        pass
+    c = dpukv.Client(SOCK, model=model, absent_ok=True)
+    assert not c.connected()
+    buf = c.alloc_staging(1 << 20)  # kept; exported once the agent is there
+    keys = dpukv.chunk_keys(model, list(range(512)), 256)
+    raises_unavailable(c.lookup, keys)
+    agent = start_agent()
+    assert eventually(lambda: c.lookup(keys), "lookup") == 0
+    assert c.connected()
+    memoryview(buf)[:8192] = bytes(range(256)) * 32
+    assert c.store(buf, keys, [0, 4096], [4096] * 2) == ["SUCCESS"] * 2
+    memoryview(buf)[:8192] = bytes(8192)
+    assert c.retrieve(buf, keys, [0, 4096], [4096] * 2) == ["SUCCESS"] * 2
+    assert bytes(memoryview(buf)[:8192]) == bytes(range(256)) * 32
+    stop_agent(agent)
+
+
 def test_a_side_starved_of_cpu_for_5_s_is_slow_not_gone():
     fresh()
     model = dpukv.model_id("gone-model")

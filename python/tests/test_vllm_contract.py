@@ -44,6 +44,7 @@ from vllm.v1.core.sched.output import (  # noqa: E402
     CachedRequestData, NewRequestData, SchedulerOutput)
 
 import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 
 import dpukv  # noqa: E402
 from reference_model import LlamaConfig, LlamaModel, PagedKVCache  # noqa: E402
@@ -85,8 +86,19 @@ class ModelConfig:
         self.cfg, self.model, self.dtype, self.tp = cfg, name, cfg.dtype, tp
         self.use_mla = use_mla
 
-    def get_num_layers(self, parallel_config):
+    def get_total_num_hidden_layers(self):
         return self.cfg.layers
+
+    def get_layers_start_end_indices(self, parallel_config):
+        # vLLM's even split of the layers over the pipeline stages.
+        pp = parallel_config.pipeline_parallel_size
+        stage = parallel_config.rank // parallel_config.tensor_parallel_size % pp
+        per = self.cfg.layers // pp
+        return stage * per, (stage + 1) * per if stage < pp - 1 else self.cfg.layers
+
+    def get_num_layers(self, parallel_config):
+        first, end = self.get_layers_start_end_indices(parallel_config)
+        return end - first
 
     def get_num_kv_heads(self, parallel_config):
         return 1 if self.use_mla else self.cfg.kv_heads // self.tp
@@ -100,13 +112,14 @@ class Obj:
         self.__dict__.update(kw)
 
 
-def vllm_config(cfg, name, tp=1, extra=None, use_mla=False):
+def vllm_config(cfg, name, tp=1, extra=None, use_mla=False, pp=1, pp_stage=0):
     extra = dict({"dpukv.socket": SOCKET, "dpukv.chunk_tokens": CHUNK,
                   "dpukv.staging_bytes": 8 << 20}, **(extra or {}))
     return Obj(kv_transfer_config=TransferConfig(extra),
                model_config=ModelConfig(cfg, name, tp, use_mla),
                cache_config=Obj(block_size=BLOCK, cache_dtype="auto"),
-               parallel_config=Obj(tensor_parallel_size=tp))
+               parallel_config=Obj(tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                                   rank=pp_stage * tp))
 
 
 class Request:
@@ -481,6 +494,130 @@ def test_tensor_parallel_ranks_each_store_and_load_their_own_shard():
             assert torch.equal(kv[n][:, 10:14], before[n]), (rank, n)
     assert not torch.equal(workers[0][1][names[0]][:, :4], workers[1][1][names[0]][:, :4])
     sched.request_finished(t, [])
+
+
+def test_pipeline_stages_each_store_and_load_their_own_layers():
+    # Issue 34.1: with PP=2, stage 1 numbered its layers from 0 and stored and loaded
+    # under stage 0's keys: it got stage 0's KV back and reported no error. Each
+    # stage fills its layers with values of its own; each must load its own.
+    prompt = torch.randint(0, cfg.vocab_size, (64 + 5,)).tolist()
+    stages = []
+    for stage in range(2):
+        vc = vllm_config(cfg, "contract-pp", pp=2, pp_stage=stage)
+        w = DpukvConnectorV1(vc, KVConnectorRole.WORKER)
+        first, end = vc.model_config.get_layers_start_end_indices(vc.parallel_config)
+        kv = {f"model.layers.{l}.self_attn.attn": torch.full(
+            (2, 32, BLOCK, cfg.kv_heads, cfg.head_dim), float(100 * stage + l + 1)).to(
+                torch.bfloat16) for l in range(first, end)}
+        w.register_kv_caches(kv)
+        stages.append((w, kv))
+    sched = DpukvConnectorV1(vllm_config(cfg, "contract-pp", pp=2), KVConnectorRole.SCHEDULER)
+    t = Request("pp", prompt)
+    w0, kv0 = stages[0]
+    worker_step(w0, list(kv0), [ReqMeta("pp", prompt, list(range(5)), save_from=0, save_to=2)],
+                kv0)
+    # Stage 1's layers are not stored yet: the scheduler (every stage's layers) misses.
+    assert sched.get_num_new_matched_tokens(t, 0) == (0, False)
+    sched.request_finished(t, [])
+    w1, kv1 = stages[1]
+    worker_step(w1, list(kv1), [ReqMeta("pp", prompt, list(range(5)), save_from=0, save_to=2)],
+                kv1)
+    assert sched.get_num_new_matched_tokens(t, 0) == (64, False)
+    for stage, (w, kv) in enumerate(stages):
+        for n in kv:
+            kv[n][:, 10:14] = 0
+        assert not worker_step(
+            w, list(kv), [ReqMeta("pp", prompt, list(range(10, 15)), load_from=0, load_to=2)], kv)
+        for n in kv:
+            want = 100 * stage + int(n.split(".")[2]) + 1
+            assert torch.equal(kv[n][:, 10:14], torch.full_like(kv[n][:, 10:14], want)), (stage, n)
+    sched.request_finished(t, [])
+    assert [w.core.layer_ids for w, _ in stages] == [[0, 1], [2, 3]]
+
+
+def test_a_hit_larger_than_the_load_staging_is_capped_and_loaded_in_rounds():
+    # Issue 34.2: a hit whose layers did not all fit in the load staging at once
+    # raised ValueError out of start_load_kv and killed the step. Now the scheduler
+    # reports no more than one layer's share of staging carries, the worker loads
+    # the layers in rounds, and a larger load (metadata from elsewhere) is a load
+    # error to recompute, never an exception.
+    chunk_bytes = 2 * CHUNK * cfg.kv_heads * cfg.head_dim * 2
+    vc = vllm_config(cfg, "contract-rounds", extra={"dpukv.staging_bytes": 2 * 4 * chunk_bytes})
+    w = DpukvConnectorV1(vc, KVConnectorRole.WORKER)
+    kv = {f"model.layers.{l}.attn": torch.randn(2, 64, BLOCK, cfg.kv_heads, cfg.head_dim).to(
+        torch.bfloat16) for l in range(cfg.layers)}
+    w.register_kv_caches(kv)
+    sched = DpukvConnectorV1(vc, KVConnectorRole.SCHEDULER)
+    prompt = torch.randint(0, cfg.vocab_size, (6 * CHUNK + 5,)).tolist()
+    worker_step(w, list(kv), [ReqMeta("big", prompt, list(range(13)), save_from=0, save_to=6)],
+                kv)
+    t = Request("big", prompt)
+    assert sched.get_num_new_matched_tokens(t, 0) == (4 * CHUNK, False)  # 6 held, 4 carried
+    sched.request_finished(t, [])
+    saved = {n: kv[n][:, :12].clone() for n in kv}
+    for chunks in (4, 2, 1):  # one layer a round; two; four
+        for n in kv:
+            kv[n][:, 20:33] = 0
+        blocks = list(range(20, 33))
+        assert not worker_step(w, list(kv), [ReqMeta("big", prompt, blocks, 0, chunks)], kv)
+        for n in kv:
+            assert torch.equal(kv[n][:, 20:20 + 2 * chunks], saved[n][:, :2 * chunks]), (chunks, n)
+    # Two requests in one step, each of a whole layer's share: their rounds interleave.
+    for n in kv:
+        kv[n][:, 20:40] = 0
+    assert not worker_step(w, list(kv), [ReqMeta("x", prompt, list(range(20, 33)), 0, 4),
+                                         ReqMeta("y", prompt, list(range(40, 53)), 0, 3)], kv)
+    for n in kv:
+        assert torch.equal(kv[n][:, 20:28], saved[n][:, :8]), n
+        assert torch.equal(kv[n][:, 40:46], saved[n][:, :6]), n
+    # More than staging carries: its blocks are reported, nothing raises.
+    errors = worker_step(w, list(kv), [ReqMeta("huge", prompt, list(range(20, 33)), 0, 6)], kv)
+    assert errors == set(range(20, 32)), errors
+    assert w.core.max_load_chunks == sched.max_load_chunks == 4  # a layer's chunks at a time
+
+
+def test_an_engine_starts_without_its_agent_and_uses_it_once_it_is_there():
+    # Issue 34.3: DpukvConnectorV1 raised AgentUnavailable at start with no agent,
+    # and the engine did not come up. Now both sides start, every lookup is a miss,
+    # saves are counted failures, and once an agent listens both use it.
+    tmp = tempfile.mkdtemp(prefix="dpukv-absent-")
+    sock = os.path.join(tmp, "agent.sock")
+    vc = vllm_config(cfg, "contract-absent", extra={"dpukv.socket": sock})
+    sched = DpukvConnectorV1(vc, KVConnectorRole.SCHEDULER)
+    w = DpukvConnectorV1(vc, KVConnectorRole.WORKER)
+    kv = {f"model.layers.{l}.attn": torch.randn(2, 32, BLOCK, cfg.kv_heads, cfg.head_dim).to(
+        torch.bfloat16) for l in range(cfg.layers)}
+    w.register_kv_caches(kv)
+    prompt = torch.randint(0, cfg.vocab_size, (64 + 5,)).tolist()
+    t = Request("absent", prompt)
+    assert sched.get_num_new_matched_tokens(t, 0) == (0, False)
+    sched.request_finished(t, [])
+    worker_step(w, list(kv), [ReqMeta("absent", prompt, list(range(5)), save_from=0, save_to=2)],
+                kv)
+    assert w.core.counters["save_failures"] == 2 * cfg.layers
+    assert w.core.saving_chunks == 0
+    agent = subprocess.Popen([os.environ["DPUKV_BIN"], "--log-level", "warning", "agent",
+                              "--socket", sock, "--memory-bytes", "64M", "--metrics-port", "0"])
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # the worker reconnects (at most once a second) and saves
+            assert agent.poll() is None, "the agent exited"
+            assert time.monotonic() < deadline, "the connectors never reached the agent"
+            worker_step(w, list(kv),
+                        [ReqMeta("absent", prompt, list(range(5)), save_from=0, save_to=2)], kv)
+            if w.core.counters["saved_chunks"] == 2 * cfg.layers:
+                break
+            time.sleep(0.05)
+        while sched.get_num_new_matched_tokens(t, 0) != (64, False):
+            assert time.monotonic() < deadline, "the scheduler never reached the agent"
+            time.sleep(0.05)
+        sched.request_finished(t, [])
+    finally:
+        agent.terminate()
+        agent.wait()
+        for f in os.listdir(tmp):
+            os.unlink(os.path.join(tmp, f))
+        os.rmdir(tmp)
 
 
 def test_hnd_caches_have_their_own_keys_and_round_trip():

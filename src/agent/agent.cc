@@ -91,6 +91,8 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
   so.heartbeat_interval_ms = a->opts_.heartbeat_ms;
   so.send_queue_depth = 1024;
   if (a->opts_.max_staging_bytes) so.max_import_bytes_per_connection = a->opts_.max_staging_bytes;
+  if (a->opts_.max_staging_total_bytes)
+    so.max_import_bytes_total = a->opts_.max_staging_total_bytes;
   DPUKV_RETURN_IF_ERROR(ComchServer::create(a->pe_.get(), so, &a->server_));
   UserData ud;
   ud.ptr = a.get();
@@ -624,7 +626,9 @@ void Agent::on_gpu_export(Session* s, const AgentHeader& h, const uint8_t* body,
 void Agent::on_gpu_release(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t) {
   uint64_t map_id;
   std::memcpy(&map_id, body, sizeof(map_id));
-  reply(s, h, gpu_->remove(&s->gpu, map_id), nullptr, 0);
+  const Status st = gpu_->remove(&s->gpu, map_id);
+  s->conn->set_other_import_bytes(s->gpu.bytes);
+  reply(s, h, st, nullptr, 0);
 }
 
 void Agent::on_subscribe(Session* s, const AgentHeader& h, const uint8_t*, uint32_t) {
@@ -648,7 +652,17 @@ Status Agent::gpu_export(Session* s, const uint8_t* body, uint32_t len, std::str
   agent::GpuExportEntry e;
   if (len != sizeof(e)) return Code::kInvalidValue;
   std::memcpy(&e, body, sizeof(e));
-  const Status st = gpu_->add(&s->gpu, e, s->conn->imported_bytes(), opts_.max_staging_bytes, why);
+  // Host and GPU staging count together, per client and over all clients.
+  const char* over = nullptr;
+  Status st = Code::kSuccess;
+  if (!server_->import_fits(s->conn, e.bytes, &over)) {
+    *why = std::string(over) + " (max_staging_size " + std::to_string(opts_.max_staging_bytes) +
+           ", max_staging_total " + std::to_string(opts_.max_staging_total_bytes) + " bytes)";
+    st = Code::kTooBig;
+  } else {
+    st = gpu_->add(&s->gpu, e, s->conn->imported_bytes(), opts_.max_staging_bytes, why);
+  }
+  s->conn->set_other_import_bytes(s->gpu.bytes);
   if (st.ok()) {
     APP_LOG_INFO("agent: client pid %d exported %llu bytes of GPU memory",
                  static_cast<int>(s->conn->peer().pid), static_cast<unsigned long long>(e.bytes));

@@ -36,8 +36,9 @@ struct AgentOptions {
   uint32_t max_msg = 65536;  // comch message bound (batches up to ~1150 entries)
   int metrics_port = 0;      // 0: no metrics endpoint
   std::string metrics_address = "127.0.0.1";
-  uint32_t max_batches = 256;      // batch requests in flight over all clients
-  uint64_t max_staging_bytes = 0;  // staging one client may export in all (0: no limit)
+  uint32_t max_batches = 256;            // batch requests in flight over all clients
+  uint64_t max_staging_bytes = 0;        // staging one client may export in all (0: no limit)
+  uint64_t max_staging_total_bytes = 0;  // the same for all clients together (0: no limit)
   // Join a cluster: lookups that miss locally ask the directory and read the
   // missing chunks from the agents that hold them (cluster/cluster_node.h).
   bool cluster = false;

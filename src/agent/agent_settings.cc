@@ -126,6 +126,7 @@ AgentSettings default_agent_settings() {
       {"disk_admit_hits", nullptr, SettingKind::kCount, 1u << 30, nullptr, "0", ""},
       {"pin_timeout_ms", nullptr, SettingKind::kCount, 24u * 3600 * 1000, nullptr, "30000", ""},
       {"max_staging_size", "DPUKV_MAX_STAGING_SIZE", SettingKind::kGib, 0, nullptr, "", ""},
+      {"max_staging_total", "DPUKV_MAX_STAGING_TOTAL", SettingKind::kGib, 0, nullptr, "", ""},
       {"cluster", "DPUKV_CLUSTER", SettingKind::kText, 0, nullptr, "", ""},
       {"cluster_prefix", "DPUKV_CLUSTER_PREFIX", SettingKind::kText, 0, nullptr, "dpukv", ""},
       {"cluster_password_file", "DPUKV_CLUSTER_PASSWORD_FILE", SettingKind::kText, 0, nullptr, "",
@@ -481,6 +482,11 @@ bool agent_options_from_settings(AgentSettings* st, AgentOptions* out, std::ostr
   o.max_staging_bytes = st->at("max_staging_size").value.empty()
                             ? std::max<uint64_t>(available_ram() / 2, 1ull << 30)
                             : as_u64(st, "max_staging_size");
+  // All clients together: as much as one may have by default (half the RAM), and
+  // never less than one client's cap.
+  o.max_staging_total_bytes = st->at("max_staging_total").value.empty()
+                                  ? std::max<uint64_t>(available_ram() / 2, o.max_staging_bytes)
+                                  : as_u64(st, "max_staging_total");
 
   return cluster_settings(st, &o, why);
 }

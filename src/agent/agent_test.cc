@@ -23,6 +23,7 @@
 #include "agent/agent_settings.h"
 #include "client/client.h"
 #include "protocol/agent_wire.h"
+#include "protocol/socket_path.h"
 #include "runtime/child_process.h"
 #include "runtime/log.h"
 
@@ -141,6 +142,52 @@ class AgentTest : public ::testing::Test {
   pid_t agent_ = -1;
   std::unique_ptr<Client> probe_;
 };
+
+// Issue 34.5: a client that searches for its agent took any socket it found, and
+// another local user's agent there got the client's read-write staging memory.
+TEST_F(AgentTest, ASearchedSocketOwnedByAnotherUserIsNotUsed) {
+  if (::geteuid() != 0) GTEST_SKIP() << "planting another user's socket needs root (chown)";
+  const std::string dir = "/tmp/dpukv-agent-test-xdg-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directory(dir);
+  socket_ = dir + "/dpukv.sock";
+  start_agent();
+  ASSERT_EQ(::chown(socket_.c_str(), 65534, 65534), 0);  // as if user nobody's agent
+  ::unsetenv("DPUKV_SOCKET");
+  ::setenv("XDG_RUNTIME_DIR", dir.c_str(), 1);
+  std::string why;
+  EXPECT_FALSE(agent_socket_trusted(socket_, &why));
+  EXPECT_NE(why.find("uid 65534"), std::string::npos) << why;
+  EXPECT_NE(find_agent_socket(), socket_);
+
+  ClientOptions o;  // no socket named: the client searches
+  o.connect_timeout_ms = 2000;
+  std::unique_ptr<Client> searched;
+  EXPECT_FALSE(Client::connect(o, &searched).ok());
+  auto clients = [&] {
+    std::string j;
+    EXPECT_TRUE(client()->stats_json(&j).ok());
+    return j.find("\"clients\": 0") != std::string::npos ||
+           j.find("\"clients\":0") != std::string::npos;
+  };
+  EXPECT_TRUE(clients()) << "the agent saw a session from the searching client";
+
+  // A symbolic link is not taken either: its owner could point it elsewhere later.
+  const std::string link = dir + "/link.sock";
+  ASSERT_EQ(::symlink(socket_.c_str(), link.c_str()), 0);
+  EXPECT_FALSE(agent_socket_trusted(link, &why));
+  EXPECT_NE(why.find("symbolic link"), std::string::npos) << why;
+
+  // The same socket owned by root: found and used.
+  ASSERT_EQ(::chown(socket_.c_str(), 0, 0), 0);
+  EXPECT_EQ(find_agent_socket(), socket_);
+  ASSERT_TRUE(Client::connect(o, &searched).ok());
+  EXPECT_TRUE(searched->connected());
+  searched.reset();
+  ::unsetenv("XDG_RUNTIME_DIR");
+  stop_agent();
+  std::filesystem::remove_all(dir);
+}
 
 TEST_F(AgentTest, ClientProcessesStoreAndRetrieveByteForByte) {
   start_agent();

@@ -202,6 +202,43 @@ TEST_F(GpuAgentTest, GpuAndHostStagingMoveTheSameBytesAtOddOffsetsAndSizes) {
 
 // Exports are checked as memfd exports are, and a refused one leaves the session
 // serving.
+// Issue 34.8: a GPU export then a host export each passed the per-client cap (the
+// agent counted only host memory for the second); now host and GPU staging count
+// together in either order, and over all clients (max_staging_total).
+TEST_F(GpuAgentTest, HostAndGpuStagingCountTogetherInEitherOrder) {
+  start_agent("", {"--max-staging-size", "64M", "--max-staging-total", "96M"});
+  ASSERT_TRUE(client_->agent_gpu()) << stat("gpu_path");
+  DeviceMemory dev(64 << 20);
+  GpuStaging g;
+  std::string why;
+  ASSERT_TRUE(client_->export_gpu(dev.ptr(), 64 << 20, 0, &g, &why).ok()) << why;
+  Staging s;
+  EXPECT_EQ(client_->alloc_staging(64 << 20, &s), Code::kTooBig);  // GPU first, then host
+  ASSERT_TRUE(client_->release_gpu(g).ok());
+
+  auto second = connect();
+  ASSERT_NE(second, nullptr);
+  ASSERT_TRUE(second->alloc_staging(64 << 20, &s).ok());
+  const ChunkKey k = key(1);
+  const uint64_t off = 0, len = 4096;
+  ASSERT_TRUE(second->store(s, &k, &off, &len, 1, nullptr).ok());
+  EXPECT_EQ(second->export_gpu(dev.ptr(), 64 << 20, 0, &g, &why), Code::kTooBig);  // host first
+  EXPECT_NE(why.find("per-client"), std::string::npos) << why;
+
+  // All clients together: 64 of host staging above, 64 of GPU staging here pass 96.
+  EXPECT_EQ(client_->export_gpu(dev.ptr(), 64 << 20, 0, &g, &why), Code::kTooBig);
+  EXPECT_NE(why.find("all clients"), std::string::npos) << why;
+  ASSERT_TRUE(client_->export_gpu(dev.ptr(), 16 << 20, 0, &g, &why).ok()) << why;
+  // And a host export past it closes that client: its next call fails.
+  auto third = connect();
+  ASSERT_NE(third, nullptr);
+  Staging s3;
+  ASSERT_TRUE(third->alloc_staging(32 << 20, &s3).ok());  // 64 + 16 + 32 > 96
+  EXPECT_FALSE(third->store(s3, &k, &off, &len, 1, nullptr).ok());
+  const ChunkKey k2 = key(2);
+  EXPECT_TRUE(second->store(s, &k2, &off, &len, 1, nullptr).ok());  // the others go on
+}
+
 TEST_F(GpuAgentTest, BadExportsAreRefusedAndTheSessionGoesOn) {
   start_agent();
   DeviceMemory dev(1 << 20);

@@ -80,13 +80,16 @@ int submit(dpukv_client* c, bool store, uint64_t staging_id, const dpukv_key* ke
 
 extern "C" {
 
-int dpukv_connect(const char* socket, uint64_t model, dpukv_client** out) {
+namespace {
+
+int connect_with(const char* socket, uint64_t model, bool absent_ok, dpukv_client** out) {
   if (out == nullptr) return code(dpukv::Code::kInvalidValue);
   auto* h = new (std::nothrow) dpukv_client();
   if (h == nullptr) return code(dpukv::Code::kNoMemory);
   dpukv::ClientOptions o;
   if (socket) o.socket_path = socket;
   o.model = model;
+  o.absent_ok = absent_ok;
   dpukv::Status st = dpukv::Client::connect(o, &h->c);
   if (!st.ok()) {
     delete h;
@@ -94,6 +97,20 @@ int dpukv_connect(const char* socket, uint64_t model, dpukv_client** out) {
   }
   *out = h;
   return 0;
+}
+
+}  // namespace
+
+int dpukv_connect(const char* socket, uint64_t model, dpukv_client** out) {
+  return connect_with(socket, model, false, out);
+}
+
+int dpukv_connect_absent_ok(const char* socket, uint64_t model, dpukv_client** out) {
+  return connect_with(socket, model, true, out);
+}
+
+int dpukv_connected(dpukv_client* c) {
+  return c != nullptr && c->c->connected() ? 1 : 0;
 }
 
 void dpukv_close(dpukv_client* c) {

@@ -16,9 +16,22 @@ using agent::Op;
 Status Client::connect(const ClientOptions& o, std::unique_ptr<Client>* out) {
   std::unique_ptr<Client> c(new Client());
   c->opts_ = o;
-  if (c->opts_.socket_path.empty()) c->opts_.socket_path = find_agent_socket();
+  if (c->opts_.socket_path.empty()) {
+    std::vector<std::string> skipped;
+    c->opts_.socket_path = find_agent_socket(&skipped);
+    for (const std::string& s : skipped)
+      LOG_WARN(
+          "client: agent socket %s is not used; name the agent with DPUKV_SOCKET or a "
+          "socket setting to use it",
+          s.c_str());
+    if (c->opts_.socket_path.empty()) return Code::kNotPermitted;
+  }
   DPUKV_RETURN_IF_ERROR(ProgressEngine::create(&c->pe_));
-  DPUKV_RETURN_IF_ERROR(c->open_channel(o.connect_timeout_ms));
+  const Status st = c->open_channel(o.connect_timeout_ms);
+  if (!st.ok()) {
+    if (!o.absent_ok || st != Code::kNotFound) return st;
+    c->lost_ = true;  // ensure_connected tries again, at most once a reconnect interval
+  }
   Client* raw = c.get();
   c->keepalive_ = std::thread([raw] { raw->keepalive_loop(); });
   *out = std::move(c);
@@ -282,6 +295,7 @@ Status Client::alloc_staging(size_t bytes, Staging* out) {
   {
     std::lock_guard<std::mutex> g(mu_);
     for (const auto& m : staging_) have += m.map->length();
+    for (const agent::GpuExportEntry& e : gpu_exports_) have += e.bytes;  // one cap for both
   }
   if (max_staging_ != 0 && (bytes > max_staging_ || have + bytes > max_staging_)) {
     LOG_ERR(
@@ -300,7 +314,14 @@ Status Client::alloc_staging(size_t bytes, Staging* out) {
                                      &s.map));
   DPUKV_RETURN_IF_ERROR(s.map->start());
   std::lock_guard<std::mutex> g(mu_);
-  DPUKV_RETURN_IF_ERROR(ensure_connected());
+  const Status conn = ensure_connected();
+  if (!conn.ok()) {
+    if (!opts_.absent_ok) return conn;
+    // Exported with the others when the agent appears (open_channel).
+    *out = Staging{s.map->addr(), s.map->length(), s.map->id()};
+    staging_.push_back(std::move(s));
+    return Code::kSuccess;
+  }
   ComchSendTask* t;
   DPUKV_RETURN_IF_ERROR(
       ch_->export_alloc_init(ch_->connection(), *s.map, s.map->id(), UserData{}, &t));

@@ -36,6 +36,10 @@ struct ClientOptions {
   uint32_t reconnect_interval_ms = 1000;
   uint32_t heartbeat_ms = 1000;
   uint64_t model = 0;  // announce: this session names keys of this model only (0: any)
+  // An agent that is not there at connect is not an error: the client starts
+  // disconnected (its calls answer CONNECTION_RESET, staging is kept and exported
+  // when the agent appears) and connects on a call once the agent is there.
+  bool absent_ok = false;
 };
 
 struct Staging {

@@ -36,6 +36,21 @@ uint64_t ComchConnection::imported_bytes() const {
   return n;
 }
 
+bool ComchBase::import_fits(const ComchConnection* c, uint64_t more, const char** why) const {
+  const uint64_t mine = c->imported_bytes() + c->other_import_bytes_;
+  if (more > opts_.max_import_bytes_per_connection ||
+      mine > opts_.max_import_bytes_per_connection - more) {
+    *why = "exported memory over the per-client limit";
+    return false;
+  }
+  const uint64_t all = import_bytes_all();
+  if (more > opts_.max_import_bytes_total || all > opts_.max_import_bytes_total - more) {
+    *why = "exported memory over the limit for all clients together";
+    return false;
+  }
+  return true;
+}
+
 Mmap* ComchConnection::imported_map(uint64_t peer_map_id) const {
   for (const auto& m : imports_)
     if (m->peer_map_id() == peer_map_id) return m.get();
@@ -343,18 +358,20 @@ void ComchBase::handle_record(ComchConnection* c, size_t n, int* fds, int nfds) 
         close_connection(c, Code::kNotPermitted, "too many exported maps");
         return;
       }
+      // The limits before anything is mapped: the length is the one the import
+      // maps (it checks the fd holds it).
+      const char* over = nullptr;
+      if (!import_fits(c, p.desc.length, &over)) {
+        close_fds(fds, nfds);
+        close_connection(c, Code::kNotPermitted, over);
+        return;
+      }
       std::unique_ptr<Mmap> m;
       Status is = Mmap::import(&p.desc, sizeof(p.desc), fds[0], &m);
       close_fds(fds, nfds);  // the mapping keeps the memory
       if (is.ok()) is = m->start();
       if (!is.ok()) {
         close_connection(c, Code::kInvalidValue, "bad memory export");
-        return;
-      }
-      uint64_t mapped = m->length();
-      for (const auto& have : c->imports_) mapped += have->length();
-      if (mapped > opts_.max_import_bytes_per_connection) {
-        close_connection(c, Code::kNotPermitted, "exported memory over the per-client limit");
         return;
       }
       ++counters_.imports;

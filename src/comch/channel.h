@@ -51,9 +51,14 @@ struct ComchOptions {
   // survives).
   uint32_t heartbeat_misses = 10;
   uint32_t max_imports_per_connection = 64;
-  // Bytes of exported memory one peer may map here, over all its exports (the
-  // agent's per-client staging cap); an export past it closes the connection.
+  // Bytes of exported memory one peer may map here, over all its exports and the
+  // memory it shares by other means (set_other_import_bytes: the agent's GPU
+  // exports): the agent's per-client staging cap. An export past it closes the
+  // connection, before anything is mapped.
   uint64_t max_import_bytes_per_connection = UINT64_MAX;
+  // The same over every connection together (the agent's staging cap for all its
+  // clients): a few clients cannot take the host's memory between them.
+  uint64_t max_import_bytes_total = UINT64_MAX;
 
   bool valid() const {
     return max_msg_size != 0 && max_msg_size <= comch::kMaxMsgLimit && send_queue_depth != 0 &&
@@ -114,6 +119,10 @@ class ComchConnection final : public FdWatcher {
   Mmap* imported_map(uint64_t peer_map_id) const;
   // Bytes of every map the peer exported on this connection.
   uint64_t imported_bytes() const;
+  // Memory the peer shares outside comch's exports (GPU memory the agent opened
+  // for it), counted against the import limits with the maps.
+  void set_other_import_bytes(uint64_t n) { other_import_bytes_ = n; }
+  uint64_t other_import_bytes() const { return other_import_bytes_; }
   // Drops an imported map early (the peer unregistered it). The map must have no
   // live buffers. NOT_FOUND if the connection does not hold it.
   Status release_import(Mmap* map);
@@ -147,6 +156,7 @@ class ComchConnection final : public FdWatcher {
   uint32_t task_refs_ = 0;            // tasks naming this connection; freed only at 0
   SpscRing<ComchSendTask*> pending_;  // single-threaded FIFO of unsent tasks
   std::vector<std::unique_ptr<Mmap>> imports_;
+  uint64_t other_import_bytes_ = 0;
   // A fast-path consumer of the peer, as this side's producer sees it.
   struct PeerConsumer {
     uint64_t id = 0;
@@ -200,6 +210,11 @@ class ComchBase : public Context {
 
   const ComchOptions& options() const { return opts_; }
   size_t num_connections() const { return num_open_; }
+  // Imported and otherwise shared bytes over every connection (import limits).
+  virtual uint64_t import_bytes_all() const = 0;
+  // Whether `more` bytes may be mapped for c within both import limits; if not,
+  // why (for the connection's close reason and the agent's refusal).
+  bool import_fits(const ComchConnection* c, uint64_t more, const char** why) const;
 
   // Counters, for tests and metrics.
   struct Counters {

@@ -30,6 +30,9 @@ class ComchClient final : public ComchBase {
   }
   // Why the last connection attempt or connection ended.
   Status last_error() const { return last_error_; }
+  uint64_t import_bytes_all() const override {
+    return conn_ != nullptr ? conn_->imported_bytes() + conn_->other_import_bytes() : 0;
+  }
 
  private:
   ComchClient(ProgressEngine* pe, const ComchClientOptions& opts);

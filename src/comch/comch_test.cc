@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -235,6 +236,51 @@ TEST_F(ComchTest, MemoryExportCrossesProcesses) {
   EXPECT_EQ(wait_child(pid), 0);
   ASSERT_TRUE(pump_until([&] { return ev_.disconnected.size() == 1; }));
   EXPECT_EQ(srv_->counters().imports_released, 1u);
+}
+
+// Issue 34.7: imports were mapped with MAP_POPULATE, so three peers exporting
+// untouched 1 GiB memfds took 3 GiB of the host (and stalled the progress thread);
+// the staging cap was per connection only.
+TEST_F(ComchTest, SparseExportsAreNotPopulatedAndAreCappedOverAllConnections) {
+  auto rss_kib = [] {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6));
+    return 0ull;
+  };
+  ComchServerOptions o;
+  o.max_import_bytes_per_connection = 512ull << 20;
+  o.max_import_bytes_total = 768ull << 20;
+  start_server(o);
+  const unsigned long long before = rss_kib();
+  pid_t a = peer({"sparse-export", path_, "512"});
+  ASSERT_TRUE(pump_until([&] { return ev_.exports.size() == 1; }));
+  EXPECT_EQ(ev_.exports[0]->length(), 512ull << 20);
+  EXPECT_LT(rss_kib(), before + (64ull << 10)) << "the import populated the sparse memfd";
+  EXPECT_EQ(srv_->import_bytes_all(), 512ull << 20);
+
+  // 512 more would pass the limit for all connections: that peer is closed.
+  pid_t b = peer({"sparse-export", path_, "512"});
+  EXPECT_EQ(wait_child(b), 0);
+  ASSERT_TRUE(pump_until([&] { return ev_.disconnected.size() == 1; }));
+  EXPECT_EQ(ev_.disconnected[0].second, Code::kNotPermitted);
+  EXPECT_EQ(ev_.exports.size(), 1u);
+
+  // 256 fit: 768 over both.
+  pid_t c = peer({"sparse-export", path_, "256"});
+  ASSERT_TRUE(pump_until([&] { return ev_.exports.size() == 2; }));
+  EXPECT_EQ(srv_->import_bytes_all(), 768ull << 20);
+  // Other memory a connection shares counts too (the agent's GPU exports).
+  ev_.connected[0]->set_other_import_bytes(1);
+  const char* why = nullptr;
+  EXPECT_FALSE(srv_->import_fits(ev_.connected[2], 0, &why));
+  ASSERT_NE(why, nullptr);
+  EXPECT_NE(std::string(why).find("all clients"), std::string::npos);
+  ev_.connected[0]->set_other_import_bytes(0);
+  EXPECT_TRUE(srv_->import_fits(ev_.connected[2], 0, &why));
+  (void)a;
+  (void)c;
 }
 
 TEST_F(ComchTest, KilledClientReleasesEverything) {

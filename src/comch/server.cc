@@ -118,6 +118,12 @@ void ComchServer::do_stop() {
   for (ComchConnection* c : all) close_connection(c, Code::kShutdown, "server stopping");
 }
 
+uint64_t ComchServer::import_bytes_all() const {
+  uint64_t n = 0;
+  for (const auto& [id, c] : conns_) n += c->imported_bytes() + c->other_import_bytes();
+  return n;
+}
+
 void ComchServer::disconnect(ComchConnection* c) {
   close_connection(c, Code::kConnectionReset, "closed by server");
 }

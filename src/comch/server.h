@@ -32,6 +32,7 @@ class ComchServer final : public ComchBase {
   uint64_t refused() const { return refused_; }
   // Closes one client (e.g. for breaking policy). Its disconnect event follows.
   void disconnect(ComchConnection* c);
+  uint64_t import_bytes_all() const override;
 
  private:
   ComchServer(ProgressEngine* pe, const ComchServerOptions& opts);

@@ -95,10 +95,11 @@ Status Mmap::import(const void* desc_bytes, size_t desc_len, int fd, std::unique
     return Code::kNotPermitted;
   }
   const bool rw = d.access == kAccessExportReadWrite;
-  // MAP_POPULATE: the importer's page tables are its own; fault them in now, not on
-  // the data path (a first touch costs a minor fault per 4 KiB page).
-  void* p = mmap(nullptr, map_len, rw ? PROT_READ | PROT_WRITE : PROT_READ,
-                 MAP_SHARED | MAP_POPULATE, fd, static_cast<off_t>(d.fd_offset));
+  // Not populated: the exporter may hand over a sparse file, and populating it here
+  // would allocate all of it, on the importer's (the agent's progress) thread. A
+  // page is faulted in where it is first copied, by the thread copying it.
+  void* p = mmap(nullptr, map_len, rw ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd,
+                 static_cast<off_t>(d.fd_offset));
   if (p == MAP_FAILED) {
     LOG_WARN("import: mmap: %s", std::strerror(errno));
     return Code::kNoMemory;

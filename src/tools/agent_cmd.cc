@@ -299,8 +299,11 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
       {"--pin-timeout-ms", "pin_timeout_ms",
        "Lookup pins (a connector's lease on a hit) expire after this (default 30000)"},
       {"--max-staging-size", "max_staging_size",
-       "Staging memory one client may export, GiB or bytes with a unit (default: half the "
-       "available RAM)"},
+       "Staging memory one client may export, host and GPU together, GiB or bytes with a unit "
+       "(default: half the available RAM)"},
+      {"--max-staging-total", "max_staging_total",
+       "Staging memory all clients together may export (default: half the available RAM, at "
+       "least --max-staging-size)"},
       {"--cluster", "cluster",
        "Join the cluster whose directory is this Redis: redis://[USER@]HOST:PORT (default: no "
        "cluster). The Redis must be private to the cluster: whoever can write to it can "
