@@ -1,5 +1,7 @@
 #include "agent/agent.h"
 
+#include <sys/random.h>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
@@ -26,7 +28,10 @@ struct Agent::Session {
   bool gone = false;
   uint32_t pending = 0;  // batches in flight
   std::vector<ChunkKey> pinned;
-  GpuService::Exports gpu;   // GPU memory it exported
+  GpuService::Exports gpu;  // GPU memory it exported
+  // The proof its next GPU export must hold (kGpuProof), while has_proof.
+  uint8_t proof[agent::kGpuProofBytes] = {};
+  bool has_proof = false;
   bool subscribed = false;   // sent the event feed
   bool events_lost = false;  // a batch could not be sent: the next one says so
 };
@@ -446,6 +451,7 @@ const Agent::OpHandler Agent::kOps[] = {
     {Op::kGpuExport, &one_gpu_export, &Agent::on_gpu_export},
     {Op::kGpuRelease, &one_map_id, &Agent::on_gpu_release},
     {Op::kSubscribe, &empty, &Agent::on_subscribe},
+    {Op::kGpuProof, &empty, &Agent::on_gpu_proof},
     // kEvents is the agent's to send, never a request: it has no row.
 };
 
@@ -623,6 +629,16 @@ void Agent::on_gpu_export(Session* s, const AgentHeader& h, const uint8_t* body,
   reply(s, h, st, why.data(), static_cast<uint32_t>(why.size()));
 }
 
+void Agent::on_gpu_proof(Session* s, const AgentHeader& h, const uint8_t*, uint32_t) {
+  if (::getrandom(s->proof, sizeof(s->proof), 0) != static_cast<ssize_t>(sizeof(s->proof))) {
+    s->has_proof = false;
+    reply(s, h, Code::kIoFailed, nullptr, 0);
+    return;
+  }
+  s->has_proof = true;
+  reply(s, h, Code::kSuccess, s->proof, sizeof(s->proof));
+}
+
 void Agent::on_gpu_release(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t) {
   uint64_t map_id;
   std::memcpy(&map_id, body, sizeof(map_id));
@@ -660,8 +676,10 @@ Status Agent::gpu_export(Session* s, const uint8_t* body, uint32_t len, std::str
            ", max_staging_total " + std::to_string(opts_.max_staging_total_bytes) + " bytes)";
     st = Code::kTooBig;
   } else {
-    st = gpu_->add(&s->gpu, e, s->conn->imported_bytes(), opts_.max_staging_bytes, why);
+    st = gpu_->add(&s->gpu, e, s->has_proof ? s->proof : nullptr, s->conn->imported_bytes(),
+                   opts_.max_staging_bytes, why);
   }
+  s->has_proof = false;  // one export per proof
   s->conn->set_other_import_bytes(s->gpu.bytes);
   if (st.ok()) {
     APP_LOG_INFO("agent: client pid %d exported %llu bytes of GPU memory",

@@ -96,6 +96,7 @@ class Agent {
   static const OpHandler kOps[];
   static bool key_allowed(const Session* s, const ChunkKey& k);
   void on_hello(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
+  void on_gpu_proof(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   void on_io(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   void on_lookup(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   void on_keys(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);

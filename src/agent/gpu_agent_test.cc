@@ -89,6 +89,36 @@ ChunkKey key(uint64_t i) {
   return key_from_block_id(KeyContext{model_id("gpu-test"), 1, 0, 0}, i);
 }
 
+// A raw GPU_PROOF request: the session's proof for its next export.
+std::vector<uint8_t> gpu_proof(Client* c) {
+  agent::AgentHeader hdr{};
+  hdr.op = static_cast<uint16_t>(agent::Op::kGpuProof);
+  hdr.version = agent::kProtocolVersion;
+  hdr.request_id = 776;
+  std::vector<uint8_t> resp;
+  EXPECT_TRUE(c->raw_request(&hdr, sizeof(hdr), &resp).ok());
+  EXPECT_EQ(resp.size(), sizeof(hdr) + agent::kGpuProofBytes);
+  if (resp.size() < sizeof(hdr)) return {};
+  return std::vector<uint8_t>(resp.begin() + sizeof(hdr), resp.end());
+}
+
+// A raw GPU_EXPORT request, as any client could send it; its status and text.
+Status gpu_export_raw(Client* c, const agent::GpuExportEntry& e, std::string* text) {
+  agent::AgentHeader hdr{};
+  hdr.op = static_cast<uint16_t>(agent::Op::kGpuExport);
+  hdr.version = agent::kProtocolVersion;
+  hdr.count = 1;
+  hdr.request_id = 777;
+  std::vector<uint8_t> msg(sizeof(hdr) + sizeof(e));
+  std::memcpy(msg.data(), &hdr, sizeof(hdr));
+  std::memcpy(msg.data() + sizeof(hdr), &e, sizeof(e));
+  std::vector<uint8_t> resp;
+  EXPECT_TRUE(c->raw_request(msg.data(), static_cast<uint32_t>(msg.size()), &resp).ok());
+  if (resp.size() < sizeof(hdr)) return Status(Code::kCorrupted);
+  text->assign(resp.begin() + sizeof(hdr), resp.end());
+  return Status(static_cast<Code>(resp[offsetof(agent::AgentHeader, status)]));
+}
+
 class GpuAgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -258,20 +288,12 @@ TEST_F(GpuAgentTest, BadExportsAreRefusedAndTheSessionGoesOn) {
   ASSERT_EQ(other.driver().ipc_get_mem_handle(&h, other.ptr()), kCudaSuccess);
   CUuuid uuid;
   ASSERT_EQ(other.driver().device_get_uuid(&uuid, 0), kCudaSuccess);
+  // As a client must: a proof first, written where the range starts (when that is
+  // inside `other`), then the export.
   auto send = [&](agent::GpuExportEntry e, std::string* text) {
-    agent::AgentHeader hdr{};
-    hdr.op = static_cast<uint16_t>(agent::Op::kGpuExport);
-    hdr.version = agent::kProtocolVersion;
-    hdr.count = 1;
-    hdr.request_id = 777;
-    std::vector<uint8_t> msg(sizeof(hdr) + sizeof(e));
-    std::memcpy(msg.data(), &hdr, sizeof(hdr));
-    std::memcpy(msg.data() + sizeof(hdr), &e, sizeof(e));
-    std::vector<uint8_t> resp;
-    EXPECT_TRUE(client_->raw_request(msg.data(), static_cast<uint32_t>(msg.size()), &resp).ok());
-    if (resp.size() < sizeof(hdr)) return Status(Code::kCorrupted);
-    text->assign(resp.begin() + sizeof(hdr), resp.end());
-    return Status(static_cast<Code>(resp[offsetof(agent::AgentHeader, status)]));
+    const std::vector<uint8_t> proof = gpu_proof(client_.get());
+    if (e.offset < (1 << 20) - proof.size()) other.write(e.offset, proof);
+    return gpu_export_raw(client_.get(), e, text);
   };
   auto good = [&] {
     agent::GpuExportEntry e{};
@@ -350,7 +372,8 @@ TEST_F(GpuAgentTest, BadExportsAreRefusedAndTheSessionGoesOn) {
 // the agent goes on.
 TEST_F(GpuAgentTest, AFailedCopyFailsItsRequestOnly) {
   if (!double_driver()) GTEST_SKIP() << "needs the test double's fault injection";
-  start_agent("copy_once");
+  // The first copy of the agent's is the export's proof read; the second fails.
+  start_agent("copy_nth=2");
   DeviceMemory dev(1 << 20);
   GpuStaging g;
   std::string why;
@@ -365,7 +388,7 @@ TEST_F(GpuAgentTest, AFailedCopyFailsItsRequestOnly) {
   stop_agent();
 
   // On retrieve: the chunk was stored from host memory; the GPU copy out fails once.
-  start_agent("copy_once");
+  start_agent("copy_nth=2");
   Staging host;
   ASSERT_TRUE(client_->alloc_staging(1 << 20, &host).ok());
   const std::vector<uint8_t> b = pattern(7000, 2);
@@ -376,6 +399,96 @@ TEST_F(GpuAgentTest, AFailedCopyFailsItsRequestOnly) {
   EXPECT_EQ(one(false, g.staging(), key(2), 0, 7000), Code::kSuccess);
   EXPECT_EQ(dev.read(0, 7000), b);
   EXPECT_EQ(stat("checksum_failures"), "0");
+}
+
+// Issue 34.6: a CUDA IPC handle names an allocation, not who may use it, and the
+// agent opened any handle a client sent: a forged one (here: the handle of another
+// process's memory, as its pid, fd and id would be guessed) read and overwrote that
+// process's memory. Now an export must prove the sender holds the memory.
+TEST(GpuAgentChild, HoldsDeviceMemory) {
+  if (std::getenv("DPUKV_GPU_VICTIM") == nullptr) GTEST_SKIP() << "run by AForgedHandle...";
+  DeviceMemory mine(1 << 20);
+  mine.write(0, pattern(1 << 20, 77));
+  CUipcMemHandle h;
+  ASSERT_EQ(mine.driver().ipc_get_mem_handle(&h, mine.ptr()), kCudaSuccess);
+  for (char b : h.reserved) std::printf("%02x", static_cast<uint8_t>(b));
+  std::printf("\n");
+  std::fflush(stdout);
+  char line[8];
+  while (std::fgets(line, sizeof(line), stdin) != nullptr) {
+  }
+  // Stdin closed: the parent is done. Its bytes must be as they were.
+  EXPECT_EQ(mine.read(0, 1 << 20), pattern(1 << 20, 77)) << "another process wrote here";
+}
+
+TEST_F(GpuAgentTest, AForgedHandleOfAnotherProcesssMemoryIsRefused) {
+  start_agent();
+  int out[2], in[2];
+  ASSERT_EQ(pipe(out), 0);
+  ASSERT_EQ(pipe(in), 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  posix_spawn_file_actions_addclose(&fa, in[1]);
+  const pid_t victim =
+      cuda_test::spawn_test("GpuAgentChild.HoldsDeviceMemory", {"DPUKV_GPU_VICTIM=1"}, &fa);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(out[1]);
+  ::close(in[0]);
+  ASSERT_GT(victim, 0);
+  // The handle, as the attacker learned or guessed it.
+  // Its handle is the line of 128 hex digits among gtest's.
+  std::string hex, line;
+  char c;
+  while (hex.empty() && ::read(out[0], &c, 1) == 1) {
+    if (c != '\n') {
+      line += c;
+      continue;
+    }
+    if (line.size() == 128 && line.find_first_not_of("0123456789abcdef") == std::string::npos)
+      hex = line;
+    line.clear();
+  }
+  ASSERT_EQ(hex.size(), 128u) << "the victim printed no handle";
+  agent::GpuExportEntry e{};
+  e.map_id = agent::kGpuMapBit | 900;
+  e.bytes = 1 << 20;
+  CUuuid uuid;
+  DeviceMemory own(1 << 20);  // the attacker's driver, for its device's UUID
+  ASSERT_EQ(own.driver().device_get_uuid(&uuid, 0), kCudaSuccess);
+  std::memcpy(e.device_uuid, uuid.bytes, 16);
+  for (size_t i = 0; i < 64; ++i)
+    e.handle[i] = static_cast<uint8_t>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
+
+  std::string text;
+  // Without a proof: refused before the handle is opened.
+  EXPECT_EQ(gpu_export_raw(client_.get(), e, &text), Code::kNotPermitted);
+  EXPECT_NE(text.find("no proof"), std::string::npos) << text;
+  // With this session's proof, which the victim's memory does not hold (the
+  // attacker can write it only into memory of its own).
+  const std::vector<uint8_t> proof = gpu_proof(client_.get());
+  own.write(0, proof);
+  EXPECT_EQ(gpu_export_raw(client_.get(), e, &text), Code::kNotPermitted);
+  EXPECT_NE(text.find("not the sender's memory"), std::string::npos) << text;
+  // So the map id names nothing: no copy into or out of the victim's memory.
+  const GpuStaging forged{0, 1 << 20, 0, e.map_id};
+  EXPECT_EQ(one(true, forged.staging(), key(1), 0, 4096), Code::kNotPermitted);
+  EXPECT_EQ(one(false, forged.staging(), key(1), 0, 4096), Code::kNotPermitted);
+  EXPECT_EQ(stat("gpu_exports"), "0");
+  // The session goes on, and its own memory, with its proof, is taken.
+  GpuStaging g;
+  std::string why;
+  ASSERT_TRUE(client_->export_gpu(own.ptr(), 1 << 20, 0, &g, &why).ok()) << why;
+  EXPECT_EQ(own.read(0, proof.size()), proof) << "the export did not put the range's bytes back";
+  ::close(in[1]);                       // the victim checks its bytes and exits
+  while (::read(out[0], &c, 1) == 1) {  // its report (a closed pipe would kill it first)
+  }
+  ::close(out[0]);
+  int status = 0;
+  reap_child(victim, &status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the victim's bytes changed";
 }
 
 // The other side of KilledClientIsReleased: exports GPU memory, keeps retrieves in

@@ -69,8 +69,8 @@ bool GpuService::idle() const {
   return !engine_ || engine_->state() == CtxState::kIdle;
 }
 
-Status GpuService::add(Exports* x, const agent::GpuExportEntry& e, uint64_t host_bytes,
-                       uint64_t limit, std::string* why) {
+Status GpuService::add(Exports* x, const agent::GpuExportEntry& e, const uint8_t* proof,
+                       uint64_t host_bytes, uint64_t limit, std::string* why) {
   auto refuse = [&](Status st, std::string text) {
     ++counters_.exports_refused;
     *why = std::move(text);
@@ -88,13 +88,17 @@ Status GpuService::add(Exports* x, const agent::GpuExportEntry& e, uint64_t host
   if (limit != 0 && (e.bytes > limit || host_bytes + x->bytes > limit - e.bytes))
     return refuse(Code::kTooBig, "the client's staging limit of " + std::to_string(limit) +
                                      " bytes would be passed");
+  if (proof == nullptr)
+    return refuse(Code::kNotPermitted,
+                  "no proof asked for (kGpuProof) before this export: a GPU export must show "
+                  "the sender holds the memory");
   GpuRegionDesc d;
   std::memcpy(d.handle.reserved, e.handle, sizeof(e.handle));
   std::memcpy(d.device_uuid, e.device_uuid, sizeof(d.device_uuid));
   d.offset = e.offset;
   d.bytes = e.bytes;
   uint64_t region = 0;
-  Status st = engine_->import(d, &region, why);
+  Status st = engine_->import(d, proof, agent::kGpuProofBytes, &region, why);
   if (!st.ok()) {
     ++counters_.exports_refused;
     return st;

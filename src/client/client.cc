@@ -136,9 +136,10 @@ Status Client::open_channel(uint32_t timeout_ms) {
   }
   // GPU exports too. One the new agent refuses (no GPU path there) is logged and
   // its requests are refused by the agent: the session itself goes on.
-  for (const agent::GpuExportEntry& e : gpu_exports_) {
+  for (const GpuExport& x : gpu_exports_) {
+    const agent::GpuExportEntry& e = x.e;
     std::string why;
-    Status st = send_gpu_export(e, &why);
+    Status st = send_gpu_export(x, &why);
     if (st == Code::kConnectionReset || st == Code::kTimeout) return st;
     if (!st.ok())
       LOG_WARN("client: GPU staging of %llu bytes not exported again: %s (%s)",
@@ -148,13 +149,59 @@ Status Client::open_channel(uint32_t timeout_ms) {
   return Code::kSuccess;
 }
 
-Status Client::send_gpu_export(const agent::GpuExportEntry& e, std::string* why) {
+Status Client::send_gpu_export(const GpuExport& x, std::string* why) {
   std::vector<uint8_t> resp;
-  Status st = call(Op::kGpuExport, 0, &e, sizeof(e), 1, &resp);
+  DPUKV_RETURN_IF_ERROR(call(Op::kGpuProof, 0, nullptr, 0, 0, &resp));
+  if (resp.size() != sizeof(AgentHeader) + agent::kGpuProofBytes) {
+    *why = "the agent's proof has the wrong size";
+    return Code::kCorrupted;
+  }
+  uint8_t old[agent::kGpuProofBytes];
+  DPUKV_RETURN_IF_ERROR(write_device(x.device_ptr, x.device, resp.data() + sizeof(AgentHeader), old,
+                                     sizeof(old), why));
+  resp.clear();
+  Status st = call(Op::kGpuExport, 0, &x.e, sizeof(x.e), 1, &resp);
   if (!st.ok() && resp.size() > sizeof(AgentHeader))
     why->assign(reinterpret_cast<const char*>(resp.data()) + sizeof(AgentHeader),
                 resp.size() - sizeof(AgentHeader));
+  std::string restore_why;
+  const Status restored =
+      write_device(x.device_ptr, x.device, old, nullptr, sizeof(old), &restore_why);
+  if (!restored.ok() && st.ok()) {
+    *why = restore_why;
+    return restored;
+  }
   return st;
+}
+
+// Copies n bytes to device memory (first saving what was there into old, when not
+// null), with every earlier piece of work of the context finished first: the
+// range may be staging a stream of the caller's still reads (after a reconnect).
+Status Client::write_device(uint64_t device_ptr, int device, const void* src, void* old, size_t n,
+                            std::string* why) {
+  if (!cuda_) DPUKV_RETURN_IF_ERROR(cuda::Driver::open(&cuda_, why));
+  using namespace cuda;  // NOLINT(google-build-using-namespace): the driver's names
+  const Driver& d = *cuda_;
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  CUresult r = d.device_get(&dev, device);
+  if (r == kCudaSuccess) r = d.primary_ctx_retain(&ctx, dev);
+  if (r != kCudaSuccess) {
+    *why = "CUDA device " + std::to_string(device) + ": " + d.error_name(r);
+    return Driver::to_status(r);
+  }
+  r = d.ctx_set_current(ctx);
+  if (r == kCudaSuccess) r = d.ctx_synchronize();
+  if (r == kCudaSuccess && old != nullptr) r = d.memcpy_dtoh_async(old, device_ptr, n, nullptr);
+  if (r == kCudaSuccess) r = d.stream_synchronize(nullptr);
+  if (r == kCudaSuccess) r = d.memcpy_htod_async(device_ptr, src, n, nullptr);
+  if (r == kCudaSuccess) r = d.stream_synchronize(nullptr);
+  (void)d.primary_ctx_release(dev);
+  if (r != kCudaSuccess) {
+    *why = "writing the export's proof into GPU memory: " + d.error_name(r);
+    return Driver::to_status(r);
+  }
+  return Code::kSuccess;
 }
 
 void Client::take_event_message(const AgentHeader& h, const uint8_t* body, uint32_t len) {
@@ -209,6 +256,11 @@ Status Client::export_gpu(uint64_t device_ptr, size_t bytes, int device, GpuStag
     *why = "no memory named";
     return Code::kInvalidValue;
   }
+  if (bytes < agent::kGpuProofBytes) {
+    *why = "a GPU export is at least " + std::to_string(agent::kGpuProofBytes) +
+           " bytes (it carries the proof the sender holds it)";
+    return Code::kInvalidValue;
+  }
   std::lock_guard<std::mutex> g(mu_);
   DPUKV_RETURN_IF_ERROR(ensure_connected());
   if (!agent_gpu_) {
@@ -252,8 +304,9 @@ Status Client::export_gpu(uint64_t device_ptr, size_t bytes, int device, GpuStag
   e.bytes = bytes;
   std::memcpy(e.device_uuid, uuid.bytes, sizeof(e.device_uuid));
   std::memcpy(e.handle, h.reserved, sizeof(e.handle));
-  DPUKV_RETURN_IF_ERROR(send_gpu_export(e, why));
-  gpu_exports_.push_back(e);
+  const GpuExport x{e, device_ptr, device};
+  DPUKV_RETURN_IF_ERROR(send_gpu_export(x, why));
+  gpu_exports_.push_back(x);
   *out = GpuStaging{device_ptr, bytes, device, e.map_id};
   return Code::kSuccess;
 }
@@ -261,7 +314,7 @@ Status Client::export_gpu(uint64_t device_ptr, size_t bytes, int device, GpuStag
 Status Client::release_gpu(const GpuStaging& gs) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = std::find_if(gpu_exports_.begin(), gpu_exports_.end(),
-                         [&](const agent::GpuExportEntry& e) { return e.map_id == gs.id; });
+                         [&](const GpuExport& x) { return x.e.map_id == gs.id; });
   if (it == gpu_exports_.end()) return Code::kNotFound;
   gpu_exports_.erase(it);
   DPUKV_RETURN_IF_ERROR(ensure_connected());
@@ -295,7 +348,7 @@ Status Client::alloc_staging(size_t bytes, Staging* out) {
   {
     std::lock_guard<std::mutex> g(mu_);
     for (const auto& m : staging_) have += m.map->length();
-    for (const agent::GpuExportEntry& e : gpu_exports_) have += e.bytes;  // one cap for both
+    for (const GpuExport& x : gpu_exports_) have += x.e.bytes;  // one cap for both
   }
   if (max_staging_ != 0 && (bytes > max_staging_ || have + bytes > max_staging_)) {
     LOG_ERR(

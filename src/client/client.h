@@ -82,6 +82,9 @@ class Client {
   // NOT_PERMITTED: the agent does not see this GPU; INVALID_VALUE: not device
   // memory, or the range leaves its allocation. *why (may be null) says which.
   // The export is made again when the client reconnects to a restarted agent.
+  // The agent opens only memory that proves it is the sender's: the export (and
+  // each one again) waits for the context's work to finish, writes the agent's
+  // proof into the range's first 16 bytes and puts their bytes back after.
   Status export_gpu(uint64_t device_ptr, size_t bytes, int device, GpuStaging* out,
                     std::string* why = nullptr);
   // Closes an export at the agent (the memory itself stays the caller's).
@@ -173,12 +176,21 @@ class Client {
   // Responses arrive on the channel's callback; the waiting call picks its own.
   std::vector<std::pair<uint64_t, std::vector<uint8_t>>> responses_;
   bool lost_ = false;
-  uint64_t max_staging_ = 0;                        // from the agent's HELLO reply
-  bool agent_gpu_ = false;                          // the same: the agent copies GPU memory
-  std::unique_ptr<cuda::Driver> cuda_;              // loaded at the first GPU export
-  std::vector<agent::GpuExportEntry> gpu_exports_;  // made again on reconnect
+  uint64_t max_staging_ = 0;            // from the agent's HELLO reply
+  bool agent_gpu_ = false;              // the same: the agent copies GPU memory
+  std::unique_ptr<cuda::Driver> cuda_;  // loaded at the first GPU export
+  struct GpuExport {
+    agent::GpuExportEntry e;
+    uint64_t device_ptr;  // where the range starts: the proof is written there
+    int device;
+  };
+  std::vector<GpuExport> gpu_exports_;  // made again on reconnect
   uint64_t next_gpu_id_ = 1;
-  Status send_gpu_export(const agent::GpuExportEntry& e, std::string* why);
+  // Asks for a proof, writes it at the range's start (the range's own bytes are
+  // put back after), and exports (agent_wire.h, kGpuProof).
+  Status send_gpu_export(const GpuExport& x, std::string* why);
+  Status write_device(uint64_t device_ptr, int device, const void* src, void* old, size_t n,
+                      std::string* why);
   void take_event_message(const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   bool subscribed_ = false;
   std::vector<agent::ChunkEvent> events_;  // arrived, not taken

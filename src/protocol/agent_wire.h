@@ -33,7 +33,8 @@ enum class Op : uint16_t {
                      // prefill-to-decode transfer); response: a status byte per key,
                      // SUCCESS once the destination holds it
   kGpuExport = 12,   // entry: GpuExportEntry; the client's GPU memory, by CUDA IPC
-                     // handle. Response: status, and on failure the reason as text.
+                     // handle, its first kGpuProofBytes holding the session's proof
+                     // (kGpuProof). Response: status, and on failure the reason as text.
                      // NOT_SUPPORTED: the agent has no GPU path (HelloReply says so).
   kGpuRelease = 13,  // entry: u64 map id of a GPU export; the agent closes it
   kSubscribe = 14,   // no entries: from now on the agent sends this session EVENTS
@@ -41,7 +42,16 @@ enum class Op : uint16_t {
                      // count ChunkEvents, chunks of the session's model (all: model
                      // 0) that became present or left every tier, in order;
                      // flags & kEventsLost: some were dropped before these
+  kGpuProof = 16,    // no entries; response: kGpuProofBytes random bytes, the session's
+                     // proof for its next kGpuExport (one use; a new one replaces it)
 };
+
+// A CUDA IPC handle names an allocation, not who may use it: any process that
+// learns or guesses one can open it. So a GPU export must prove the sender holds the
+// memory: it asks for a proof (kGpuProof), writes it at the start of the range it
+// exports, and exports; the agent opens the handle, reads those bytes and refuses
+// the export (NOT_PERMITTED) unless they are the session's proof.
+inline constexpr uint32_t kGpuProofBytes = 16;
 
 inline constexpr uint16_t kEventsLost = 1;
 

@@ -55,6 +55,7 @@ Status Driver::open_library(const std::string& library, std::unique_ptr<Driver>*
   sym(&d->stream_create, "cuStreamCreate");
   sym(&d->stream_destroy, "cuStreamDestroy_v2");
   sym(&d->stream_synchronize, "cuStreamSynchronize");
+  sym(&d->ctx_synchronize, "cuCtxSynchronize");
   sym(&d->event_create, "cuEventCreate");
   sym(&d->event_record, "cuEventRecord");
   sym(&d->event_query, "cuEventQuery");

@@ -87,6 +87,7 @@ class Driver {
   CUresult (*primary_ctx_retain)(CUcontext* ctx, CUdevice dev) = nullptr;
   CUresult (*primary_ctx_release)(CUdevice dev) = nullptr;
   CUresult (*ctx_set_current)(CUcontext ctx) = nullptr;
+  CUresult (*ctx_synchronize)() = nullptr;
   CUresult (*mem_alloc)(CUdeviceptr* dptr, size_t bytes) = nullptr;
   CUresult (*mem_free)(CUdeviceptr dptr) = nullptr;
   CUresult (*mem_get_address_range)(CUdeviceptr* base, size_t* size, CUdeviceptr dptr) = nullptr;

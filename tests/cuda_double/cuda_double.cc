@@ -15,7 +15,8 @@
 //  - Faults are injected with DPUKV_CUDA_DOUBLE_FAULT (comma list; read at cuInit,
 //    for processes a test starts) or dpukv_cuda_double_fault() (same names):
 //    init (cuInit: CUDA_ERROR_NO_DEVICE), copy (every copy: CUDA_ERROR_ILLEGAL_ADDRESS
-//    when it runs), copy_once (the next copy only), register (cuMemHostRegister:
+//    when it runs), copy_once (the next copy only), copy_nth=N (the Nth copy from
+//    now only), register (cuMemHostRegister:
 //    CUDA_ERROR_OUT_OF_MEMORY, as when the locked-memory limit is reached), uuid=HEX32
 //    (this process's device has that UUID: a foreign device to another process).
 #include <fcntl.h>
@@ -101,7 +102,8 @@ struct State {
   std::mutex mu;
   std::condition_variable cv;
   bool initialised = false;
-  bool fault_init = false, fault_copy = false, fault_copy_once = false, fault_register = false;
+  bool fault_init = false, fault_copy = false, fault_register = false;
+  int fault_copy_in = 0;  // > 0: the copy that many from now fails (once)
   char uuid[16] = {'d', 'p', 'u', 'k', 'v', '-', 'd', 'o', 'u', 'b', 'l', 'e', '-', 'g', 'p', 'u'};
   std::map<uintptr_t, Alloc> allocs;  // by base address
   std::map<uintptr_t, size_t> registered;
@@ -119,9 +121,13 @@ State& g = *new State;
 void apply_fault(const std::string& f) {
   if (f == "init") g.fault_init = true;
   if (f == "copy") g.fault_copy = true;
-  if (f == "copy_once") g.fault_copy_once = true;
+  if (f == "copy_once") g.fault_copy_in = 1;
+  if (f.rfind("copy_nth=", 0) == 0) g.fault_copy_in = std::atoi(f.c_str() + 9);
   if (f == "register") g.fault_register = true;
-  if (f == "none") g.fault_init = g.fault_copy = g.fault_copy_once = g.fault_register = false;
+  if (f == "none") {
+    g.fault_init = g.fault_copy = g.fault_register = false;
+    g.fault_copy_in = 0;
+  }
   if (f.rfind("uuid=", 0) == 0 && f.size() == 5 + 32)
     for (int i = 0; i < 16; ++i)
       g.uuid[i] = static_cast<char>(std::stoi(f.substr(5 + 2 * i, 2), nullptr, 16));
@@ -383,8 +389,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CU
   std::lock_guard<std::mutex> lk(g.mu);
   if (src == nullptr || find(static_cast<uintptr_t>(dst), bytes, nullptr) == nullptr)
     return kInvalidValue;
-  const bool fail = g.fault_copy || g.fault_copy_once;
-  g.fault_copy_once = false;
+  const bool fail = g.fault_copy || (g.fault_copy_in > 0 && --g.fault_copy_in == 0);
   return enqueue(s, Op{Op::kCopy, reinterpret_cast<void*>(dst), src, bytes, fail, nullptr});
 }
 
@@ -392,8 +397,7 @@ CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, CUstream
   std::lock_guard<std::mutex> lk(g.mu);
   if (dst == nullptr || find(static_cast<uintptr_t>(src), bytes, nullptr) == nullptr)
     return kInvalidValue;
-  const bool fail = g.fault_copy || g.fault_copy_once;
-  g.fault_copy_once = false;
+  const bool fail = g.fault_copy || (g.fault_copy_in > 0 && --g.fault_copy_in == 0);
   return enqueue(s, Op{Op::kCopy, dst, reinterpret_cast<const void*>(src), bytes, fail, nullptr});
 }
 
@@ -417,6 +421,20 @@ CUresult cuStreamDestroy_v2(CUstream_st* s) {
       break;
     }
   delete s;
+  return kSuccess;
+}
+
+// cuCtxSynchronize: "Blocks until the device has completed all preceding requested
+// tasks" (every stream of the context).
+CUresult cuCtxSynchronize() {
+  std::unique_lock<std::mutex> lk(g.mu);
+  auto idle = [] {
+    if (!g.legacy.s.ops.empty()) return false;
+    for (CUstream_st* s : g.streams)
+      if (!s->s.ops.empty()) return false;
+    return true;
+  };
+  g.cv.wait(lk, idle);
   return kSuccess;
 }
 

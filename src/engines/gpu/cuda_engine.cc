@@ -122,16 +122,18 @@ Status CudaEngine::register_host(void* p, uint64_t bytes, std::string* why) {
   return Code::kSuccess;
 }
 
-Status CudaEngine::import(const GpuRegionDesc& d, uint64_t* id, std::string* why) {
-  if (id == nullptr) return Code::kInvalidValue;
+Status CudaEngine::import(const GpuRegionDesc& d, const uint8_t* proof, uint32_t proof_len,
+                          uint64_t* id, std::string* why) {
+  if (id == nullptr || proof == nullptr || proof_len == 0 || proof_len > 64)
+    return Code::kInvalidValue;
   if (std::memcmp(d.device_uuid, uuid_, 16) != 0) {
     ++counters_.refused;
     *why = "the region is on a GPU this agent's driver does not see (another device UUID)";
     return Code::kNotPermitted;
   }
-  if (d.bytes == 0 || d.offset + d.bytes < d.offset) {
+  if (d.bytes < proof_len || d.offset + d.bytes < d.offset) {
     ++counters_.refused;
-    *why = "an empty or wrapping range";
+    *why = "a range shorter than its proof, or wrapping";
     return Code::kInvalidValue;
   }
   (void)drv_->ctx_set_current(ctx_);
@@ -153,10 +155,31 @@ Status CudaEngine::import(const GpuRegionDesc& d, uint64_t* id, std::string* why
            ") is outside its allocation of " + std::to_string(alloc_bytes) + " bytes";
     return Code::kInvalidValue;
   }
+  if (!holds_proof(base + d.offset, proof, proof_len)) {
+    (void)drv_->ipc_close_mem_handle(base);
+    ++counters_.refused;
+    *why =
+        "the exported memory does not hold this session's proof: not the sender's memory "
+        "(a handle of another process's allocation), or the proof was not written there";
+    return Code::kNotPermitted;
+  }
   *id = next_region_++;
   regions_[*id] = Region{base, d.offset, d.bytes, 0, false};
   ++counters_.imports;
   return Code::kSuccess;
+}
+
+bool CudaEngine::holds_proof(CUdeviceptr at, const uint8_t* proof, uint32_t len) {
+  uint8_t got[64];
+  CUstream s = nullptr;
+  if (drv_->stream_create(&s, kStreamNonBlocking) != kCudaSuccess) return false;
+  CUresult r = drv_->memcpy_dtoh_async(got, at, len, s);
+  const CUresult sync = drv_->stream_synchronize(s);
+  (void)drv_->stream_destroy(s);
+  if (r != kCudaSuccess || sync != kCudaSuccess) return false;
+  uint8_t diff = 0;  // every byte compared: the time says nothing of where they differ
+  for (uint32_t i = 0; i < len; ++i) diff |= static_cast<uint8_t>(got[i] ^ proof[i]);
+  return diff == 0;
 }
 
 void CudaEngine::close_region(uint64_t id) {

@@ -64,9 +64,13 @@ class CudaEngine final : public Context, public DeviceCopier {
   // Host memory copies may use (the agent's arena): pinned with the driver once.
   Status register_host(void* p, uint64_t bytes, std::string* why);
   // Opens a client's region; *id names it in copies. NOT_PERMITTED: a device this
-  // driver does not see; INVALID_VALUE: a handle that does not open or a range
-  // outside its allocation (why says which).
-  Status import(const GpuRegionDesc& d, uint64_t* id, std::string* why);
+  // driver does not see, or a region whose first proof_len bytes are not `proof`
+  // (the sender does not hold that memory: agent_wire.h, kGpuProof); INVALID_VALUE:
+  // a handle that does not open, a range outside its allocation or shorter than
+  // the proof (why says which). Reading the proof is a synchronous 16-byte copy on
+  // a stream of its own: an export is a control-path request, once per staging.
+  Status import(const GpuRegionDesc& d, const uint8_t* proof, uint32_t proof_len, uint64_t* id,
+                std::string* why);
   // Closes a region (its session ended, or its client died): at once, or when its
   // copies in flight have finished.
   Status release(uint64_t id);
@@ -130,6 +134,8 @@ class CudaEngine final : public Context, public DeviceCopier {
   void arrive(Copy* c);
   void finish(Copy* c);
   void close_region(uint64_t id);
+  // Whether device memory at `at` holds `proof` (import's check of the sender).
+  bool holds_proof(cuda::CUdeviceptr at, const uint8_t* proof, uint32_t len);
 
   CudaEngineOptions opts_;
   std::unique_ptr<cuda::Driver> drv_;

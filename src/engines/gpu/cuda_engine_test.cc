@@ -128,6 +128,13 @@ class CudaEngineTest : public ::testing::Test {
       while (e_->state() != CtxState::kIdle) pe_->progress();
     }
   }
+  // An import whose proof is what the client's memory holds at the range's start
+  // (the child fills it with client_byte()), as a sender's written proof would be.
+  Status import(const GpuRegionDesc& d, uint64_t* id, std::string* why) {
+    uint8_t proof[16];
+    for (uint64_t i = 0; i < sizeof(proof); ++i) proof[i] = client_byte(d.offset + i);
+    return e_->import(d, proof, sizeof(proof), id, why);
+  }
   // One copy, progressed to its completion (a minute at most); its status.
   Status copy(uint64_t region, uint64_t off, uint8_t* host, uint64_t n, bool to_gpu,
               uint64_t* sum = nullptr) {
@@ -160,7 +167,7 @@ TEST_F(CudaEngineTest, CopiesIntoAndOutOfAClientsGpuMemoryByteForByte) {
   d.bytes = (2 << 20) + 123;
   uint64_t id = 0;
   std::string why;
-  ASSERT_TRUE(e_->import(d, &id, &why).ok()) << why;
+  ASSERT_TRUE(import(d, &id, &why).ok()) << why;
   // GPU -> host at odd offsets and sizes: the client's bytes.
   for (uint64_t off : {uint64_t{0}, uint64_t{1}, uint64_t{4095}, uint64_t{1000003}}) {
     const uint64_t n = d.bytes - off - off % 7;
@@ -209,24 +216,35 @@ TEST_F(CudaEngineTest, BadImportsAndCopiesAreRefusedAndTheEngineGoesOn) {
   GpuRegionDesc d = c.desc;
   d.offset = kAlloc - 100;
   d.bytes = 101;  // one byte past the allocation
-  EXPECT_EQ(e_->import(d, &id, &why), Code::kInvalidValue);
+  EXPECT_EQ(import(d, &id, &why), Code::kInvalidValue);
   EXPECT_NE(why.find("outside its allocation"), std::string::npos) << why;
   d = c.desc;
   d.offset = 0;
   d.bytes = kAlloc;
   d.handle.reserved[0] ^= 0x55;  // not a handle
-  EXPECT_EQ(e_->import(d, &id, &why), Code::kInvalidValue);
+  EXPECT_EQ(import(d, &id, &why), Code::kInvalidValue);
   d = c.desc;
   d.offset = 0;
   d.bytes = kAlloc;
   d.device_uuid[3] ^= 1;  // said to be on another GPU
-  EXPECT_EQ(e_->import(d, &id, &why), Code::kNotPermitted);
+  EXPECT_EQ(import(d, &id, &why), Code::kNotPermitted);
   EXPECT_EQ(e_->regions(), 0u);
   EXPECT_EQ(e_->counters().refused, 3u);
+  // A handle that opens, of memory that does not hold the proof: not the sender's.
   d = c.desc;
   d.offset = 0;
   d.bytes = 1 << 20;
-  ASSERT_TRUE(e_->import(d, &id, &why).ok()) << why;
+  uint8_t wrong[16] = {};
+  EXPECT_EQ(e_->import(d, wrong, sizeof(wrong), &id, &why), Code::kNotPermitted);
+  EXPECT_NE(why.find("proof"), std::string::npos) << why;
+  d.bytes = 15;  // shorter than a proof
+  EXPECT_EQ(import(d, &id, &why), Code::kInvalidValue);
+  EXPECT_EQ(e_->regions(), 0u);
+  EXPECT_EQ(e_->counters().refused, 5u);
+  d = c.desc;
+  d.offset = 0;
+  d.bytes = 1 << 20;
+  ASSERT_TRUE(import(d, &id, &why).ok()) << why;
   // Copies outside the region or the registered host memory: refused at once.
   EXPECT_EQ(copy(id, (1 << 20) - 10, host_.data(), 11, false), Code::kInvalidValue);
   EXPECT_EQ(copy(id, 0, host_.data() + host_.size() - 10, 11, false), Code::kInvalidValue);
@@ -257,7 +275,7 @@ TEST_F(CudaEngineTest, BadImportsAndCopiesAreRefusedAndTheEngineGoesOn) {
   d = other.desc;
   d.offset = 0;
   d.bytes = kAlloc;
-  ASSERT_TRUE(e_->import(d, &id, &why).ok()) << why;
+  ASSERT_TRUE(import(d, &id, &why).ok()) << why;
   EXPECT_TRUE(copy(id, 77, host_.data(), 1000, false).ok());
   EXPECT_EQ(host_[0], client_byte(77));
 }
