@@ -1,6 +1,7 @@
 #include "nvme/tcp_host.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <isa-l/crc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -8,12 +9,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
 #include "nvme/tcp_wire.h"
 #include "runtime/clock.h"
 #include "runtime/crc32c.h"
+#include "runtime/host_port.h"
 
 namespace dpukv::nvme {
 namespace {
@@ -36,6 +40,47 @@ Status send_all(int fd, const uint8_t* p, size_t n) {
   return Code::kSuccess;
 }
 
+// n bytes into p by deadline_ms (monotonic): TIMEOUT when the peer is silent that
+// long, CONNECTION_RESET when it closes.
+Status recv_all(int fd, uint8_t* p, size_t n, uint64_t deadline_ms) {
+  while (n > 0) {
+    const uint64_t now = monotonic_ms();
+    if (now >= deadline_ms) return Code::kTimeout;
+    pollfd pf{fd, POLLIN, 0};
+    const int r = ::poll(&pf, 1, static_cast<int>(std::min<uint64_t>(deadline_ms - now, 1000)));
+    if (r < 0 && errno != EINTR) return Code::kConnectionReset;
+    if (r <= 0) continue;
+    const ssize_t k = ::recv(fd, p, n, MSG_DONTWAIT);
+    if (k < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (k <= 0) return Code::kConnectionReset;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return Code::kSuccess;
+}
+
+// connect(2) by deadline_ms: a blackholed address would otherwise hold the caller
+// for the kernel's SYN retries (minutes). 0, else -errno (-ETIMEDOUT at the deadline).
+int connect_by(int fd, const sockaddr_in& sa, uint64_t deadline_ms) {
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) return -errno;
+  int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0 ? 0 : -errno;
+  if (rc == -EINPROGRESS) {
+    rc = -ETIMEDOUT;
+    for (uint64_t now = monotonic_ms(); now < deadline_ms; now = monotonic_ms()) {
+      pollfd pf{fd, POLLOUT, 0};
+      const int r = ::poll(&pf, 1, static_cast<int>(std::min<uint64_t>(deadline_ms - now, 1000)));
+      if (r == 0 || (r < 0 && errno == EINTR)) continue;
+      int err = 0;
+      socklen_t len = sizeof err;
+      rc = r < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 ? -errno : -err;
+      break;
+    }
+  }
+  (void)fcntl(fd, F_SETFL, fl);
+  return rc;
+}
+
 }  // namespace
 
 NvmeTcpHost::~NvmeTcpHost() {
@@ -50,10 +95,13 @@ Status NvmeTcpHost::open_queue(Queue* q, uint16_t qid, uint16_t depth, uint16_t*
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(opts_.port);
-  if (inet_pton(AF_INET, opts_.addr.c_str(), &sa.sin_addr) != 1) return Code::kInvalidValue;
+  std::string ip, why;
+  if (!resolve_ipv4(opts_.addr, &ip, &why) || inet_pton(AF_INET, ip.c_str(), &sa.sin_addr) != 1)
+    return Code::kNotFound;  // no such host
+  // timeout_ms bounds the whole of it: connect, ICReq/ICResp and the Connect.
   uint64_t deadline = monotonic_ms() + static_cast<uint64_t>(opts_.timeout_ms);
-  while (::connect(q->fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-    if (monotonic_ms() > deadline) return Code::kTimeout;
+  while (connect_by(q->fd, sa, deadline) != 0) {
+    if (monotonic_ms() >= deadline) return Code::kTimeout;
     ::close(q->fd);
     q->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     usleep(10000);
@@ -70,11 +118,9 @@ Status NvmeTcpHost::open_queue(Queue* q, uint16_t qid, uint16_t depth, uint16_t*
   if (Status st = send_all(q->fd, reinterpret_cast<uint8_t*>(&req), sizeof req); !st.ok())
     return st;
   IcResp resp{};
-  for (size_t got = 0; got < sizeof resp;) {
-    ssize_t k = ::recv(q->fd, reinterpret_cast<uint8_t*>(&resp) + got, sizeof resp - got, 0);
-    if (k <= 0) return Code::kConnectionReset;
-    got += static_cast<size_t>(k);
-  }
+  if (Status st = recv_all(q->fd, reinterpret_cast<uint8_t*>(&resp), sizeof resp, deadline);
+      !st.ok())
+    return st;
   if (resp.ch.type != kIcResp || resp.pfv != 0 || resp.maxh2cdata < 4096) return Code::kCorrupted;
   q->maxh2cdata = resp.maxh2cdata;
   int fl = 1;

@@ -35,7 +35,30 @@ using namespace tcp;
 void NvmfTarget::Impl::accept_on(Listener* l) {
   for (;;) {
     int fd = accept4(l->fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // The pending connection stays in the backlog and the listener readable:
+        // watched, it would wake the poll group at once, forever. Not watched for
+        // 100 ms instead, as SPDK's acceptor polls again later; the hosts retry.
+        ++stats.accept_errors;
+        if (l->paused_until_ms == 0)
+          LOG_WARN("nvme-tcp: %s: accept: %s; not accepting for 100 ms", l->key.c_str(),
+                   std::strerror(errno));
+        epoll_event ev{};
+        ev.data.ptr = l;
+        epoll_ctl(epfd, EPOLL_CTL_MOD, l->fd, &ev);
+        l->paused_until_ms = monotonic_ms() + 100;
+      }
+      return;
+    }
+    if (l->connections >= opts.max_connections_per_listener) {
+      if (stats.connections_refused++ % 1024 == 0)
+        LOG_WARN("nvme-tcp: %s: %u connections open, closing a new one (%llu so far)",
+                 l->key.c_str(), l->connections,
+                 static_cast<unsigned long long>(stats.connections_refused));
+      ::close(fd);
+      continue;
+    }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     // A queue of 128 reads of 128 KiB answers 16 MiB at once; start with room for
@@ -48,8 +71,31 @@ void NvmfTarget::Impl::accept_on(Listener* l) {
     ev.data.ptr = c.get();
     epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
     conns.push_back(std::move(c));
+    ++l->connections;
     ++stats.connections;
     stats.active_connections = conns.size();
+  }
+}
+
+Listener* NvmfTarget::Impl::listener_of(const TcpConnection& c) {
+  for (auto& l : listeners)
+    if (l->key == c.listener()) return l.get();
+  return nullptr;
+}
+
+void NvmfTarget::Impl::check_deadlines(uint64_t now_ms) {
+  for (auto& l : listeners) {
+    if (l->paused_until_ms == 0 || now_ms < l->paused_until_ms) continue;
+    l->paused_until_ms = 0;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = l.get();
+    epoll_ctl(epfd, EPOLL_CTL_MOD, l->fd, &ev);
+  }
+  for (auto& c : conns) {
+    if (c->ready() || c->closed() || now_ms - c->opened_ms() < opts.icreq_timeout_ms) continue;
+    ++stats.icreq_timeouts;
+    c->close("no ICReq in time");
   }
 }
 
@@ -89,6 +135,7 @@ void NvmfTarget::Impl::reap_closed() {
                       [&](const std::unique_ptr<FabricsController>& x) { return x.get() == ctrl; });
       }
     }
+    if (Listener* l = listener_of(*c); l != nullptr && l->connections > 0) --l->connections;
     conns.erase(conns.begin() + static_cast<long>(i));
   }
   stats.active_connections = conns.size();
@@ -140,6 +187,7 @@ void NvmfTarget::Impl::run() {
     uint64_t ms = monotonic_ms();
     if (ms - last_ka_check >= 100) {
       last_ka_check = ms;
+      check_deadlines(ms);
       each_subsystem([&](Subsystem& s) {
         for (auto& c : s.controllers) {
           const uint32_t kato = c->keep_alive_timeout_ms();
@@ -221,7 +269,8 @@ bool valid_tcp_options(const TcpTransportOptions& o) {
          (o.max_io_size & (o.max_io_size - 1)) == 0 && o.max_io_size <= (1u << 20) &&
          o.max_queue_depth >= 2 && o.max_queue_depth <= 1024 && o.max_io_queues >= 1 &&
          o.max_io_queues <= 64 && o.in_capsule_data_size <= 128 * 1024 &&
-         o.in_capsule_data_size % 16 == 0;
+         o.in_capsule_data_size % 16 == 0 && o.icreq_timeout_ms > 0 &&
+         o.max_connections_per_listener > 0;
 }
 }  // namespace
 

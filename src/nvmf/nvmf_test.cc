@@ -6,9 +6,11 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -126,6 +129,153 @@ class NvmfTest : public ::testing::Test {
   pid_t target_ = -1;
   std::unique_ptr<NvmeTcpHost> host_;
 };
+
+// A TCP connection to the target's port, nothing sent; -1 on failure.
+int raw_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the peer closes fd within timeout_ms (generous: a busy machine).
+bool closed_by_peer(int fd, int timeout_ms = 60000) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) != 1) return false;
+  char b[64];
+  return recv(fd, b, sizeof b, MSG_DONTWAIT) == 0;
+}
+
+// Issue 34.9: a connection that never sent its ICReq stayed forever (and a
+// listener had no cap): 2,000 silent connections held 130 MiB of the target.
+TEST_F(NvmfTest, ConnectionsWithoutAnIcReqAreClosedAtTheirDeadline) {
+  start_target({"--icreq-timeout-ms", "300"});
+  const int silent = raw_connect(port_);
+  const int half = raw_connect(port_);  // half a PDU header, then nothing
+  ASSERT_GE(silent, 0);
+  ASSERT_GE(half, 0);
+  const uint8_t part[8] = {tcp::kIcReq, 0, 128, 0, 128, 0, 0, 0};
+  ASSERT_EQ(send(half, part, sizeof part, 0), static_cast<ssize_t>(sizeof part));
+  EXPECT_TRUE(closed_by_peer(silent));
+  EXPECT_TRUE(closed_by_peer(half));
+  close(silent);
+  close(half);
+  // A host that sends its ICReq at once is served as before.
+  ASSERT_TRUE(NvmeTcpHost::connect(opts(), &host_).ok());
+  std::vector<uint8_t> buf(4096);
+  EXPECT_EQ(sc(io(*host_, kNvmRead, 0, 1, buf.data())), kSuccess);
+}
+
+TEST_F(NvmfTest, AListenerKeepsAtMostItsConnectionsAndServesWhenThereIsRoom) {
+  start_target({"--max-connections", "4"});
+  std::vector<int> fds;
+  for (int i = 0; i < 4; ++i) fds.push_back(raw_connect(port_));
+  const int fifth = raw_connect(port_);
+  ASSERT_GE(fifth, 0);
+  EXPECT_TRUE(closed_by_peer(fifth)) << "a fifth connection was kept";
+  close(fifth);
+  for (int fd : fds) {
+    ASSERT_GE(fd, 0);
+    close(fd);
+  }
+  // Room again once the target has seen them go (a host retries as Linux's does).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!NvmeTcpHost::connect(opts(), &host_).ok())
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no room after the others left";
+  std::vector<uint8_t> buf(4096);
+  EXPECT_EQ(sc(io(*host_, kNvmRead, 0, 1, buf.data())), kSuccess);
+}
+
+// At the descriptor limit accept fails with EMFILE and leaves the listener
+// readable: the poll group spun at 96 % and discovery and RPCs hung. Now the
+// listener pauses, and the target serves again once descriptors are free.
+TEST_F(NvmfTest, OutOfDescriptorsTheTargetDoesNotSpinAndRecovers) {
+  rlimit was{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &was), 0);
+  rlimit low = was;
+  low.rlim_cur = 64;  // the target's; this process's limit is put back at once
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  start_target();
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &was), 0);
+  std::vector<int> fds;
+  for (int i = 0; i < 100; ++i) {
+    const int fd = raw_connect(port_);  // the kernel queues what the target cannot take
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+  }
+  auto cpu_ticks = [&] {
+    std::ifstream f("/proc/" + std::to_string(target_) + "/stat");
+    std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::istringstream in(s.substr(s.rfind(')') + 2));
+    std::string field;
+    unsigned long long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && in >> field; ++i) {
+      if (i == 14) utime = std::stoull(field);
+      if (i == 15) stime = std::stoull(field);
+    }
+    return utime + stime;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  const unsigned long long c0 = cpu_ticks();
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // a rate: CPU over wall time
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu =
+      static_cast<double>(cpu_ticks() - c0) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  EXPECT_LT(cpu / wall, 0.3) << "the target spun at " << cpu / wall << " of a core";
+  for (int fd : fds) close(fd);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!NvmeTcpHost::connect(opts(), &host_).ok())
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "never served again";
+  std::vector<uint8_t> buf(4096);
+  EXPECT_EQ(sc(io(*host_, kNvmRead, 0, 1, buf.data())), kSuccess);
+}
+
+// Issue 34.10: the host waited for ICResp with a blocking recv, so `dpukv nvme
+// discover` against a port that accepts and says nothing (and an agent whose
+// --nvme-tier named one) hung forever. Every wait now has the host's timeout.
+TEST(NvmeTcpHost, APortThatNeverAnswersTimesOut) {
+  const int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(l, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(listen(l, 16), 0);  // the kernel completes connections; nobody answers
+  socklen_t len = sizeof sa;
+  ASSERT_EQ(getsockname(l, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  TcpHostOptions o;
+  o.port = ntohs(sa.sin_port);
+  o.subnqn = kNqn;
+  o.timeout_ms = 300;
+  std::unique_ptr<NvmeTcpHost> h;
+  EXPECT_EQ(NvmeTcpHost::connect(o, &h), Code::kTimeout);
+  o.addr = "localhost";  // a name, resolved
+  EXPECT_EQ(NvmeTcpHost::connect(o, &h), Code::kTimeout);
+  o.addr = "no-such-host.invalid";
+  EXPECT_EQ(NvmeTcpHost::connect(o, &h), Code::kNotFound);
+
+  // The command line says which it was.
+  auto run = [](const std::string& args) {
+    std::string out;
+    FILE* p = popen((std::string(DPUKV_BIN) + " nvme discover " + args + " 2>&1").c_str(), "r");
+    char buf[512];
+    while (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+    const int status = p != nullptr ? pclose(p) : -1;
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, out);
+  };
+  auto [rc, out] = run("--connect 127.0.0.1:" + std::to_string(o.port));
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("no answer in time"), std::string::npos) << out;
+  std::tie(rc, out) = run("--connect junk.invalid");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("cannot resolve 'junk.invalid'"), std::string::npos) << out;
+  close(l);
+}
 
 TEST_F(NvmfTest, ConnectIdentifyAndIoOfEverySize) {
   start_target();

@@ -39,6 +39,8 @@ struct Listener {
   std::string key;  // "tcp:ADDR:PORT"
   int fd = -1;
   uint16_t port = 0;
+  uint32_t connections = 0;      // open connections it accepted
+  uint64_t paused_until_ms = 0;  // out of descriptors: not watched until then (0: watched)
 };
 
 }  // namespace dpukv::nvme
@@ -60,6 +62,10 @@ struct NvmfTarget::Impl {
 
   void run();
   void accept_on(Listener* l);
+  // Every 100 ms: connections past their ICReq deadline closed, paused listeners
+  // watched again.
+  void check_deadlines(uint64_t now_ms);
+  Listener* listener_of(const TcpConnection& c);
   void close_controller(FabricsController* c, const char* why);
   void reap_closed();
   Subsystem* find_subsystem(const std::string& nqn) {

@@ -1,5 +1,9 @@
 #include "runtime/host_port.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
 namespace dpukv {
 
 bool parse_host_port(const std::string& text, std::string* host, uint16_t* port,
@@ -20,6 +24,33 @@ bool parse_host_port(const std::string& text, std::string* host, uint16_t* port,
   }
   if (v > 65535) return false;
   *port = static_cast<uint16_t>(v);
+  return true;
+}
+
+bool resolve_ipv4(const std::string& host, std::string* addr, std::string* why) {
+  in_addr a{};
+  if (inet_pton(AF_INET, host.c_str(), &a) == 1) {
+    *addr = host;
+    return true;
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    *why = rc != 0 ? gai_strerror(rc) : "no IPv4 address";
+    return false;
+  }
+  char text[INET_ADDRSTRLEN];
+  const auto* sin = reinterpret_cast<const sockaddr_in*>(res->ai_addr);
+  const bool ok = inet_ntop(AF_INET, &sin->sin_addr, text, sizeof text) != nullptr;
+  freeaddrinfo(res);
+  if (!ok) {
+    *why = "no IPv4 address";
+    return false;
+  }
+  *addr = text;
   return true;
 }
 

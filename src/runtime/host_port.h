@@ -13,4 +13,9 @@ namespace dpukv {
 bool parse_host_port(const std::string& text, std::string* host, uint16_t* port,
                      uint16_t default_port = 0);
 
+// The dotted IPv4 address of host: itself when it is one, else the first IPv4
+// address the resolver gives for the name ("localhost"). False with *why (the
+// resolver's words) when there is none.
+bool resolve_ipv4(const std::string& host, std::string* addr, std::string* why);
+
 }  // namespace dpukv

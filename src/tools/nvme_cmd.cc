@@ -43,6 +43,8 @@ struct TargetConfig {
   std::string listen = "127.0.0.1:4420";
   std::string nqn = "nqn.2026-11.io.dpukv:cnode1";
   std::vector<std::string> hosts;  // empty: any host
+  uint32_t icreq_timeout_ms = TcpTransportOptions{}.icreq_timeout_ms;
+  uint32_t max_connections = TcpTransportOptions{}.max_connections_per_listener;
   std::string port_file;
 };
 
@@ -93,6 +95,8 @@ int run_tcp_target(const TargetConfig& c, std::vector<std::shared_ptr<Bdev>> bde
   }
   TcpTransportOptions to;
   to.cpu = c.cpu;
+  to.icreq_timeout_ms = c.icreq_timeout_ms;
+  to.max_connections_per_listener = c.max_connections;
   std::unique_ptr<NvmfTarget> t;
   if (Status st = NvmfTarget::create(to, &t); !st.ok()) return 1;
   SubsystemConfig sc;
@@ -296,11 +300,24 @@ int run_discover(const std::string& where, const std::string& hostnqn, bool json
     return 2;
   }
   if (!hostnqn.empty()) o.hostnqn = hostnqn;
+  std::string ip, why;
+  if (!resolve_ipv4(o.addr, &ip, &why)) {
+    std::cerr << "dpukv nvme discover: --connect: cannot resolve '" << o.addr << "': " << why
+              << "\n";
+    return 2;
+  }
   uint64_t genctr = 0;
   std::vector<DiscoveryEntry> entries;
   if (Status st = NvmeTcpHost::discover(o, &genctr, &entries); !st.ok()) {
-    std::cerr << "dpukv nvme discover: " << where << ": " << st.name()
-              << (st.code() == Code::kNotPermitted ? " (the Connect was refused)" : "") << "\n";
+    const char* what = st.code() == Code::kNotPermitted ? " (the Connect was refused)"
+                       : st.code() == Code::kTimeout
+                           ? " (no answer in time: is an NVMe/TCP target listening there?)"
+                       : st.code() == Code::kConnectionReset
+                           ? " (the connection was refused or closed: no target there?)"
+                       : st.code() == Code::kCorrupted ? " (not an NVMe/TCP target's answer)"
+                                                       : "";
+    std::cerr << "dpukv nvme discover: " << where << " (" << ip << ":" << o.port
+              << "): " << st.name() << what << "\n";
     return 1;
   }
   auto subtype = [](uint8_t t) {
@@ -409,6 +426,14 @@ void add_nvme_commands(CLI::App* app, int* exit_code) {
                 "tcp: host NQN allowed to connect (repeat; none: any host)");
   t->add_option("--port-file", tc.port_file,
                 "tcp: write the bound port to this file when listening");
+  t->add_option("--icreq-timeout-ms", tc.icreq_timeout_ms,
+                "tcp: close a connection that sends no ICReq within this")
+      ->check(CLI::Range(1u, 3600u * 1000))
+      ->capture_default_str();
+  t->add_option("--max-connections", tc.max_connections,
+                "tcp: connections the listener keeps at once (more are closed at once)")
+      ->check(CLI::Range(1u, 1u << 20))
+      ->capture_default_str();
   std::vector<std::string> kinds;
   for (const BdevKind& k : bdev_kinds()) kinds.emplace_back(k.kind);
   t->add_option("--bdev", tc.bdev, "Namespace medium: " + bdev_kind_names())

@@ -15,14 +15,16 @@
 #include <vector>
 
 #include "nvmf/target_internal.h"
+#include "runtime/clock.h"
 
 namespace dpukv::nvme {
 
 class TcpConnection {
  public:
   TcpConnection(NvmfTarget::Impl* t, int fd, std::string listener)
-      : t_(t), fd_(fd), listener_(std::move(listener)) {
-    rbuf_.resize(64 * 1024 + 1024);
+      : t_(t), fd_(fd), listener_(std::move(listener)), opened_ms_(monotonic_ms()) {
+    // Grown as PDUs need (on_readable): a connection that sends nothing costs little.
+    rbuf_.resize(8 * 1024);
   }
   ~TcpConnection() {
     if (fd_ >= 0) ::close(fd_);
@@ -31,6 +33,9 @@ class TcpConnection {
 
   int fd() const { return fd_; }
   bool closed() const { return closing_; }
+  bool ready() const { return ready_; }  // its ICReq was answered
+  uint64_t opened_ms() const { return opened_ms_; }
+  const std::string& listener() const { return listener_; }
   bool idle() const { return busy_slots_ == 0; }
   FabricsController* controller() const { return ctrl_; }
   uint16_t qid() const { return qid_; }
@@ -102,6 +107,7 @@ class TcpConnection {
   NvmfTarget::Impl* t_;
   int fd_;
   std::string listener_;
+  uint64_t opened_ms_;
   bool closing_ = false;
   bool ready_ = false;  // ICReq done
   bool hdgst_ = false, ddgst_ = false;
