@@ -173,6 +173,22 @@ void Directory::command(redisCallbackFn* cb, void* priv, std::vector<std::string
   }
 }
 
+// An entry's add (or removal): counted when Redis took it, not when it was sent.
+void Directory::on_edit_reply(redisAsyncContext* c, void* r, void* priv) {
+  auto* d = static_cast<Directory*>(RedisLink::owner_of(c));
+  auto* reply = static_cast<redisReply*>(r);
+  const bool add = priv != nullptr;
+  if (reply != nullptr && reply->type != REDIS_REPLY_ERROR) {
+    ++(add ? d->counters_.published : d->counters_.unpublished);
+    return;
+  }
+  ++d->counters_.errors;
+  ++d->counters_.publish_failures;
+  if (reply != nullptr)
+    d->warn_refused(add ? "a directory entry" : "a directory entry's removal",
+                    std::string(reply->str, reply->len));
+}
+
 void Directory::on_reply(redisAsyncContext* c, void* r, void* priv) {
   auto* d = static_cast<Directory*>(RedisLink::owner_of(c));
   auto* reply = static_cast<redisReply*>(r);
@@ -303,15 +319,16 @@ void Directory::refresh_live() {
 void Directory::flush() {
   const std::string id = DirectoryKeys::hex16(opts_.node_id);
   const std::string expiry = std::to_string(kChunkExpiryMs);
+  // priv: non-null for an add (on_edit_reply counts what Redis took).
+  static char kAdd;
   for (const ChunkKey& k : adds_)
-    command(&Directory::on_reply, nullptr,
+    command(&Directory::on_edit_reply, &kAdd,
             {"EVAL", kAddScript, "1", keys_.holders_key(k), id, expiry});
-  counters_.published += adds_.size();
   published_now_.swap(adds_);
   adds_.clear();
   for (const ChunkKey& k : removes_)
-    command(&Directory::on_reply, nullptr, {"EVAL", kRemoveScript, "1", keys_.holders_key(k), id});
-  counters_.unpublished += removes_.size();
+    command(&Directory::on_edit_reply, nullptr,
+            {"EVAL", kRemoveScript, "1", keys_.holders_key(k), id});
   publish_events();
   removes_.clear();
 }

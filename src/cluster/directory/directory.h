@@ -74,7 +74,9 @@ class Directory final : public Context {
   using NodeCb = void (*)(void* arg, Status st, const std::string& description);
 
   struct Counters {
-    uint64_t published = 0, unpublished = 0, lookups = 0, lookup_keys = 0, lookup_hits = 0;
+    // Entries Redis took (added, removed), and edits it refused or that were lost.
+    uint64_t published = 0, unpublished = 0, publish_failures = 0;
+    uint64_t lookups = 0, lookup_keys = 0, lookup_hits = 0;
     uint64_t unreachable = 0, connects = 0, errors = 0, stale_dropped = 0;
     uint64_t rejoined = 0;  // the lease had run out while connected: published again
     uint64_t values_put = 0, value_bytes_put = 0, value_gets = 0;  // puts Redis accepted
@@ -149,6 +151,7 @@ class Directory final : public Context {
   static void on_link_up(void* owner);
   static void on_link_down(void* owner, const char* why);
   static void on_reply(redisAsyncContext* c, void* reply, void* priv);
+  static void on_edit_reply(redisAsyncContext* c, void* reply, void* priv);
   static void on_live_nodes(redisAsyncContext* c, void* reply, void* priv);
   static void on_lease(redisAsyncContext* c, void* reply, void* priv);
   static void on_put(redisAsyncContext* c, void* reply, void* priv);

@@ -386,6 +386,26 @@ TEST(Directory, UsesARedisWithAPasswordAndAnAclUser) {
   EXPECT_EQ(wrong.dir->counters().connects, 0u);
 }
 
+// Issue 34.11: `directory_published` counted edits sent, so with an ACL user that
+// may not EVAL, `dpukv stat` said 3 published while Redis held none. Now it counts
+// what Redis took, and a refused edit is counted as a failure.
+TEST(Directory, EditsRedisRefusesAreCountedAsFailuresNotAsPublished) {
+  log_set_level(LogSource::kLib, LogLevel::kDisable);
+  Redis redis(Redis::kAnyPort,
+              {"--user", "noeval", "on", ">pw", "~*", "&*", "+@all", "-eval", "-evalsha"});
+  ASSERT_TRUE(redis.running());
+  Node a(redis.port(), 1, 5000, false, "noeval", "pw");
+  ASSERT_TRUE(serve(
+      {&a}, [&] { return a.dir->connected(); }, 60000));
+  for (uint64_t i = 1; i <= 3; ++i) a.dir->add(key(i));
+  ASSERT_TRUE(serve(
+      {&a}, [&] { return a.dir->counters().publish_failures >= 3; }, 60000));
+  EXPECT_EQ(a.dir->counters().published, 0u);
+  RawRedis raw(redis.port());
+  for (uint64_t i = 1; i <= 3; ++i)
+    EXPECT_EQ(raw.integer({"EXISTS", holders_key(key(i))}), 0) << "Redis holds entry " << i;
+}
+
 // Anyone who can write to the Redis can put anything under a chunk's key: a
 // holder list of 50,000 entries (850 KB) once made an agent run one clean-up script
 // per entry (30 s a lookup, and no stop). Now a list that is too long or malformed
