@@ -44,7 +44,9 @@ expect_exit 2 "unknown setting" -- $a --config "$tmp/unknown.yaml"
 expect_exit 2 "not a regular file" -- $a --config "$tmp"
 expect_exit 2 "" -- "$bin" agent --no-such-flag
 
-expect_exit 2 "must be 1-64" -- $a --dma-threads 0
+expect_exit 2 "from 1 to 64" -- $a --dma-threads 0
+expect_exit 2 "from 1 to 64" -- $a --dma-threads 99  # the same words as for 0 (issue 34.12)
+expect_exit 2 "0 or more" -- "$bin" events --count -1 --socket "$tmp/none.sock"
 for v in -1 nan inf; do expect_exit 2 "speedup" -- "$bin" replay "$trace" --speedup "$v"; done
 expect_exit 2 "timeout" -- "$bin" rpc -t -1 nvmf_get_subsystems
 expect_exit 2 "not a size of whole blocks" -- "$bin" nvme target --socket "$tmp/nv.sock" --size abc

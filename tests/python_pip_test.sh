@@ -58,3 +58,14 @@ for i in range(2):
     assert ctypes.string_at(base + i * 4096, 4096) == data[i]
 print("pip install ./python: ok, dpukv", dpukv.__version__, "from", where)
 PY
+# Issue 34.12: without the client library, the import says what to install or set
+# (it was a raw OSError from ctypes).
+set +e
+env DPUKV_CLIENT_LIB="$tmp/no-such/libdpukv_client.so.0" PYTHONDONTWRITEBYTECODE=1 \
+  "$tmp/venv/bin/python" -c "import dpukv" >"$tmp/noload.log" 2>&1
+rc=$?
+set -e
+[ "$rc" -ne 0 ] || { echo "import dpukv succeeded without its client library"; exit 1; }
+grep -q "ImportError: dpukv: the client library .* could not be loaded" "$tmp/noload.log" &&
+  grep -q "DPUKV_CLIENT_LIB" "$tmp/noload.log" ||
+  { cat "$tmp/noload.log"; echo "the import's error does not say what to install or set"; exit 1; }

@@ -45,7 +45,8 @@ int dpukv_export_gpu(dpukv_client* c, uint64_t device_ptr, size_t bytes, int dev
                      uint64_t* staging_id);
 /* 1 when the agent copies GPU memory (said at connect), else 0. */
 int dpukv_agent_gpu(dpukv_client* c);
-/* Closes a GPU export at the agent; the memory stays the caller's. */
+/* Closes a GPU export at the agent; the memory stays the caller's. INVALID_VALUE:
+ * not an export of this client's (released already). */
 int dpukv_release_gpu(dpukv_client* c, uint64_t staging_id);
 
 int dpukv_store(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,

@@ -33,7 +33,15 @@ class _Event(ctypes.Structure):
     _fields_ = [("key", ChunkKey), ("stored", ctypes.c_uint8), ("reserved", ctypes.c_uint8 * 7)]
 
 
-_lib = ctypes.CDLL(os.environ.get("DPUKV_CLIENT_LIB", "libdpukv_client.so.0"))
+_LIB = os.environ.get("DPUKV_CLIENT_LIB", "libdpukv_client.so.0")
+try:
+    _lib = ctypes.CDLL(_LIB)
+except OSError as _e:
+    raise ImportError(
+        f"dpukv: the client library {_LIB} could not be loaded ({_e}). The package is the "
+        "Python side only: install dpukv's client (libdpukv_client.so.0, `cmake --install` "
+        "of a build, or the dpukv package of your distribution), or set DPUKV_CLIENT_LIB to "
+        "the library's path") from None
 _u64, _u32, _int, _p = ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p
 _KEYS = ctypes.POINTER(ChunkKey)
 _U64S = ctypes.POINTER(_u64)

@@ -149,6 +149,63 @@ def _max_load_chunks(staging_bytes, chunk_tokens, kv_heads, head_dim, dtype, kv_
     return max(staging_bytes // chunk_bytes // 2, 0)
 
 
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+               "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _count(name, v):
+    """A positive whole number (an int, or text of one); anything else is refused
+    naming the setting (16.5 is not truncated to 16)."""
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        if not (isinstance(v, float) and v.is_integer()):
+            raise ValueError(f"{name} must be a positive whole number, not {v!r}")
+    try:
+        n = int(v) if not isinstance(v, str) else int(v.strip(), 10)
+    except ValueError:
+        raise ValueError(f"{name} must be a positive whole number, not {v!r}") from None
+    if n <= 0:
+        raise ValueError(f"{name} must be a positive whole number, not {v!r}")
+    return n
+
+
+def _size(name, v):
+    """Bytes: a whole number, or text with a unit (512M, 1GiB, 64K)."""
+    if isinstance(v, str):
+        m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", v)
+        if m and m.group(2).upper() in _SIZE_UNITS:
+            n = int(m.group(1)) * _SIZE_UNITS[m.group(2).upper()]
+            if n > 0:
+                return n
+        raise ValueError(f"{name} must be a size in bytes (a number, or with K, M or G), "
+                         f"not {v!r}")
+    return _count(name, v)
+
+
+def _millis(name, v):
+    """Milliseconds, 0 or more and finite ("inf" would overflow the lease)."""
+    try:
+        f = float(v) if not isinstance(v, bool) else float("nan")
+    except (TypeError, ValueError):
+        f = float("nan")
+    if not (f >= 0 and f < 1e12):  # also nan and inf
+        raise ValueError(f"{name} must be a number of milliseconds, 0 or more and finite, "
+                         f"not {v!r}")
+    return f
+
+
+def _flag(name, v):
+    """true/false, 1/0, yes/no, on/off (or a bool); anything else is refused."""
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in _TRUE:
+        return True
+    if s in _FALSE:
+        return False
+    raise ValueError(f"{name} must be true or false (1/0, yes/no, on/off), not {v!r}")
+
+
 def _extra(config, name, default):
     get = getattr(config, "get_from_extra_config", None)
     if get is not None:
@@ -162,7 +219,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         tc = self._kv_transfer_config
         mc, pc = vllm_config.model_config, vllm_config.parallel_config
         self.block_size = vllm_config.cache_config.block_size
-        self.chunk_tokens = int(_extra(tc, "dpukv.chunk_tokens", 256))
+        self.chunk_tokens = _count("dpukv.chunk_tokens", _extra(tc, "dpukv.chunk_tokens", 256))
         if self.chunk_tokens <= 0 or self.chunk_tokens % self.block_size:
             raise ValueError(f"dpukv.chunk_tokens ({self.chunk_tokens}) must be a positive "
                              f"multiple of the block size ({self.block_size})")
@@ -173,10 +230,10 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             raise ValueError(f"dpukv.kv_layout must be NHD or HND, not {self.kv_layout!r}")
         if getattr(mc, "use_mla", False):
             self.kv_layout = "MLA"  # one latent cache per layer: [num_blocks, block_size, dim]
-        self.staging_bytes = int(_extra(tc, "dpukv.staging_bytes", 512 << 20))
-        self.lease_ns = int(float(_extra(tc, "dpukv.lease_ms", 0)) * 1e6)
-        if self.lease_ns < 0:
-            raise ValueError("dpukv.lease_ms must be >= 0")
+        self.staging_bytes = _size("dpukv.staging_bytes",
+                                   _extra(tc, "dpukv.staging_bytes", 512 << 20))
+        self.lease_ns = int(_millis("dpukv.lease_ms", _extra(tc, "dpukv.lease_ms", 0)) * 1e6)
+        self.cross_layer = _flag("dpukv.cross_layer", _extra(tc, "dpukv.cross_layer", False))
         self.save_policy = str(_extra(tc, "dpukv.save", "all"))
         if self.save_policy not in ("all", "seen_twice"):
             raise ValueError(f"dpukv.save must be all or seen_twice, not {self.save_policy!r}")
@@ -410,8 +467,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
     def prefer_cross_layer_blocks(self):
         """dpukv.cross_layer true: vLLM gives one cache whose blocks hold every
         layer (register_cross_layers_kv_cache)."""
-        return str(_extra(self._kv_transfer_config, "dpukv.cross_layer", "false")).lower() in (
-            "1", "true", "yes")
+        return self.cross_layer
 
     def register_cross_layers_kv_cache(self, kv_cache, attn_backend):
         """One tensor for every layer, in the attention backend's physical order

@@ -744,12 +744,24 @@ def test_bad_configuration_is_refused_before_anything_moves():
     for extra, words in (({"dpukv.chunk_tokens": 24}, "multiple of the block size"),
                          ({"dpukv.kv_layout": "XYZ"}, "NHD or HND"),
                          ({"dpukv.save": "sometimes"}, "all or seen_twice"),
-                         ({"dpukv.lease_ms": -1}, "lease_ms must be >= 0")):
+                         ({"dpukv.lease_ms": -1}, "dpukv.lease_ms must be a number"),
+                         # Issue 34.12: each refused naming the setting, none
+                         # truncated, overflowing or silently false.
+                         ({"dpukv.lease_ms": "inf"}, "dpukv.lease_ms must be a number"),
+                         ({"dpukv.chunk_tokens": 16.5}, "dpukv.chunk_tokens must be a positive"),
+                         ({"dpukv.staging_bytes": "lots"}, "dpukv.staging_bytes must be a size"),
+                         ({"dpukv.cross_layer": "maybe"}, "dpukv.cross_layer must be true")):
         try:
             DpukvConnectorV1(vllm_config(cfg, "x", extra=extra), KVConnectorRole.SCHEDULER)
             raise AssertionError(f"{extra} was accepted")
         except ValueError as err:
             assert words in str(err), err
+    # Sizes with units and words for flags are taken.
+    s = DpukvConnectorV1(vllm_config(cfg, "x", extra={"dpukv.staging_bytes": "512M",
+                                                       "dpukv.cross_layer": "on",
+                                                       "dpukv.chunk_tokens": "32"}),
+                         KVConnectorRole.SCHEDULER)
+    assert (s.staging_bytes, s.prefer_cross_layer_blocks, s.chunk_tokens) == (512 << 20, True, 32)
     w = DpukvConnectorV1(vllm_config(cfg, "contract-llama"), KVConnectorRole.WORKER)
     try:
         w.register_kv_caches({"model.layers.0.attn": torch.zeros(2, 8, BLOCK, 3, 16)})

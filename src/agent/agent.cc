@@ -834,6 +834,7 @@ AgentStatsSources Agent::stats_sources(bool asker_connected) const {
     c.node = cluster_->counters();
     c.directory = cluster_->directory_counters();
     c.directory_connected = cluster_->directory_connected();
+    c.directory_down_reason = cluster_->directory_down_reason();
     c.replica_ready = cluster_->directory_replica_ready();
     c.live_nodes = cluster_->directory_live_nodes();
     c.replica_keys = cluster_->directory_replica_keys();

@@ -115,7 +115,7 @@ AgentSettings default_agent_settings() {
       {"nvme_tier_nqn", nullptr, SettingKind::kText, 0, nullptr, "nqn.2026-11.io.dpukv:cnode1", ""},
       {"max_chunk_size", nullptr, SettingKind::kBytes, 0, nullptr, "64M", ""},
       {"max_chunks", nullptr, SettingKind::kCount, 1u << 30, nullptr, "0", ""},
-      {"dma_threads", nullptr, SettingKind::kCount, 64, nullptr, "1", ""},
+      {"dma_threads", nullptr, SettingKind::kCount, 64, nullptr, "1", "", 1},
       {"max_requests", nullptr, SettingKind::kCount, 1u << 20, nullptr, "1024", ""},
       {"compress", nullptr, SettingKind::kBool, 0, nullptr, "false", ""},
       {"eviction", nullptr, SettingKind::kChoice, 0, eviction_choices(),
@@ -225,6 +225,14 @@ bool check_settings(const AgentSettings& st, std::ostream& why) {
         break;
       case SettingKind::kCount:
         good = parse_count(s.value, s.max, &u, &err);
+        if (good && u < s.min) {
+          good = false;
+          err = "'" + s.value + "' is not an integer from " + std::to_string(s.min) + " to " +
+                std::to_string(s.max);
+        }
+        if (!good && s.min > 0 && err.find(" from 0 to ") != std::string::npos)
+          err = "'" + s.value + "' is not an integer from " + std::to_string(s.min) + " to " +
+                std::to_string(s.max);
         break;
       case SettingKind::kPort:
         good = parse_port(s.value, &port, &err);
@@ -397,10 +405,7 @@ bool agent_options_from_settings(AgentSettings* st, AgentOptions* out, std::ostr
     return false;
   }
   o.cache.max_requests = static_cast<uint32_t>(as_u64(st, "max_requests"));
-  if (as_u64(st, "dma_threads") == 0) {
-    why << "dpukv agent: " << setting_origin(st->at("dma_threads")) << ": must be 1-64\n";
-    return false;
-  }
+
   const uint64_t max_chunk = as_u64(st, "max_chunk_size");
   if (max_chunk == 0) {
     why << "dpukv agent: " << setting_origin(st->at("max_chunk_size")) << ": must be above 0\n";

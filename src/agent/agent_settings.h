@@ -28,6 +28,7 @@ struct AgentSetting {
   const char* choices;  // kChoice: "a|b"
   std::string value;    // text as given
   std::string origin;   // "--flag", "DPUKV_X", "FILE:LINE", or "" for the default
+  uint64_t min = 0;     // kCount: smallest value
 };
 
 struct AgentSettings {

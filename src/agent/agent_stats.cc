@@ -228,7 +228,11 @@ std::string format_stats_json(const AgentStatsSources& s) {
     char node[32];
     std::snprintf(node, sizeof(node), "%016llx",
                   static_cast<unsigned long long>(s.cluster->node_id));
-    out += ",\"cluster_node\":\"" + std::string(node) + "\",\"peers\":[";
+    out += ",\"cluster_node\":\"" + std::string(node) + "\"";
+    if (!s.cluster->directory_connected)
+      out +=
+          ",\"cluster_directory_error\":\"" + json_escape(s.cluster->directory_down_reason) + "\"";
+    out += ",\"peers\":[";
     bool first = true;
     for (const ClusterNode::PeerStats& p : s.cluster->peers) {
       std::snprintf(node, sizeof(node), "%016llx", static_cast<unsigned long long>(p.node));

@@ -57,6 +57,7 @@ struct ClusterStatsSnapshot {
   ClusterNode::Counters node;
   Directory::Counters directory;
   bool directory_connected = false, replica_ready = false;
+  std::string directory_down_reason;  // why Redis is unreachable (empty: connected)
   uint64_t live_nodes = 0, replica_keys = 0;
   std::vector<ClusterNode::PeerStats> peers;
 };

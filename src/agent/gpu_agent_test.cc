@@ -352,6 +352,12 @@ TEST_F(GpuAgentTest, BadExportsAreRefusedAndTheSessionGoesOn) {
   EXPECT_EQ(send(e, &text), Code::kInvalidValue);
   refused += 2;
   EXPECT_EQ(stat("gpu_exports_refused"), std::to_string(refused));
+  // Issue 34.12: a second release of an export is the caller's mistake, said as such
+  // (it was NOT_FOUND, which the Python bindings read as "no agent").
+  GpuStaging twice;
+  ASSERT_TRUE(client_->export_gpu(other.ptr(), 1 << 20, 0, &twice, &why).ok()) << why;
+  EXPECT_TRUE(client_->release_gpu(twice).ok());
+  EXPECT_EQ(client_->release_gpu(twice), Code::kInvalidValue);
 
   // Another client cannot name this client's GPU memory.
   auto other_client = connect();

@@ -315,7 +315,8 @@ Status Client::release_gpu(const GpuStaging& gs) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = std::find_if(gpu_exports_.begin(), gpu_exports_.end(),
                          [&](const GpuExport& x) { return x.e.map_id == gs.id; });
-  if (it == gpu_exports_.end()) return Code::kNotFound;
+  // Not NOT_FOUND: bindings read that as "no agent", and the agent is not the issue.
+  if (it == gpu_exports_.end()) return Code::kInvalidValue;
   gpu_exports_.erase(it);
   DPUKV_RETURN_IF_ERROR(ensure_connected());
   std::vector<uint8_t> resp;

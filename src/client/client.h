@@ -88,6 +88,7 @@ class Client {
   Status export_gpu(uint64_t device_ptr, size_t bytes, int device, GpuStaging* out,
                     std::string* why = nullptr);
   // Closes an export at the agent (the memory itself stays the caller's).
+  // INVALID_VALUE: not an export of this client's (released already).
   Status release_gpu(const GpuStaging& g);
 
   // The agent's event feed: the chunks (of this session's model) that became

@@ -120,6 +120,7 @@ class ClusterNode final : public Context {
   Counters counters() const;  // with the remote tier's
   std::vector<PeerStats> peer_stats() const;
   bool directory_connected() const { return dir_->connected(); }
+  const std::string& directory_down_reason() const { return dir_->down_reason(); }
   Directory::Counters directory_counters() const { return dir_->counters(); }
   size_t directory_replica_keys() const { return dir_->replica_keys(); }
   size_t directory_live_nodes() const { return dir_->live_nodes(); }

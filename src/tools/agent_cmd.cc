@@ -211,11 +211,15 @@ int run_stat(const std::string& socket, bool json) {
     std::printf("cluster        none\n");
     return 0;
   }
+  const std::string dir_state =
+      u("cluster_directory_connected")
+          ? "connected"
+          : "UNREACHABLE (serving locally: " +
+                j.value("cluster_directory_error", std::string("no answer")) + ")";
   std::printf(
       "cluster        node %s, directory %s; replica %s, %llu chunks, %llu lookups answered "
       "from it (%llu rebuilds, %llu bad events)\n",
-      j.value("cluster_node", std::string("?")).c_str(),
-      u("cluster_directory_connected") ? "connected" : "UNREACHABLE (serving locally)",
+      j.value("cluster_node", std::string("?")).c_str(), dir_state.c_str(),
       u("directory_replica_ready") ? "ready" : "not ready (lookups ask Redis)",
       (unsigned long long)u("directory_replica_keys"),
       (unsigned long long)u("directory_lookups_local"), (unsigned long long)u("directory_syncs"),

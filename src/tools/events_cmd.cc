@@ -97,7 +97,14 @@ void add_events_command(CLI::App* app, int* exit_code) {
   cmd->add_option("--socket", *socket, "Agent socket");
   cmd->add_option("--model", *model, "Only this model's chunks (its name, as clients give it)");
   cmd->add_flag("--json", *json, "One JSON object per line");
-  cmd->add_option("--count", *count, "Exit after this many events (0: never)");
+  cmd->add_option("--count", *count, "Exit after this many events (0: never)")
+      // "-1" would wrap to "never" in an unsigned count: refused as it reads.
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            return v.find('-') == std::string::npos ? std::string()
+                                                    : "--count is a number of events, 0 or more";
+          },
+          "COUNT"));
   cmd->callback([=] { *exit_code = run_events(*socket, *model, *json, *count); });
 }
 

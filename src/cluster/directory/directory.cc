@@ -101,6 +101,7 @@ Directory::LookupOp* Directory::take_op() {
 
 void Directory::lost(const char* why) {
   ++counters_.unreachable;
+  down_reason_ = why;
   retry_at_ms_ = monotonic_ms() + opts_.retry_ms;
   // Everything held is published again on reconnection; removals wait in removes_.
   adds_.clear();
@@ -150,6 +151,7 @@ void Directory::on_link_up(void* owner) {
     d->down_since_ms_ = 0;
   }
   ++d->counters_.connects;
+  d->down_reason_.clear();
   d->adds_.assign(d->held_.begin(), d->held_.end());
   d->renew_lease();
   if (d->opts_.replicate) d->sync_.link_up();

@@ -113,6 +113,9 @@ class Directory final : public Context {
   Status get_values(const ChunkKey* keys, uint32_t n, ValuesCb cb, void* arg);
 
   bool connected() const { return link_.up(); }
+  // Why Redis was last unreachable, in its words where it gave some (WRONGPASS,
+  // NOAUTH, connection refused); empty while connected.
+  const std::string& down_reason() const { return down_reason_; }
   bool replica_ready() const { return sync_.ready(); }
   size_t replica_keys() const { return sync_.replica().size(); }
   // Nodes whose lease was live at the last refresh, this one included.
@@ -169,6 +172,7 @@ class Directory final : public Context {
   uint64_t down_since_ms_ = 0, last_down_log_ms_ = 0;  // Redis unreachable since (0: it is not)
   uint64_t last_refusal_log_ms_ = 0, refusals_unlogged_ = 0;
   std::vector<ChunkKey> adds_, removes_, published_now_;
+  std::string down_reason_;
   struct KeyHash {
     size_t operator()(const ChunkKey& k) const { return k.hash(); }
   };

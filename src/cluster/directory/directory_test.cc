@@ -384,6 +384,11 @@ TEST(Directory, UsesARedisWithAPasswordAndAnAclUser) {
   EXPECT_FALSE(wrong.dir->connected());
   EXPECT_EQ(none.dir->counters().connects, 0u);
   EXPECT_EQ(wrong.dir->counters().connects, 0u);
+  // Issue 34.12: said in Redis' words (`dpukv stat` shows them), not only as away.
+  EXPECT_NE(wrong.dir->down_reason().find("WRONGPASS"), std::string::npos)
+      << wrong.dir->down_reason();
+  EXPECT_NE(none.dir->down_reason().find("NOAUTH"), std::string::npos) << none.dir->down_reason();
+  EXPECT_EQ(a.dir->down_reason(), "");
 }
 
 // Issue 34.11: `directory_published` counted edits sent, so with an ACL user that
