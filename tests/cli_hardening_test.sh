@@ -47,6 +47,13 @@ expect_exit 2 "" -- "$bin" agent --no-such-flag
 expect_exit 2 "from 1 to 64" -- $a --dma-threads 0
 expect_exit 2 "from 1 to 64" -- $a --dma-threads 99  # the same words as for 0 (issue 34.12)
 expect_exit 2 "0 or more" -- "$bin" events --count -1 --socket "$tmp/none.sock"
+# A socket that accepts and never answers: `dpukv rpc` gives up at -t (issue 34.10).
+$py -c 'import socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8); time.sleep(600)' \
+  "$tmp/silent.sock" &
+pids+=($!)
+wait_socket "$tmp/silent.sock"
+expect_exit 1 "no answer within 1 s" -- "$bin" rpc -s "$tmp/silent.sock" -t 1 nvmf_get_subsystems
 for v in -1 nan inf; do expect_exit 2 "speedup" -- "$bin" replay "$trace" --speedup "$v"; done
 expect_exit 2 "timeout" -- "$bin" rpc -t -1 nvmf_get_subsystems
 expect_exit 2 "not a size of whole blocks" -- "$bin" nvme target --socket "$tmp/nv.sock" --size abc

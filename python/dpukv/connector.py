@@ -37,10 +37,12 @@ wait_for_layer_load raises LoadMiss, never hands back stale bytes.
 
 Loads of several requests overlap as an engine's batch makes them: each
 request's layer gets its own run of slots in the load half of staging, taken in
-start_load_kv and given back when the layer is scattered. When the slots run out,
-the oldest loads of other requests are finished early (waited for and scattered
-into their own blocks, which the engine has already allocated to them) until
-there is room: a bounded pool with a wait, never shared bytes.
+start_load_kv and given back when the layer is scattered. A request's layers that
+do not fit at once wait their turn and start as earlier layers are scattered (a
+hit needs one layer's chunks in staging at a time: max_load_chunks). When the
+slots run out, the oldest loads of other requests are finished early (waited for
+and scattered into their own blocks, which the engine has already allocated to
+them) until there is room: a bounded pool with a wait, never shared bytes.
 
 An agent that is away is a miss, never an error the engine has to handle: the
 lookup answers 0, a load that cannot start makes every layer of the request
