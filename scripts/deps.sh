@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages dpukv builds and tests with, only those missing.
+# Installs the Debian packages dpukv builds and tests with, only those missing; with
+# --test also the venv with vLLM (scripts/vllm_venv.sh).
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config python3 clang-14 libclang-rt-14-dev clang-format
       libgtest-dev libcli11-dev nlohmann-json3-dev liburing-dev libisal-dev liblz4-dev libzstd-dev
@@ -21,4 +22,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# --test: vLLM's CPU engine in a venv of its own (made once per machine, reused),
+# for the tests that run vLLM itself (vllm.engine).
+if [ "${1:-}" = "--test" ]; then
+  "$(dirname "$0")/vllm_venv.sh" >/dev/null
 fi

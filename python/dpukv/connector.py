@@ -127,8 +127,8 @@ class DpukvConnector:
         ([2, num_blocks, block_size, kv_heads, head_dim]), HND ([2, num_blocks,
         kv_heads, block_size, head_dim]) or MLA (one latent cache per layer,
         [num_blocks, block_size, head_dim], as DeepSeek's models keep it)."""
-        if kv_layout not in ("NHD", "HND", "MLA"):
-            raise ValueError(f"kv_layout must be NHD, HND or MLA, not {kv_layout!r}")
+        if kv_layout not in ("NHD", "HND", "MLA", "BHNC"):
+            raise ValueError(f"kv_layout must be NHD, HND, MLA or BHNC, not {kv_layout!r}")
         self.kv_layout = kv_layout
         for name, v in (("chunk_tokens", chunk_tokens), ("staging_bytes", staging_bytes),
                         ("world_size", world_size)):
@@ -178,9 +178,14 @@ class DpukvConnector:
             raise ValueError(f"layer_ids {layer_ids} are not {len(kv_caches)} distinct layers "
                              f"of [0, {total_layers})")
         first = kv_caches[0]
-        # K and V per block, or MLA's one latent part.
-        self.parts = 1 if self.kv_layout == "MLA" else 2
-        if self.parts == 1:
+        # K and V per block, or one part: MLA's latent, or a block whose content
+        # holds both (BHNC).
+        self.parts = 1 if self.kv_layout in ("MLA", "BHNC") else 2
+        if self.kv_layout == "BHNC":
+            if not isinstance(first, torch.Tensor) or first.dim() != 4:
+                raise ValueError("BHNC KV caches must be [num_blocks, kv_heads, block_size, "
+                                 "content] (vLLM's per-layer view)")
+        elif self.parts == 1:
             if not isinstance(first, torch.Tensor) or first.dim() != 3:
                 raise ValueError("MLA KV caches must be [num_blocks, block_size, head_dim]")
         elif not isinstance(first, torch.Tensor) or first.dim() != 5 or first.shape[0] != 2:
@@ -198,6 +203,8 @@ class DpukvConnector:
             _, self.num_blocks, self.block_size, heads, dim = first.shape
         elif self.kv_layout == "HND":
             _, self.num_blocks, heads, self.block_size, dim = first.shape
+        elif self.kv_layout == "BHNC":
+            self.num_blocks, heads, self.block_size, dim = first.shape
         else:
             (self.num_blocks, self.block_size, dim), heads = first.shape, 1
         if self.chunk_tokens % self.block_size:
@@ -348,10 +355,12 @@ class DpukvConnector:
         req = _Request(tokens=list(tokens))
         req.keys = native.chunk_keys_layers(self.model, req.tokens, self.chunk_tokens, False,
                                             self.world_size, self.rank, self.layouts)
-        try:  # every layer's lookup in one round trip
-            hits = self.client.lookup_layers(req.keys, pin=True)
-        except native.AgentUnavailable:
-            hits = [0] * len(self.kv)  # the cache is away: recompute
+        hits = [0] * len(self.kv)  # a prompt shorter than a chunk has nothing to find
+        if req.keys and req.keys[0]:
+            try:  # every layer's lookup in one round trip
+                hits = self.client.lookup_layers(req.keys, pin=True)
+            except native.AgentUnavailable:
+                pass  # the cache is away: recompute
         req.pinned = [keys[:n] for keys, n in zip(req.keys, hits)]
         matched = min(hits)
         matched = matched or 0

@@ -5,12 +5,13 @@ connector core (connector.py). A vLLM user loads it with
       "kv_connector_module_path": "dpukv.vllm", "kv_role": "kv_both",
       "kv_connector_extra_config": {"dpukv.socket": "/run/dpukv/dpukv.sock"}}'
 
-Follows KVConnectorBase_V1 of vllm-project/vllm as of
-vllm/distributed/kv_transfer/kv_connector/v1/base.py at commit
-13f4ad0f55b08ca1d37d1459f50ce950feaeb547 and vllm/v1/core/sched/output.py at
-00e8f1fd0936d138370d01dbe1b4f8e12baf63b1. It has NOT run inside a vLLM server:
-python/test_vllm_contract.py drives it in vLLM's call order, with stand-ins of
-vLLM's types (tests/vllm_standins/) where vLLM cannot be imported.
+Runs inside vLLM 0.32.0's own engine (its CPU platform; ctest vllm.engine,
+python/tests/test_vllm_engine.py), where every layer's cache comes as a view
+[blocks, heads, block_size, content] (kv_layout BHNC: a block's bytes are one row).
+With older vLLMs, written from KVConnectorBase_V1 at commit
+13f4ad0f55b08ca1d37d1459f50ce950feaeb547 ([2, blocks, ...] caches), it is driven by
+python/tests/test_vllm_contract.py with stand-ins of vLLM's types
+(tests/vllm_standins/). Not yet run inside `vllm serve`.
 
 How the two sides split the work (they share only the metadata the scheduler
 builds each step):
@@ -114,6 +115,16 @@ def _layer_number(name):
     return int(m.group(1)) if m else None
 
 
+def _standard_views():
+    """Whether this vLLM hands connectors standardized per-layer views [B, H, N, C]
+    (its KVCacheLayout, mid-2026 on) rather than [2, B, N, H, D] tensors."""
+    try:
+        import vllm.v1.kv_cache_layout  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _total_layers(mc, pc):
     """The model's layer count, over every pipeline stage."""
     get = getattr(mc, "get_total_num_hidden_layers", None)
@@ -143,7 +154,7 @@ _ITEM_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
 def _max_load_chunks(staging_bytes, chunk_tokens, kv_heads, head_dim, dtype, kv_layout):
     """What DpukvConnector.max_load_chunks will be for caches of this configuration
     (fp8 and other 1-byte caches: 1 byte an element)."""
-    parts = 1 if kv_layout == "MLA" else 2
+    parts = 1 if kv_layout in ("MLA", "BHNC") else 2
     item = _ITEM_BYTES.get(str(dtype), 1)
     chunk_bytes = parts * chunk_tokens * kv_heads * head_dim * item
     return max(staging_bytes // chunk_bytes // 2, 0)
@@ -230,6 +241,11 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             raise ValueError(f"dpukv.kv_layout must be NHD or HND, not {self.kv_layout!r}")
         if getattr(mc, "use_mla", False):
             self.kv_layout = "MLA"  # one latent cache per layer: [num_blocks, block_size, dim]
+        if _standard_views():
+            # vLLM hands every layer's cache as one view [blocks, heads, block_size,
+            # content] (K and V in the content; MLA: one head), whatever the
+            # backend's memory order: dpukv moves a block's bytes as one row.
+            self.kv_layout = "BHNC"
         self.staging_bytes = _size("dpukv.staging_bytes",
                                    _extra(tc, "dpukv.staging_bytes", 512 << 20))
         self.lease_ns = int(_millis("dpukv.lease_ms", _extra(tc, "dpukv.lease_ms", 0)) * 1e6)
@@ -252,7 +268,12 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         if dtype in (None, "auto"):
             dtype = str(mc.dtype).replace("torch.", "")
         self.dtype = dtype
-        self.layouts = layer_layouts(self.dtype, self.layers, self.kv_heads, self.head_dim,
+        self.key_heads, self.key_dim = self.kv_heads, self.head_dim
+        if self.kv_layout == "BHNC":
+            mla = getattr(mc, "use_mla", False)
+            self.key_heads, self.key_dim = (1, self.head_dim) if mla else (
+                self.kv_heads, 2 * self.head_dim)
+        self.layouts = layer_layouts(self.dtype, self.layers, self.key_heads, self.key_dim,
                                      self.kv_layout)
         self.model = native.model_id(self.model_name)
         socket = str(_extra(tc, "dpukv.socket", ""))
@@ -266,7 +287,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         # The largest hit a worker's load staging carries (one layer's chunks at a
         # time): the scheduler never reports more.
         self.max_load_chunks = _max_load_chunks(
-            self.staging_bytes, self.chunk_tokens, self.kv_heads, self.head_dim, self.dtype,
+            self.staging_bytes, self.chunk_tokens, self.key_heads, self.key_dim, self.dtype,
             self.kv_layout)
         if role == KVConnectorRole.SCHEDULER:
             self._reqs = {}
@@ -314,10 +335,15 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         if self.save_policy == "seen_twice":
             # Asked again about the same request: it is not seen a second time.
             st.savable = old.savable if old is not None else self._count_seen(st.keys0)
-        try:
-            hits = self.client.lookup_layers(keys, pin=True)
-        except native.AgentUnavailable:
-            hits = [0] * len(keys)  # the cache is away: recompute
+        hits = [0] * len(keys)  # a prompt shorter than a chunk has nothing to find
+        if keys and keys[0]:
+            try:
+                hits = self.client.lookup_layers(keys, pin=True)
+            except native.AgentUnavailable:
+                pass  # the cache is away: recompute
+            except RuntimeError as e:  # refused: a miss, never an engine that stops
+                logger.warning("dpukv: lookup of request %s refused (%s): a miss",
+                               request.request_id, e)
         st.pinned = [k[:n] for k, n in zip(keys, hits)]
         hit = min(hits) if hits else 0
         if hit * self.chunk_tokens >= len(tokens):

@@ -1,0 +1,38 @@
+"""One run of vLLM's own engine (LLM, on vLLM's CPU platform) over a tiny Llama the
+test wrote (config.json only: weights are vLLM's seeded dummy ones, so every
+process gets the same model), prompts given as token ids, greedy. Run by
+test_vllm_engine.py, one process per run, as a new engine process would be:
+
+  vllm_engine_run.py MODEL_DIR SOCKET|none PROMPTS_JSON
+
+SOCKET: the connector configured by kv_transfer_config as the README shows it;
+"none": no connector. Prints one JSON line: per prompt, its output token ids and
+vLLM's num_cached_tokens."""
+import json
+import sys
+
+
+def main():
+    model, socket, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    from vllm import LLM, SamplingParams
+
+    kw = {}
+    if socket != "none":
+        from vllm.config import KVTransferConfig
+        kw["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="DpukvConnectorV1", kv_connector_module_path="dpukv.vllm",
+            kv_role="kv_both", kv_connector_extra_config={"dpukv.socket": socket})
+    # A small KV space (vLLM's CPU default takes 92 % of the RAM), eager mode (no
+    # graphs to compile on a 2-core machine), one fixed seed for the dummy weights.
+    llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+              max_model_len=4096, enforce_eager=True, seed=0, max_num_seqs=8,
+              kv_cache_memory_bytes=256 << 20, **kw)
+    params = SamplingParams(max_tokens=8, temperature=0.0, detokenize=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    print("RESULT " + json.dumps([{"tokens": list(o.outputs[0].token_ids),
+                                   "cached": o.num_cached_tokens or 0} for o in outs]),
+          flush=True)
+
+
+if __name__ == "__main__":  # vLLM starts its engine processes by spawn
+    main()
