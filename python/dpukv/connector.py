@@ -340,9 +340,9 @@ class DpukvConnector:
                 raise ValueError(f"{what}: block id {b!r} is not in [0, {self.num_blocks})")
         return ids
 
-    def _keys(self, tokens, layer, include_partial=False):
+    def _keys(self, tokens, layer, include_partial=False, salt=0):
         return native.chunk_keys(self.model, list(tokens), self.chunk_tokens, include_partial,
-                                 self.world_size, self.rank, self.layouts[layer])
+                                 self.world_size, self.rank, self.layouts[layer] ^ salt)
 
     # ---- scheduler side --------------------------------------------------------
 
@@ -392,7 +392,7 @@ class DpukvConnector:
         self.inflight = deque(x for x in self.inflight if x[0] != request_id)
         release_pins(self.client, req.pinned)
 
-    def prepare_load(self, request_id, tokens, block_ids, first: int, end: int):
+    def prepare_load(self, request_id, tokens, block_ids, first: int, end: int, salt: int = 0):
         """A load the caller looked up (and pinned) elsewhere, as a vLLM worker
         gets it from its scheduler: chunks [first, end) of tokens into their blocks
         of block_ids (the request's whole block table). start_load_kv next; the
@@ -406,7 +406,8 @@ class DpukvConnector:
             raise ValueError(f"request {request_id!r} has a load prepared already")
         req = _Request(tokens=list(tokens))
         keys = native.chunk_keys_layers(self.model, req.tokens, self.chunk_tokens, False,
-                                        self.world_size, self.rank, self.layouts)
+                                        self.world_size, self.rank,
+                                        [l ^ salt for l in self.layouts])
         if len(keys[0]) < end:
             raise ValueError(f"request {request_id!r}: {len(req.tokens)} tokens hold "
                              f"{len(keys[0])} whole chunks, not {end}")
@@ -588,7 +589,8 @@ class DpukvConnector:
 
     # ---- saves -----------------------------------------------------------------
 
-    def save_kv_layer(self, request_id, layer: int, tokens, block_ids, skip_chunks: int = 0):
+    def save_kv_layer(self, request_id, layer: int, tokens, block_ids, skip_chunks: int = 0,
+                      salt: int = 0):
         """Saves the whole chunks of layer `layer` of a request after the layer has
         written its KV; returns at once (wait_for_save collects). Chunks below
         skip_chunks (loaded from dpukv) are not stored again."""
@@ -596,7 +598,7 @@ class DpukvConnector:
             raise ValueError(f"layer {layer} is not in [0, {len(self.kv)})")
         if skip_chunks < 0:
             raise ValueError(f"skip_chunks must be >= 0, not {skip_chunks}")
-        all_keys = self._keys(tokens, layer)
+        all_keys = self._keys(tokens, layer, salt=salt)
         block_ids = self._check_blocks(block_ids, len(all_keys), f"save of {request_id!r}")
         keys = all_keys[skip_chunks:]
         kv = self.kv[layer]

@@ -57,6 +57,7 @@ in a block), sees it layer-major through the attention backend's stride order, a
 the core moves each layer's part of a block in place; chunks keep their per-layer
 keys, so a cross-layer engine and a per-layer one share the cache.
 """
+import hashlib
 import logging
 import re
 import time
@@ -87,6 +88,7 @@ class ReqMeta:
     save_from: int = 0
     save_to: int = 0
     lookup_ns: int = 0  # when the scheduler looked the hit up (CLOCK_MONOTONIC, this host)
+    salt: int = 0  # the request's extra keys (LoRA, cache_salt), folded into its keys' layout
 
 
 @dataclass
@@ -97,6 +99,8 @@ class DpukvConnectorMetadata(KVConnectorMetadata):
 @dataclass
 class _SchedReq:
     tokens: list
+    key_tokens: list = None  # tokens the keys are made of (multimodal items mixed in)
+    salt: int = 0
     savable: int = 1 << 62  # leading chunks the save policy lets go to dpukv
     block_hashes: list = field(default_factory=list)  # vLLM's, per full block
     keys0: list = field(default_factory=list)  # layer 0, rank 0: the chunk's event key
@@ -113,6 +117,44 @@ class _SchedReq:
 def _layer_number(name):
     m = re.search(r"layers\.(\d+)\.", name)
     return int(m.group(1)) if m else None
+
+
+def request_salt(request):
+    """What a request's KV depends on besides its tokens and the model, for the
+    whole prompt: its LoRA adapter and its cache_salt (vLLM's per-tenant isolation),
+    as 64 bits folded into every key's layout (0: neither). A keyed hash
+    (BLAKE2b): a tenant cannot choose a salt that lands on another's keys."""
+    parts = []
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        parts.append(f"lora\0{getattr(lora, 'lora_name', '')}\0{getattr(lora, 'lora_int_id', '')}")
+    salt = getattr(request, "cache_salt", None)
+    if salt:
+        parts.append(f"salt\0{salt}")
+    if not parts:
+        return 0
+    digest = hashlib.blake2b("\0\0".join(parts).encode(), digest_size=8,
+                             person=b"dpukv-extra").digest()
+    return int.from_bytes(digest, "little") or 1
+
+
+def key_tokens(request):
+    """The token ids a request's keys are made of: its prompt, with each multimodal
+    item's placeholder tokens (the same for every image) replaced by ids drawn
+    from the item's own hash, negative so that no prompt has them. The chunk
+    holding an item and every chunk after it get keys of their own, as vLLM's
+    block hashes do; the chunks before it stay shared."""
+    tokens = list(getattr(request, "prompt_token_ids", None) or [])
+    for f in getattr(request, "mm_features", None) or []:
+        pos, ident = getattr(f, "mm_position", None), getattr(f, "identifier", None)
+        if pos is None or ident is None:
+            continue
+        first, n = int(pos.offset), int(pos.length)
+        stream = hashlib.shake_256(b"dpukv-mm\0" + str(ident).encode()).digest(4 * max(n, 0))
+        for i in range(max(0, first), min(len(tokens), first + n)):
+            v = int.from_bytes(stream[4 * (i - first):4 * (i - first) + 4], "little")
+            tokens[i] = -1 - (v & 0x7FFFFFFF)
+    return tokens
 
 
 def _standard_views():
@@ -295,6 +337,8 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             # stands for it, mapped to the engine's block hashes of the chunk.
             self._chunk_blocks = OrderedDict()  # prefix hash -> (hashes, parent, tokens)
             self._subscribed = False
+            # Layer 0's layouts a chunk's event key may have (one per extra-key salt).
+            self._event_layouts = {self.layouts[0]}
             self._subscribe()  # now, so that the first step's saves are heard
             self._seen = OrderedDict()  # seen_twice: prefix hash -> lookups that saw it
         else:
@@ -310,11 +354,12 @@ class DpukvConnectorV1(KVConnectorBase_V1):
 
     # ---- scheduler side ---------------------------------------------------------
 
-    def _keys_all_ranks(self, tokens):
+    def _keys_all_ranks(self, tokens, salt=0):
+        layouts = [l ^ salt for l in self.layouts]
         out = []
         for rank in range(self.world_size):
             out += native.chunk_keys_layers(self.model, tokens, self.chunk_tokens, False,
-                                            self.world_size, rank, self.layouts)
+                                            self.world_size, rank, layouts)
         return out
 
     def _unpin(self, st):
@@ -329,8 +374,11 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         st = _SchedReq(tokens=tokens, local=num_computed_tokens,
                        block_hashes=list(getattr(request, "block_hashes", None) or []),
                        lookup_ns=time.monotonic_ns())
+        st.key_tokens, st.salt = key_tokens(request), request_salt(request)
         self._reqs[request.request_id] = st
-        keys = self._keys_all_ranks(tokens)
+        keys = self._keys_all_ranks(st.key_tokens, st.salt)
+        if st.salt:
+            self._event_layouts.add(self.layouts[0] ^ st.salt)
         st.keys0 = keys[0]
         if self.save_policy == "seen_twice":
             # Asked again about the same request: it is not seen a second time.
@@ -362,7 +410,8 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         st = self._reqs.get(request.request_id)
         if st is None:
             st = self._reqs[request.request_id] = _SchedReq(
-                tokens=list(request.prompt_token_ids or []))
+                tokens=list(request.prompt_token_ids or []), key_tokens=key_tokens(request),
+                salt=request_salt(request))
         st.block_ids = list(blocks.get_block_ids()[0])
         if num_external_tokens > 0:
             # Whole chunks from the one holding vLLM's first uncomputed token (its
@@ -400,7 +449,8 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         # seen_twice, only a prefix an earlier request's lookup saw too).
         done = min(computed_after_step, len(st.tokens)) // self.chunk_tokens
         done = min(done, st.savable)
-        rm = ReqMeta(req_id, st.tokens, list(st.block_ids))
+        rm = ReqMeta(req_id, st.key_tokens if st.key_tokens is not None else st.tokens,
+                     list(st.block_ids), salt=st.salt)
         if st.load_to > st.load_from:
             rm.load_from, rm.load_to = st.load_from, st.load_to
             st.load_from = st.load_to = 0
@@ -473,7 +523,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         from vllm.distributed.kv_events import BlockRemoved, BlockStored
         out = []
         for key, stored in events:
-            if key.rank != 0 or key.layout != self.layouts[0]:
+            if key.rank != 0 or key.layout not in self._event_layouts:
                 continue
             info = self._chunk_blocks.get(key.prefix_hash)
             if info is None:
@@ -575,7 +625,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
                 continue
             try:
                 self.core.prepare_load(rm.req_id, rm.token_ids, rm.block_ids, rm.load_from,
-                                       rm.load_to)
+                                       rm.load_to, salt=rm.salt)
                 self.core.start_load_kv(rm.req_id)
             except (ValueError, RuntimeError) as e:
                 # Never an exception out of the step: the blocks are recomputed.
@@ -608,8 +658,9 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         for rm in meta.requests:
             if rm.save_to > rm.save_from:
-                self.core.save_kv_layer(rm.req_id, layer, rm.token_ids[:rm.save_to * self.chunk_tokens],
-                                        rm.block_ids, skip_chunks=rm.save_from)
+                self.core.save_kv_layer(rm.req_id, layer,
+                                        rm.token_ids[:rm.save_to * self.chunk_tokens],
+                                        rm.block_ids, skip_chunks=rm.save_from, salt=rm.salt)
 
     def wait_for_save(self):
         # The step's gathers copied its blocks into staging already: the stores

@@ -620,6 +620,51 @@ def test_an_engine_starts_without_its_agent_and_uses_it_once_it_is_there():
         os.rmdir(tmp)
 
 
+def test_requests_with_another_lora_salt_or_image_never_share_kv():
+    # Issue 35: chunk keys were the tokens alone, so two requests with the same token
+    # ids and another LoRA adapter, cache_salt (tenant) or image shared dpukv's KV.
+    prompt = torch.randint(0, cfg.vocab_size, (3 * CHUNK + 5,)).tolist()
+
+    class Lora:
+        def __init__(self, name, i):
+            self.lora_name, self.lora_int_id = name, i
+
+    class Pos:
+        def __init__(self, offset, length):
+            self.offset, self.length = offset, length
+
+    class Image:  # vLLM's MultiModalFeatureSpec: the item's hash and placeholder range
+        def __init__(self, ident, offset, length):
+            self.identifier, self.mm_position = ident, Pos(offset, length)
+
+    def req(rid, **extra):
+        r = Request(rid, prompt)
+        for k, v in extra.items():
+            setattr(r, k, v)
+        return r
+
+    eng = Engine(cfg, model, "contract-extras")
+    stored = dict(cache_salt="tenant-a", lora_request=Lora("adapter-1", 1),
+                  mm_features=[Image("image-1", CHUNK + 3, 10)])  # in chunk 1
+    eng.add(req("s", **stored))
+    assert eng.step() == ["s"]
+    eng.flush()
+    sched = DpukvConnectorV1(vllm_config(cfg, "contract-extras"), KVConnectorRole.SCHEDULER)
+
+    def hit(**extra):
+        r = req("q", **extra)
+        got = sched.get_num_new_matched_tokens(r, 0)
+        sched.request_finished(r, [])
+        return got
+
+    assert hit(**stored) == (3 * CHUNK, False)  # the same request: all of it
+    assert hit() == (0, False)  # none of its extras
+    assert hit(**dict(stored, cache_salt="tenant-b")) == (0, False)
+    assert hit(**dict(stored, lora_request=Lora("adapter-2", 2))) == (0, False)
+    # Another image in chunk 1: chunk 0 (before it) is shared, the rest is not.
+    assert hit(**dict(stored, mm_features=[Image("image-2", CHUNK + 3, 10)])) == (CHUNK, False)
+
+
 def test_hnd_caches_have_their_own_keys_and_round_trip():
     # 6b. HND caches ([2, num_blocks, kv_heads, block_size, head_dim]): their own keys
     # (an NHD lookup of the same prompt misses them), and a round trip.

@@ -9,7 +9,8 @@ agent this test starts. Nothing from a hub, no tokenizer: prompts are token ids.
   3. a new engine process finds them in dpukv (the agent's retrieves, and vLLM's
      cached tokens), and gives the same tokens again;
   4. a batch of a full hit, a partial hit (the same first chunks, then others)
-     and a miss gives the tokens of the same batch without the connector.
+     and a miss gives the tokens of the same batch without the connector;
+  5. the same tokens under two tenants' cache_salt never share KV.
 
 test_vllm_engine.py PYTHON PACKAGE_DIR DPUKV_BIN (PYTHON: the interpreter of the
 venv scripts/deps.sh --test made with vLLM; tests/vllm_engine_test.sh finds it)."""
@@ -98,9 +99,22 @@ def main():
         # The full hit at least (the partial one may find its prefix in vLLM's own
         # cache, filled by the full hit in the same step).
         assert s3["retrieves"] - s2["retrieves"] >= 3 * 2, (s2, s3)
+        # The same tokens under two tenants' cache_salt never share KV: stored under
+        # one, a miss under the other, found again under the first.
+        salted = tokens(6, 600)
+        want_salted = run(model, None, [salted])
+        got = run(model, sock, [{"tokens": salted, "salt": "tenant-a"}])
+        s4 = stat(sock)
+        assert s4["stores"] - s3["stores"] == 2 * 2, (s3, s4)
+        for salt, loads in (("tenant-b", 0), ("tenant-a", 2 * 2)):
+            got = run(model, sock, [{"tokens": salted, "salt": salt}])
+            assert [r["tokens"] for r in got] == [r["tokens"] for r in want_salted], (salt, got)
+            s5 = stat(sock)
+            assert s5["retrieves"] - s4["retrieves"] == loads, (salt, s4, s5)
+            s4 = s5
         print(f"vllm.engine: ok: {len(prompts)} prompts stored and found again by a new engine "
-              f"process, a mixed batch, tokens equal to runs without the connector; "
-              f"{s3['retrieves']} chunk retrieves")
+              f"process, a mixed batch, tenants' salts kept apart, tokens equal to runs "
+              f"without the connector; {s4['retrieves']} chunk retrieves")
     finally:
         agent.terminate()
         agent.wait()

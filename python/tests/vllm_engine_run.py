@@ -28,7 +28,10 @@ def main():
               max_model_len=4096, enforce_eager=True, seed=0, max_num_seqs=8,
               kv_cache_memory_bytes=256 << 20, **kw)
     params = SamplingParams(max_tokens=8, temperature=0.0, detokenize=False)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    # A prompt: its token ids, or {"tokens": [...], "salt": cache_salt}.
+    outs = llm.generate([{"prompt_token_ids": p} if isinstance(p, list) else
+                         {"prompt_token_ids": p["tokens"], "cache_salt": p["salt"]}
+                         for p in prompts], params)
     print("RESULT " + json.dumps([{"tokens": list(o.outputs[0].token_ids),
                                    "cached": o.num_cached_tokens or 0} for o in outs]),
           flush=True)
