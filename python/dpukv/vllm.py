@@ -25,8 +25,9 @@ builds each step):
              partial one).
   worker     start_load_kv starts every layer's retrieve; wait_for_layer_load
              finishes one layer (a failed or expired load never raises: its
-             blocks go to get_block_ids_with_load_errors and vLLM recomputes
-             them); save_kv_layer gathers the layer's chunks into staging and
+             blocks go to get_block_ids_with_load_errors, and vLLM recomputes
+             them with kv_load_failure_policy "recompute", or ends the request
+             with finish reason "error" with "fail", its default); save_kv_layer gathers the layer's chunks into staging and
              stores them; wait_for_save waits for the stores.
 Loads are synchronous within the step (get_num_new_matched_tokens answers
 load_async=False). Saves copy out of the paged blocks during the step (the gather
@@ -521,6 +522,11 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         if lost:
             logger.warning("dpukv: KV events were lost (a reconnect, or too slow a reader)")
         from vllm.distributed.kv_events import BlockRemoved, BlockStored
+        try:  # bytes, or 64-bit integers under VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES
+            from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash as external
+        except ImportError:
+            def external(h):
+                return h
         out = []
         for key, stored in events:
             if key.rank != 0 or key.layout not in self._event_layouts:
@@ -529,12 +535,16 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             if info is None:
                 continue
             hashes, parent, tokens = info
+            hashes = [external(h) for h in hashes]  # the engine's own events' form
+            parent = external(parent) if parent is not None else None
+            # group_idx 0: the KV cache group of the model's attention layers.
             if stored:
-                out.append(BlockStored(block_hashes=list(hashes), parent_block_hash=parent,
+                out.append(BlockStored(block_hashes=hashes, parent_block_hash=parent,
                                        token_ids=list(tokens), block_size=self.block_size,
-                                       lora_id=None, medium="CPU", lora_name=None))
+                                       lora_id=None, medium="CPU", lora_name=None,
+                                       group_idx=0))
             else:
-                out.append(BlockRemoved(block_hashes=list(hashes), medium="CPU"))
+                out.append(BlockRemoved(block_hashes=hashes, medium="CPU", group_idx=0))
         return out
 
     # ---- worker side ------------------------------------------------------------
@@ -677,6 +687,20 @@ class DpukvConnectorV1(KVConnectorBase_V1):
 
     def get_finished(self, finished_req_ids):
         return None, None
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config):
+        """True: a loaded chunk is scattered into its blocks in wait_for_layer_load,
+        and saves gather in save_kv_layer; a full CUDA graph replays without those
+        hooks (a hit leaving one prompt token in a decode-only batch would never be
+        scattered), so vLLM must capture piecewise graphs around the attention."""
+        return True
+
+    def handle_preemptions(self, kv_connector_metadata):
+        """Nothing to hold back: a step's loads finish within it (wait_for_save
+        gives their slots back) and its saves copied the blocks out in
+        save_kv_layer, so a preempted request's blocks may be reused at once."""
+        return None
 
     def shutdown(self):
         if self._role != KVConnectorRole.SCHEDULER and self.core.kv is not None:

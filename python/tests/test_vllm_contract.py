@@ -352,6 +352,7 @@ def test_an_engine_saves_loads_preempts_aborts_and_recomputes_after_a_lost_lease
                     key=lambda e: a.block_hashes.index(e.block_hashes[0]))
     assert [e.block_hashes for e in stored] == [a.block_hashes[i:i + 2] for i in (0, 2, 4)], stored
     assert [e.parent_block_hash for e in stored] == [None, a.block_hashes[1], a.block_hashes[3]]
+    assert [e.group_idx for e in stored] == [0, 0, 0], stored  # the attention layers' group
     assert stored[0].token_ids == a.prompt_token_ids[:CHUNK] and stored[0].block_size == BLOCK
 
     # 2. Continuous batching: a full hit (B shares A's 96 tokens), a partial hit (C
@@ -663,6 +664,15 @@ def test_requests_with_another_lora_salt_or_image_never_share_kv():
     assert hit(**dict(stored, lora_request=Lora("adapter-2", 2))) == (0, False)
     # Another image in chunk 1: chunk 0 (before it) is shared, the rest is not.
     assert hit(**dict(stored, mm_features=[Image("image-2", CHUNK + 3, 10)])) == (CHUNK, False)
+
+
+def test_cuda_graphs_are_piecewise_and_preemptions_hold_nothing_back():
+    # Issue 35: a full CUDA graph replays a decode-only batch without the per-layer
+    # hooks the loads are scattered in; the adapter asks for piecewise graphs. And
+    # vLLM's handle_preemptions(metadata) is there (nothing is pending on blocks).
+    assert DpukvConnectorV1.requires_piecewise_for_cudagraph({}) is True
+    w = DpukvConnectorV1(vllm_config(cfg, "contract-llama"), KVConnectorRole.WORKER)
+    assert w.handle_preemptions(DpukvConnectorMetadata()) is None
 
 
 def test_hnd_caches_have_their_own_keys_and_round_trip():

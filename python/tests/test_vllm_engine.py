@@ -10,7 +10,9 @@ agent this test starts. Nothing from a hub, no tokenizer: prompts are token ids.
      cached tokens), and gives the same tokens again;
   4. a batch of a full hit, a partial hit (the same first chunks, then others)
      and a miss gives the tokens of the same batch without the connector;
-  5. the same tokens under two tenants' cache_salt never share KV.
+  5. the same tokens under two tenants' cache_salt never share KV;
+  6. a failed load under either kv_load_failure_policy: recompute gives the same
+     tokens, fail ends the request cleanly.
 
 test_vllm_engine.py PYTHON PACKAGE_DIR DPUKV_BIN (PYTHON: the interpreter of the
 venv scripts/deps.sh --test made with vLLM; tests/vllm_engine_test.sh finds it)."""
@@ -48,11 +50,12 @@ def stat(sock):
     return json.loads(out)
 
 
-def run(model, sock, prompts):
+def run(model, sock, prompts, opts=None):
     env = dict(os.environ, PYTHONPATH=PKG, VLLM_LOGGING_LEVEL="WARNING",
                PYTHONDONTWRITEBYTECODE="1")
     p = subprocess.run([PY, os.path.join(HERE, "vllm_engine_run.py"), model, sock or "none",
-                        json.dumps(prompts)], env=env, capture_output=True, text=True)
+                        json.dumps(prompts), json.dumps(opts or {})], env=env,
+                       capture_output=True, text=True)
     lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
         sys.stderr.write(p.stdout[-4000:] + p.stderr[-8000:])
@@ -112,6 +115,16 @@ def main():
             s5 = stat(sock)
             assert s5["retrieves"] - s4["retrieves"] == loads, (salt, s4, s5)
             s4 = s5
+        # A load that fails (here: every hit older than a 1 us lease when it is loaded)
+        # under both of vLLM's kv_load_failure_policy values: "recompute" gives the
+        # tokens of a run without the connector; "fail" (vLLM's default) ends the
+        # request with finish reason "error" and no tokens. Never wrong tokens.
+        lapsed = {"extra": {"dpukv.lease_ms": 0.001}}
+        got = run(model, sock, [a], dict(lapsed, policy="recompute"))
+        assert got[0]["tokens"] == want[0]["tokens"], (got, want)
+        got = run(model, sock, [a], dict(lapsed, policy="fail"))
+        assert got[0]["tokens"] == [] and got[0]["finish"] == "error", got
+        assert stat(sock)["retrieves"] == s4["retrieves"]  # nothing was loaded
         print(f"vllm.engine: ok: {len(prompts)} prompts stored and found again by a new engine "
               f"process, a mixed batch, tenants' salts kept apart, tokens equal to runs "
               f"without the connector; {s4['retrieves']} chunk retrieves")

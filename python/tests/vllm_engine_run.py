@@ -3,25 +3,29 @@ test wrote (config.json only: weights are vLLM's seeded dummy ones, so every
 process gets the same model), prompts given as token ids, greedy. Run by
 test_vllm_engine.py, one process per run, as a new engine process would be:
 
-  vllm_engine_run.py MODEL_DIR SOCKET|none PROMPTS_JSON
+  vllm_engine_run.py MODEL_DIR SOCKET|none PROMPTS_JSON [OPTIONS_JSON]
 
 SOCKET: the connector configured by kv_transfer_config as the README shows it;
 "none": no connector. Prints one JSON line: per prompt, its output token ids and
-vLLM's num_cached_tokens."""
+vLLM's num_cached_tokens, and its finish reason. OPTIONS_JSON: "extra" (more
+kv_connector_extra_config), "policy" (kv_load_failure_policy)."""
 import json
 import sys
 
 
 def main():
     model, socket, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    opts = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
     from vllm import LLM, SamplingParams
 
     kw = {}
     if socket != "none":
         from vllm.config import KVTransferConfig
+        extra = dict({"dpukv.socket": socket}, **opts.get("extra", {}))
+        more = {"kv_load_failure_policy": opts["policy"]} if "policy" in opts else {}
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="DpukvConnectorV1", kv_connector_module_path="dpukv.vllm",
-            kv_role="kv_both", kv_connector_extra_config={"dpukv.socket": socket})
+            kv_role="kv_both", kv_connector_extra_config=extra, **more)
     # A small KV space (vLLM's CPU default takes 92 % of the RAM), eager mode (no
     # graphs to compile on a 2-core machine), one fixed seed for the dummy weights.
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
@@ -33,7 +37,8 @@ def main():
                          {"prompt_token_ids": p["tokens"], "cache_salt": p["salt"]}
                          for p in prompts], params)
     print("RESULT " + json.dumps([{"tokens": list(o.outputs[0].token_ids),
-                                   "cached": o.num_cached_tokens or 0} for o in outs]),
+                                   "cached": o.num_cached_tokens or 0,
+                                   "finish": str(o.outputs[0].finish_reason)} for o in outs]),
           flush=True)
 
 

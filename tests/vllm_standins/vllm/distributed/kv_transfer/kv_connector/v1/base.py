@@ -54,7 +54,7 @@ class KVConnectorBase_V1(ABC):  # noqa: N801: vLLM's name
     def register_cross_layers_kv_cache(self, kv_cache, attn_backend):
         return
 
-    def handle_preemptions(self, preempted_req_ids: set):
+    def handle_preemptions(self, kv_connector_metadata):
         return
 
     @abstractmethod
