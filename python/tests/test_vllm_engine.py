@@ -76,42 +76,44 @@ def main():
         while not os.path.exists(sock):  # as long as a busy machine takes
             assert agent.poll() is None, "the agent exited before it listened"
             time.sleep(0.05)
-        # Two prompts of 3 whole 256-token chunks and a tail, one short one.
+        # Two prompts of 3 whole 256-token chunks and a tail, one short one; a
+        # prompt with a's first two chunks, one of nothing stored, one for tenants.
         a, b, short = tokens(1, 800), tokens(2, 700), tokens(3, 40)
-        prompts = [a, b, short]
-        want = run(model, None, prompts)
-        first = run(model, sock, prompts)
-        assert [r["tokens"] for r in first] == [r["tokens"] for r in want], (first, want)
-        s = stat(sock)
-        # 3 + 2 whole chunks, each of 2 layers; the short prompt has none.
-        assert s["stores"] == (3 + 2) * 2 and s["chunks"] == (3 + 2) * 2, s
+        partial, miss, salted = a[:512] + tokens(4, 300), tokens(5, 600), tokens(6, 600)
+        # The reference: every prompt without the connector, in one engine (a
+        # request's greedy tokens do not depend on its batch here: the rows below
+        # compare runs of other batches with it, and they agree).
+        ref = [r["tokens"] for r in run(model, None, [a, b, short, partial, miss, salted])]
+        want = dict(zip(("a", "b", "short", "partial", "miss", "salted"), ref))
 
-        second = run(model, sock, prompts)  # a new engine process
-        assert [r["tokens"] for r in second] == [r["tokens"] for r in want], (second, want)
+        def same(got, names):
+            assert [r["tokens"] for r in got] == [want[n] for n in names], (got, names, want)
+
+        # Stored: 3 + 2 whole chunks of 2 layers; the short prompt has none; and the
+        # salted prompt's 2 chunks under tenant-a's salt.
+        same(run(model, sock, [a, b, short, {"tokens": salted, "salt": "tenant-a"}]),
+             ["a", "b", "short", "salted"])
+        s = stat(sock)
+        assert s["stores"] == (3 + 2 + 2) * 2 and s["chunks"] == (3 + 2 + 2) * 2, s
+
+        second = run(model, sock, [a, b, short])  # a new engine process
+        same(second, ["a", "b", "short"])
         s2 = stat(sock)
         assert s2["retrieves"] - s["retrieves"] == (3 + 2) * 2, (s, s2)
         assert [r["cached"] >= 512 for r in second[:2]] == [True, True], second
 
         # A full hit, a partial hit and a miss in one batch.
-        partial = a[:512] + tokens(4, 300)
-        mixed = [a, partial, tokens(5, 600)]
-        want_mixed = run(model, None, mixed)
-        got = run(model, sock, mixed)
-        assert [r["tokens"] for r in got] == [r["tokens"] for r in want_mixed], (got, want_mixed)
+        same(run(model, sock, [a, partial, miss]), ["a", "partial", "miss"])
         s3 = stat(sock)
         # The full hit at least (the partial one may find its prefix in vLLM's own
         # cache, filled by the full hit in the same step).
         assert s3["retrieves"] - s2["retrieves"] >= 3 * 2, (s2, s3)
-        # The same tokens under two tenants' cache_salt never share KV: stored under
-        # one, a miss under the other, found again under the first.
-        salted = tokens(6, 600)
-        want_salted = run(model, None, [salted])
-        got = run(model, sock, [{"tokens": salted, "salt": "tenant-a"}])
-        s4 = stat(sock)
-        assert s4["stores"] - s3["stores"] == 2 * 2, (s3, s4)
+
+        # The same tokens under two tenants' cache_salt never share KV: a miss under
+        # tenant-b's, found under tenant-a's.
+        s4 = s3
         for salt, loads in (("tenant-b", 0), ("tenant-a", 2 * 2)):
-            got = run(model, sock, [{"tokens": salted, "salt": salt}])
-            assert [r["tokens"] for r in got] == [r["tokens"] for r in want_salted], (salt, got)
+            same(run(model, sock, [{"tokens": salted, "salt": salt}]), ["salted"])
             s5 = stat(sock)
             assert s5["retrieves"] - s4["retrieves"] == loads, (salt, s4, s5)
             s4 = s5
@@ -120,12 +122,11 @@ def main():
         # tokens of a run without the connector; "fail" (vLLM's default) ends the
         # request with finish reason "error" and no tokens. Never wrong tokens.
         lapsed = {"extra": {"dpukv.lease_ms": 0.001}}
-        got = run(model, sock, [a], dict(lapsed, policy="recompute"))
-        assert got[0]["tokens"] == want[0]["tokens"], (got, want)
+        same(run(model, sock, [a], dict(lapsed, policy="recompute")), ["a"])
         got = run(model, sock, [a], dict(lapsed, policy="fail"))
         assert got[0]["tokens"] == [] and got[0]["finish"] == "error", got
         assert stat(sock)["retrieves"] == s4["retrieves"]  # nothing was loaded
-        print(f"vllm.engine: ok: {len(prompts)} prompts stored and found again by a new engine "
+        print(f"vllm.engine: ok: 3 prompts stored and found again by a new engine "
               f"process, a mixed batch, tenants' salts kept apart, tokens equal to runs "
               f"without the connector; {s4['retrieves']} chunk retrieves")
     finally:
