@@ -168,6 +168,9 @@ Status Client::send_gpu_export(const GpuExport& x, std::string* why) {
   const Status restored =
       write_device(x.device_ptr, x.device, old, nullptr, sizeof(old), &restore_why);
   if (!restored.ok() && st.ok()) {
+    // The caller is told the export failed: the agent must not keep it either.
+    std::vector<uint8_t> r;
+    (void)call(Op::kGpuRelease, 0, &x.e.map_id, sizeof(x.e.map_id), 1, &r);
     *why = restore_why;
     return restored;
   }
