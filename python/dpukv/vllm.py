@@ -304,7 +304,6 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         # of every stage up.
         self.total_layers = _total_layers(mc, pc)
         self.stage_layers = _stage_layers(mc, pc, self.total_layers)
-        self.layers = self.total_layers
         self.kv_heads = mc.get_num_kv_heads(pc)  # per rank
         self.head_dim = mc.get_head_size()
         dtype = vllm_config.cache_config.cache_dtype
@@ -316,7 +315,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             mla = getattr(mc, "use_mla", False)
             self.key_heads, self.key_dim = (1, self.head_dim) if mla else (
                 self.kv_heads, 2 * self.head_dim)
-        self.layouts = layer_layouts(self.dtype, self.layers, self.key_heads, self.key_dim,
+        self.layouts = layer_layouts(self.dtype, self.total_layers, self.key_heads, self.key_dim,
                                      self.kv_layout)
         self.model = native.model_id(self.model_name)
         socket = str(_extra(tc, "dpukv.socket", ""))

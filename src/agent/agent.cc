@@ -670,15 +670,12 @@ Status Agent::gpu_export(Session* s, const uint8_t* body, uint32_t len, std::str
   std::memcpy(&e, body, sizeof(e));
   // Host and GPU staging count together, per client and over all clients.
   const char* over = nullptr;
-  Status st = Code::kSuccess;
-  if (!server_->import_fits(s->conn, e.bytes, &over)) {
-    *why = std::string(over) + " (max_staging_size " + std::to_string(opts_.max_staging_bytes) +
-           ", max_staging_total " + std::to_string(opts_.max_staging_total_bytes) + " bytes)";
-    st = Code::kTooBig;
-  } else {
-    st = gpu_->add(&s->gpu, e, s->has_proof ? s->proof : nullptr, s->conn->imported_bytes(),
-                   opts_.max_staging_bytes, why);
-  }
+  std::string over_limit;
+  if (!server_->import_fits(s->conn, e.bytes, &over))
+    over_limit = std::string(over) + " (max_staging_size " +
+                 std::to_string(opts_.max_staging_bytes) + ", max_staging_total " +
+                 std::to_string(opts_.max_staging_total_bytes) + " bytes)";
+  const Status st = gpu_->add(&s->gpu, e, s->has_proof ? s->proof : nullptr, over_limit, why);
   s->has_proof = false;  // one export per proof
   s->conn->set_other_import_bytes(s->gpu.bytes);
   if (st.ok()) {

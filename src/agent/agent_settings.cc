@@ -224,13 +224,8 @@ bool check_settings(const AgentSettings& st, std::ostream& why) {
         good = parse_byte_size(s.value, &u, &err);
         break;
       case SettingKind::kCount:
-        good = parse_count(s.value, s.max, &u, &err);
-        if (good && u < s.min) {
-          good = false;
-          err = "'" + s.value + "' is not an integer from " + std::to_string(s.min) + " to " +
-                std::to_string(s.max);
-        }
-        if (!good && s.min > 0 && err.find(" from 0 to ") != std::string::npos)
+        good = parse_count(s.value, s.max, &u, &err) && u >= s.min;
+        if (!good && s.min > 0)  // parse_count's words say "from 0"
           err = "'" + s.value + "' is not an integer from " + std::to_string(s.min) + " to " +
                 std::to_string(s.max);
         break;
@@ -405,7 +400,6 @@ bool agent_options_from_settings(AgentSettings* st, AgentOptions* out, std::ostr
     return false;
   }
   o.cache.max_requests = static_cast<uint32_t>(as_u64(st, "max_requests"));
-
   const uint64_t max_chunk = as_u64(st, "max_chunk_size");
   if (max_chunk == 0) {
     why << "dpukv agent: " << setting_origin(st->at("max_chunk_size")) << ": must be above 0\n";

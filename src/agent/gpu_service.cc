@@ -70,7 +70,7 @@ bool GpuService::idle() const {
 }
 
 Status GpuService::add(Exports* x, const agent::GpuExportEntry& e, const uint8_t* proof,
-                       uint64_t host_bytes, uint64_t limit, std::string* why) {
+                       const std::string& over_limit, std::string* why) {
   auto refuse = [&](Status st, std::string text) {
     ++counters_.exports_refused;
     *why = std::move(text);
@@ -85,9 +85,7 @@ Status GpuService::add(Exports* x, const agent::GpuExportEntry& e, const uint8_t
   if (x->maps.size() >= opts_.max_exports)
     return refuse(Code::kNoMemory,
                   "at most " + std::to_string(opts_.max_exports) + " GPU exports per client");
-  if (limit != 0 && (e.bytes > limit || host_bytes + x->bytes > limit - e.bytes))
-    return refuse(Code::kTooBig, "the client's staging limit of " + std::to_string(limit) +
-                                     " bytes would be passed");
+  if (!over_limit.empty()) return refuse(Code::kTooBig, over_limit);
   if (proof == nullptr)
     return refuse(Code::kNotPermitted,
                   "no proof asked for (kGpuProof) before this export: a GPU export must show "

@@ -57,10 +57,11 @@ class GpuService {
 
   // A client's export. proof: the session's proof (agent_wire.h, kGpuProof), which
   // the exported range must start with; null: the session asked for none, and the
-  // export is refused. limit: bytes this client may export in all (0: none), with
-  // host_bytes of memfd exports already counted. *why says what was wrong.
-  Status add(Exports* x, const agent::GpuExportEntry& e, const uint8_t* proof, uint64_t host_bytes,
-             uint64_t limit, std::string* why);
+  // export is refused. over_limit: why the export would pass the staging limits
+  // (the channel's ComchBase::import_fits, host and GPU counted together), or
+  // empty when it fits. *why says what was wrong.
+  Status add(Exports* x, const agent::GpuExportEntry& e, const uint8_t* proof,
+             const std::string& over_limit, std::string* why);
   Status remove(Exports* x, uint64_t map_id);
   void remove_all(Exports* x);
   // [offset, offset + length) of a map this session exported, as the cache names
