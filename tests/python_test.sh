@@ -21,11 +21,13 @@ preload=""
 if ldd "$moddir"/dpukv/_dpukv*.so | grep libasan >/dev/null; then
   preload=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)
 fi
+# DPUKV_TEST_PYTHON: another interpreter (tests/vllm_venv_test.sh: vLLM's venv).
+python=${DPUKV_TEST_PYTHON:-/usr/bin/python3}
 run_python() {
   if [ -n "$preload" ]; then
-    LD_PRELOAD=$preload ASAN_OPTIONS=detect_leaks=0 /usr/bin/python3 "$@"
+    LD_PRELOAD=$preload ASAN_OPTIONS=detect_leaks=0 "$python" "$@"
   else
-    /usr/bin/python3 "$@"
+    "$python" "$@"
   fi
 }
 pytest=0

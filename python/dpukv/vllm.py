@@ -113,6 +113,7 @@ class _SchedReq:
     load_to: int = 0  # > load_from: a load the next metadata carries
     saved: int = 0  # chunks present in dpukv (loaded or saved)
     lookup_ns: int = 0  # when the hit was looked up (its lease began)
+    answer: tuple = None  # what get_num_new_matched_tokens answered, until allocated
 
 
 def _layer_number(name):
@@ -293,6 +294,18 @@ class DpukvConnectorV1(KVConnectorBase_V1):
                                    _extra(tc, "dpukv.staging_bytes", 512 << 20))
         self.lease_ns = int(_millis("dpukv.lease_ms", _extra(tc, "dpukv.lease_ms", 0)) * 1e6)
         self.cross_layer = _flag("dpukv.cross_layer", _extra(tc, "dpukv.cross_layer", False))
+        # vLLM 0.32 (model runner V2) has no cross-layer cache for connectors: its
+        # base class lost register_cross_layers_kv_cache and nothing calls it. The
+        # setting is then said to be ignored, never silently dropped.
+        self.cross_layer_ignored = None
+        if self.cross_layer and not hasattr(KVConnectorBase_V1,
+                                            "register_cross_layers_kv_cache"):
+            self.cross_layer = False
+            self.cross_layer_ignored = ("this vLLM never hands connectors a cross-layer KV "
+                                        "cache (no register_cross_layers_kv_cache): "
+                                        "per-layer caches are used")
+            if role == KVConnectorRole.WORKER:
+                logger.warning("dpukv.cross_layer ignored: %s", self.cross_layer_ignored)
         self.save_policy = str(_extra(tc, "dpukv.save", "all"))
         if self.save_policy not in ("all", "seen_twice"):
             raise ValueError(f"dpukv.save must be all or seen_twice, not {self.save_policy!r}")
@@ -368,8 +381,16 @@ class DpukvConnectorV1(KVConnectorBase_V1):
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         tokens = list(request.prompt_token_ids or [])
-        old = self._reqs.pop(request.request_id, None)
-        if old is not None:  # asked again (vLLM retries, or a preempted request)
+        old = self._reqs.get(request.request_id)
+        # vLLM may ask more than once before it allocates (a step without room for
+        # the request asks again the next step) and calls this free of side effects:
+        # the same question gets the first answer, with no second lookup, no second
+        # pin and no second sighting, while its lease lasts.
+        if (old is not None and old.answer is not None and old.local == num_computed_tokens
+                and old.tokens == tokens and not self._lease_over(old)):
+            return old.answer
+        self._reqs.pop(request.request_id, None)
+        if old is not None:  # a preempted request, back; or an expired answer
             self._unpin(old)
         st = _SchedReq(tokens=tokens, local=num_computed_tokens,
                        block_hashes=list(getattr(request, "block_hashes", None) or []),
@@ -403,8 +424,12 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         if new <= 0:  # vLLM's own prefix cache has it all
             self._unpin(st)
             st.hit_chunks = 0
-            return 0, False
-        return new, False
+            new = 0
+        st.answer = (new, False)
+        return st.answer
+
+    def _lease_over(self, st):
+        return self.lease_ns > 0 and time.monotonic_ns() - st.lookup_ns > self.lease_ns
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         st = self._reqs.get(request.request_id)
@@ -413,6 +438,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
                 tokens=list(request.prompt_token_ids or []), key_tokens=key_tokens(request),
                 salt=request_salt(request))
         st.block_ids = list(blocks.get_block_ids()[0])
+        st.answer = None  # allocated: a later question is a new lookup (a preemption)
         if num_external_tokens > 0:
             # Whole chunks from the one holding vLLM's first uncomputed token (its
             # computed head, if any, is written again with the same bytes).

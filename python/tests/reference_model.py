@@ -1,7 +1,9 @@
 """A small Llama-architecture decoder in plain torch, for tests and benchmarks of
 the connector: RMSNorm, rotary position embeddings, grouped-query attention,
-SwiGLU, and a paged KV cache with block tables laid out as vLLM lays it out
-(per layer a tensor [2, num_blocks, block_size, num_kv_heads, head_dim]).
+SwiGLU, and a paged KV cache with block tables laid out as vLLM lays it out:
+per layer a tensor [2, num_blocks, block_size, num_kv_heads, head_dim] (vLLM
+before mid-2026), or with bhnc=True [num_blocks, num_kv_heads, block_size,
+2 * head_dim] (the view vLLM 0.32 hands connectors: K then V in a row).
 
 Weights are deterministic (a seeded generator), so two processes build the same
 model. Nothing here is dpukv-specific: it is the inference engine the connector
@@ -31,14 +33,20 @@ class LlamaConfig:
 
 
 class PagedKVCache:
-    """Per layer one tensor [2, num_blocks, block_size, kv_heads, head_dim]; a
-    request owns a list of block ids (its block table)."""
+    """Per layer one tensor [2, num_blocks, block_size, kv_heads, head_dim], or with
+    bhnc [num_blocks, kv_heads, block_size, 2 * head_dim]; a request owns a list of
+    block ids (its block table)."""
 
-    def __init__(self, cfg: LlamaConfig, num_blocks: int, block_size: int, device="cpu"):
+    def __init__(self, cfg: LlamaConfig, num_blocks: int, block_size: int, device="cpu",
+                 bhnc=False):
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.layers = [torch.zeros(2, num_blocks, block_size, cfg.kv_heads, cfg.head_dim,
-                                   dtype=cfg.dtype, device=device) for _ in range(cfg.layers)]
+        self.bhnc = bhnc
+        self.head_dim = cfg.head_dim
+        shape = ((num_blocks, cfg.kv_heads, block_size, 2 * cfg.head_dim) if bhnc else
+                 (2, num_blocks, block_size, cfg.kv_heads, cfg.head_dim))
+        self.layers = [torch.zeros(*shape, dtype=cfg.dtype, device=device)
+                       for _ in range(cfg.layers)]
         self.free = list(range(num_blocks - 1, -1, -1))
 
     def allocate(self, tokens: int):
@@ -55,6 +63,38 @@ class PagedKVCache:
         pos = torch.arange(start, end, device=device)
         table = torch.tensor(blocks, device=device)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def write(self, layer: int, slots, k, v):
+        """K and V [T, kv_heads, head_dim] of T positions into their slots."""
+        kv, d = self.layers[layer], self.head_dim
+        if self.bhnc:
+            b, o = slots // self.block_size, slots % self.block_size
+            kv[b, :, o, :d] = k
+            kv[b, :, o, d:] = v
+        else:
+            flat = kv.view(2, -1, *kv.shape[3:])
+            flat[0, slots] = k
+            flat[1, slots] = v
+
+    def read(self, layer: int, slots):
+        """K and V [T, kv_heads, head_dim] of the given slots."""
+        kv, d = self.layers[layer], self.head_dim
+        if self.bhnc:
+            b, o = slots // self.block_size, slots % self.block_size
+            return kv[b, :, o, :d], kv[b, :, o, d:]
+        flat = kv.view(2, -1, *kv.shape[3:])
+        return flat[0, slots], flat[1, slots]
+
+    def get_blocks(self, layer: int, blocks):
+        """A copy of the given blocks' KV of one layer (the block dimension of the layout)."""
+        kv = self.layers[layer]
+        return kv[blocks].clone() if self.bhnc else kv[:, blocks].clone()
+
+    def set_blocks(self, layer: int, blocks, value):
+        if self.bhnc:
+            self.layers[layer][blocks] = value
+        else:
+            self.layers[layer][:, blocks] = value
 
 
 class LlamaModel:
@@ -156,21 +196,19 @@ class LlamaModel:
         for l, b in enumerate(self.blocks):
             if layer_hook is not None:
                 layer_hook(l)
-            kv = cache.layers[l]
-            flat = kv.view(2, -1, c.kv_heads, c.head_dim)
             for r in reqs:
                 h = self._rms(r["x"], b["attn_norm"])
                 q = (h @ b["wq"].T).view(-1, c.heads, c.head_dim)
                 k = (h @ b["wk"].T).view(-1, c.kv_heads, c.head_dim)
                 v = (h @ b["wv"].T).view(-1, c.kv_heads, c.head_dim)
                 r["q"] = self._rope(q, r["positions"])
-                flat[0, r["slots"]] = self._rope(k, r["positions"])
-                flat[1, r["slots"]] = v
+                cache.write(l, r["slots"], self._rope(k, r["positions"]), v)
             if layer_done is not None:
                 layer_done(l)
             for r in reqs:
-                keys = flat[0, r["all_slots"]].repeat_interleave(group, dim=1)  # [end, H, D]
-                vals = flat[1, r["all_slots"]].repeat_interleave(group, dim=1)
+                keys, vals = cache.read(l, r["all_slots"])
+                keys = keys.repeat_interleave(group, dim=1)  # [end, H, D]
+                vals = vals.repeat_interleave(group, dim=1)
                 attn = self._attention(r["q"], keys, vals, r["mask"])
                 x = r["x"] + attn.reshape(-1, c.heads * c.head_dim) @ b["wo"].T
                 h = self._rms(x, b["ffn_norm"])

@@ -1,8 +1,7 @@
-"""Stand-in of vllm/v1/core/sched/output.py (commit
-00e8f1fd0936d138370d01dbe1b4f8e12baf63b1): NewRequestData, CachedRequestData and
+"""Stand-in of vllm/v1/core/sched/output.py (vLLM 0.32.0): NewRequestData, CachedRequestData and
 SchedulerOutput with vLLM's fields (multimodal, sampling and LoRA fields kept, as
 None or empty)."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -46,10 +45,11 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     scheduled_spec_decode_tokens: dict
     scheduled_encoder_inputs: dict
-    num_common_prefix_blocks: list
     finished_req_ids: set
     free_encoder_mm_hashes: list
     preempted_req_ids: set | None = None
     pending_structured_output_tokens: bool = False
     kv_connector_metadata: object = None
+    has_sync_kv_loads: bool = False
     ec_connector_metadata: object = None
+    num_common_prefix_blocks: list = field(default_factory=list)
