@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# vLLM's own engine with dpukv as its KV connector (python/tests/test_vllm_engine.py),
-# in the venv scripts/deps.sh --test makes with vLLM: vllm_engine_test.sh BIN PKGDIR.
+# vLLM's own engine with dpukv as its KV connector (python/tests/test_vllm_engine.py,
+# or SCRIPT: test_vllm_serve.py), in the venv scripts/deps.sh --test makes with vLLM:
+# vllm_engine_test.sh BIN PKGDIR [SCRIPT].
 # Exit 77 (skipped) where that venv is not made; scripts/test.sh always makes it.
 set -euo pipefail
 bin=$(realpath "$1")
 pkgdir=$(realpath "$2")
+script=${3:-test_vllm_engine.py}
 src=$(dirname "$(realpath "$0")")/..
 rc=0
 py=$("$src/scripts/vllm_venv.sh" --find) || rc=$?
@@ -16,4 +18,4 @@ if ldd "$pkgdir"/dpukv/_dpukv*.so | grep -q libasan; then
   echo "SKIP: vLLM's engine is not run under ASan (its own libraries are not built for it)"
   exit 77
 fi
-exec "$py" "$src/python/tests/test_vllm_engine.py" "$py" "$pkgdir" "$bin"
+exec "$py" "$src/python/tests/$script" "$py" "$pkgdir" "$bin"

@@ -1,0 +1,129 @@
+"""`vllm serve` with dpukv as its KV connector, configured by the README's own line
+(issue 35): the `--kv-transfer-config` is read out of README.md, its socket set to
+an agent this test starts, and the server is vLLM's CLI (`vllm serve`, run as
+`python -m vllm.entrypoints.cli.main serve`, what the console script calls: a venv
+made elsewhere and moved keeps a stale path in its scripts) on vLLM's CPU platform
+over the tiny Llama of the engine test (config.json, seeded dummy weights, no
+tokenizer: prompts are token ids).
+
+An OpenAI completions request with prompt token ids stores the prompt's whole
+chunks in dpukv; the same request again is served from dpukv (vLLM's own prefix
+cache is off, so a hit can only come from the connector: the agent counts the
+chunk retrieves) with the same tokens.
+
+test_vllm_serve.py PYTHON PACKAGE_DIR DPUKV_BIN (PYTHON: the interpreter of the
+venv scripts/deps.sh --test made with vLLM)."""
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+PY, PKG, BIN = sys.argv[1:4]
+HERE = os.path.dirname(os.path.abspath(__file__))
+README = os.path.join(HERE, "..", "..", "README.md")
+sys.path.insert(0, HERE)
+from test_vllm_engine import CONFIG, stat, tokens  # noqa: E402
+
+
+def readme_serve_line():
+    """The README's `vllm serve MODEL --kv-transfer-config '...'` line, as words."""
+    with open(README) as f:
+        lines = [l.strip() for l in f if l.strip().startswith("vllm serve MODEL ")]
+    assert len(lines) == 1, f"README.md should show one `vllm serve MODEL` line, not {lines}"
+    words = shlex.split(lines[0])
+    assert words[:3] == ["vllm", "serve", "MODEL"] and words[3] == "--kv-transfer-config", words
+    return words
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(port, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="dpukv-vllm-serve-")
+    model = os.path.join(tmp, "tiny-llama")
+    os.mkdir(model)
+    with open(os.path.join(model, "config.json"), "w") as f:
+        json.dump(CONFIG, f)
+    sock = os.path.join(tmp, "agent.sock")
+    words = readme_serve_line()
+    config = json.loads(words[4])
+    config["kv_connector_extra_config"]["dpukv.socket"] = sock  # the README's line, here
+    port = free_port()
+    cmd = [PY, "-m", "vllm.entrypoints.cli.main", "serve", model, "--kv-transfer-config",
+           json.dumps(config)] + words[5:] + [
+        "--host", "127.0.0.1", "--port", str(port), "--load-format", "dummy",
+        "--skip-tokenizer-init", "--dtype", "bfloat16", "--max-model-len", "4096",
+        "--enforce-eager", "--seed", "0", "--max-num-seqs", "4",
+        "--kv-cache-memory-bytes", str(256 << 20), "--no-enable-prefix-caching"]
+    agent = subprocess.Popen([BIN, "--log-level", "warning", "agent", "--socket", sock,
+                              "--memory-bytes", "256M", "--metrics-port", "0"])
+    log = open(os.path.join(tmp, "serve.log"), "w+")
+    server = None
+    try:
+        while not os.path.exists(sock):  # as long as a busy machine takes
+            assert agent.poll() is None, "the agent exited before it listened"
+            time.sleep(0.05)
+        env = dict(os.environ, PYTHONPATH=PKG, PYTHONDONTWRITEBYTECODE="1",
+                   VLLM_LOGGING_LEVEL="WARNING")
+        server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 900  # a server start on a busy 2-core machine
+        while True:
+            if server.poll() is not None:
+                log.seek(0)
+                sys.stderr.write(log.read()[-8000:])
+                raise AssertionError(f"vllm serve exited ({server.returncode}) before it served")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            assert time.monotonic() < deadline, "vllm serve never became healthy"
+            time.sleep(0.2)
+        prompt = tokens(7, 600)  # 2 whole 256-token chunks and a tail
+        body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0.0,
+                "return_token_ids": True}
+        first = post(port, "/v1/completions", body)
+        deadline = time.monotonic() + 60
+        while stat(sock)["chunks"] < 2 * 2:  # 2 chunks of 2 layers (stored asynchronously)
+            assert time.monotonic() < deadline, stat(sock)
+            time.sleep(0.05)
+        s1 = stat(sock)
+        second = post(port, "/v1/completions", body)
+        s2 = stat(sock)
+        got = [c["token_ids"] for c in (first["choices"][0], second["choices"][0])]
+        assert len(got[0]) == 8 and got[0] == got[1], (first, second)
+        assert s2["retrieves"] - s1["retrieves"] == 2 * 2, (s1, s2)
+        print(f"vllm.serve: ok: `vllm serve` with the README's --kv-transfer-config; the "
+              f"second completions request loaded {s2['retrieves'] - s1['retrieves']} chunks "
+              f"from dpukv, same tokens {got[0]}")
+    finally:
+        if server is not None and server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        agent.terminate()
+        agent.wait()
+
+
+if __name__ == "__main__":
+    main()
