@@ -12,12 +12,20 @@ agent this test starts. Nothing from a hub, no tokenizer: prompts are token ids.
      and a miss gives the tokens of the same batch without the connector;
   5. the same tokens under two tenants' cache_salt never share KV;
   6. a failed load under either kv_load_failure_policy: recompute gives the same
-     tokens, fail ends the request cleanly.
+     tokens, fail ends the request cleanly;
+  7. preemption under a small KV space (vLLM's count says it happened): the same
+     tokens as without the connector under the same space;
+  8. one engine through its agent's life (a session: batches sent one by one): the
+     agent killed before a batch (misses, the same tokens), restarted under the
+     engine (its hits come back), killed during a batch; under recompute every
+     request gets the reference tokens, under vLLM's default policy each gets them
+     or ends with finish reason error; never other tokens, never a hang.
 
 test_vllm_engine.py PYTHON PACKAGE_DIR DPUKV_BIN (PYTHON: the interpreter of the
 venv scripts/deps.sh --test made with vLLM; tests/vllm_engine_test.sh finds it)."""
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -50,7 +58,7 @@ def stat(sock):
     return json.loads(out)
 
 
-def run(model, sock, prompts, opts=None):
+def run(model, sock, prompts, opts=None, full=False):
     env = dict(os.environ, PYTHONPATH=PKG, VLLM_LOGGING_LEVEL="WARNING",
                PYTHONDONTWRITEBYTECODE="1")
     p = subprocess.run([PY, os.path.join(HERE, "vllm_engine_run.py"), model, sock or "none",
@@ -60,7 +68,70 @@ def run(model, sock, prompts, opts=None):
     if p.returncode != 0 or not lines:
         sys.stderr.write(p.stdout[-4000:] + p.stderr[-8000:])
         raise AssertionError(f"the engine run failed (exit {p.returncode})")
-    return json.loads(lines[-1][len("RESULT "):])
+    got = json.loads(lines[-1][len("RESULT "):])
+    return got if full else got["outputs"]
+
+
+class Session:
+    """One engine process kept up across batches (vllm_engine_run.py's "-" mode), so
+    the test can kill and restart the agent under it."""
+
+    def __init__(self, model, sock, opts, log):
+        env = dict(os.environ, PYTHONPATH=PKG, VLLM_LOGGING_LEVEL="WARNING",
+                   PYTHONDONTWRITEBYTECODE="1")
+        self.p = subprocess.Popen([PY, os.path.join(HERE, "vllm_engine_run.py"), model, sock,
+                                   "-", json.dumps(opts)], env=env, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=log, text=True)
+        self.log = log
+        self.line("READY")
+
+    def line(self, prefix, deadline_s=900):
+        """The next stdout line starting with prefix (others skipped), waited for while
+        the engine lives: a hang fails here, not in ctest's timeout."""
+        deadline = time.monotonic() + deadline_s
+        while True:
+            if select.select([self.p.stdout], [], [], 1.0)[0]:
+                text = self.p.stdout.readline()
+                if not text:
+                    self.log.seek(0)
+                    sys.stderr.write(self.log.read()[-8000:])
+                    raise AssertionError(f"the engine exited ({self.p.wait()})")
+                if text.startswith(prefix):
+                    return text[len(prefix):]
+            assert time.monotonic() < deadline, f"the engine gave no {prefix} line: a hang"
+
+    def send(self, prompts):
+        self.p.stdin.write(json.dumps(prompts) + "\n")
+        self.p.stdin.flush()
+
+    def result(self):
+        return json.loads(self.line("RESULT "))["outputs"]
+
+    def generate(self, prompts):
+        self.send(prompts)
+        return self.result()
+
+    def close(self):
+        self.p.stdin.close()
+        assert self.p.wait(timeout=300) == 0, "the engine did not exit cleanly"
+
+
+def start_agent(sock):
+    """An agent listening at sock (a killed one's socket file replaced)."""
+    if os.path.exists(sock):
+        os.unlink(sock)
+    agent = subprocess.Popen([BIN, "--log-level", "warning", "agent", "--socket", sock,
+                              "--memory-bytes", "256M", "--metrics-port", "0"])
+    while not os.path.exists(sock):  # as long as a busy machine takes
+        assert agent.poll() is None, "the agent exited before it listened"
+        time.sleep(0.05)
+    return agent
+
+
+def kill(agent):
+    if agent.poll() is None:
+        agent.kill()
+    agent.wait()
 
 
 def main():
@@ -70,12 +141,8 @@ def main():
     with open(os.path.join(model, "config.json"), "w") as f:
         json.dump(CONFIG, f)
     sock = os.path.join(tmp, "agent.sock")
-    agent = subprocess.Popen([BIN, "--log-level", "warning", "agent", "--socket", sock,
-                              "--memory-bytes", "256M", "--metrics-port", "0"])
+    agent = start_agent(sock)
     try:
-        while not os.path.exists(sock):  # as long as a busy machine takes
-            assert agent.poll() is None, "the agent exited before it listened"
-            time.sleep(0.05)
         # Two prompts of 3 whole 256-token chunks and a tail, one short one; a
         # prompt with a's first two chunks, one of nothing stored, one for tenants.
         a, b, short = tokens(1, 800), tokens(2, 700), tokens(3, 40)
@@ -126,12 +193,72 @@ def main():
         got = run(model, sock, [a], dict(lapsed, policy="fail"))
         assert got[0]["tokens"] == [] and got[0]["finish"] == "error", got
         assert stat(sock)["retrieves"] == s4["retrieves"]  # nothing was loaded
+
+        # Preemption under a small KV space (about 2k tokens for three 600-token prompts
+        # decoding 200 each): vLLM preempts, the preempted request is looked up and
+        # loaded again on resumption; the tokens are those without the connector under
+        # the same space.
+        small = {"kv_bytes": 1 << 20, "max_model_len": 1024, "max_tokens": 200}
+        pre = [tokens(11, 600), tokens(12, 600), tokens(13, 600)]
+        ref_pre = run(model, None, pre, small, full=True)
+        assert ref_pre["preemptions"] >= 1, ref_pre["preemptions"]
+        before = stat(sock)["retrieves"]
+        got_pre = run(model, sock, pre, small, full=True)
+        assert got_pre["preemptions"] >= 1, got_pre["preemptions"]
+        assert [r["tokens"] for r in got_pre["outputs"]] == [
+            r["tokens"] for r in ref_pre["outputs"]]
+        preempted_loads = stat(sock)["retrieves"] - before
+
+        # One engine through its agent's life, under both failure policies.
+        log = open(os.path.join(tmp, "session.log"), "w+")
+        notes = []
+        for policy in ("recompute", None):
+            # vLLM's own prefix cache off: a hit in this long-lived engine can only
+            # come from dpukv.
+            opts = dict({"policy": policy} if policy else {}, prefix_caching=False)
+            sess = Session(model, sock, opts, log)
+            ok = ["a", "b"]
+            # Killed before a batch: every lookup a miss, the same tokens.
+            kill(agent)
+            same(sess.generate([a, b]), ok)
+            # Restarted under the engine (an empty cache): the connectors reconnect,
+            # the batch stores, and a batch after that is served from the new agent.
+            agent = start_agent(sock)
+            deadline = time.monotonic() + 300
+            while stat(sock)["retrieves"] < 3 * 2:
+                same(sess.generate([a]), ["a"])
+                assert time.monotonic() < deadline, ("no hits from the restarted agent",
+                                                     stat(sock))
+            # Killed during a batch of hits: once its loads began (the agent counted
+            # retrieves), or after the batch if it was quicker than that.
+            r0 = stat(sock)["retrieves"]
+            sess.send([a, b, partial])
+            during = False
+            while not select.select([sess.p.stdout], [], [], 0)[0]:
+                if stat(sock)["retrieves"] > r0:
+                    during = True
+                    break
+            kill(agent)
+            got = sess.result()
+            for r, name in zip(got, ["a", "b", "partial"]):
+                if policy == "recompute" or r["finish"] != "error":
+                    assert r["tokens"] == want[name], (policy, name, r)
+                else:
+                    assert r["tokens"] == [], (policy, name, r)
+            errors = sum(r["finish"] == "error" for r in got)
+            same(sess.generate([a, partial]), ["a", "partial"])  # and on, without it
+            sess.close()
+            agent = start_agent(sock)
+            notes.append(f"{policy or 'fail (default)'}: killed "
+                         f"{'during' if during else 'after'} the batch, {errors} ended "
+                         f"with error")
         print(f"vllm.engine: ok: 3 prompts stored and found again by a new engine "
               f"process, a mixed batch, tenants' salts kept apart, tokens equal to runs "
-              f"without the connector; {s4['retrieves']} chunk retrieves")
+              f"without the connector; {s4['retrieves']} chunk retrieves; preemption "
+              f"({got_pre['preemptions']} preempted, {preempted_loads} chunk loads); "
+              f"agent killed and restarted under one engine: {'; '.join(notes)}")
     finally:
-        agent.terminate()
-        agent.wait()
+        kill(agent)
 
 
 if __name__ == "__main__":

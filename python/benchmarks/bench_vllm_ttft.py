@@ -1,0 +1,184 @@
+"""Time to first token in vLLM's own engine (its CPU platform), with and without a
+dpukv hit, next to vLLM's own CPU offloading and LMCache where they run here.
+
+The model is a Llama written here (config.json, vLLM's seeded dummy weights) sized
+so that prefill dominates a request: 8 layers, hidden 512, 8 heads (2 for KV),
+FFN 2048. For each prompt length (2k and 8k tokens by default) and each engine
+configuration, one engine process (a fresh one per configuration, so no cache is
+shared but the one under test) runs, per repetition, a new prompt twice with
+max_tokens 1: the first is a miss (full prefill; the connector stores it), the
+second is a full hit from the configuration's cache (vLLM's own prefix cache is
+off, so a hit can only come from the connector). TTFT is the wall time of the
+request in the engine (LLM.generate of one prompt, one token).
+
+Configurations: none (no connector: the baseline), dpukv (DpukvConnectorV1 as the
+README configures it, against an agent this bench starts), vllm-offload (vLLM's
+kv_offloading_size, its native CPU offloading), lmcache (kv_offloading_backend
+lmcache). One that cannot start here is reported with vLLM's own words, not
+measured.
+
+Each row: the configuration's median hit TTFT, the same run's median miss TTFT
+(the baseline) and their ratio; and the ratio to dpukv's hit where both ran.
+Prints a table, or with --json {"bench": "vllm_ttft", "results": [...]}.
+
+  bench_vllm_ttft.py PACKAGE_DIR DPUKV_BIN [--lengths 2048,8192] [--reps 3] [--json]
+
+Run with the vLLM venv's python (scripts/vllm_venv.sh prints it)."""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+          "intermediate_size": 2048, "num_attention_heads": 8, "num_key_value_heads": 2,
+          "num_hidden_layers": 8, "vocab_size": 4096, "max_position_embeddings": 16384,
+          "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "torch_dtype": "bfloat16",
+          "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 1,
+          "eos_token_id": 2}
+CONFIGS = ("none", "dpukv", "vllm-offload", "lmcache")
+
+
+def prompt(seed, n):
+    x, out = seed * 2654435761 + 7, []
+    for _ in range(n):
+        x = (x * 6364136223846793005 + 1442695040888963407) & (2**64 - 1)
+        out.append(3 + (x >> 33) % (CONFIG["vocab_size"] - 3))
+    return out
+
+
+def worker(model, config, socket, lengths, reps):
+    """One engine with one configuration: per length and repetition, a miss then a hit."""
+    from vllm import LLM, SamplingParams
+    kw = {}
+    if config == "dpukv":
+        from vllm.config import KVTransferConfig
+        kw["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="DpukvConnectorV1", kv_connector_module_path="dpukv.vllm",
+            kv_role="kv_both", kv_connector_extra_config={"dpukv.socket": socket})
+    elif config == "vllm-offload":
+        kw["kv_offloading_size"] = 2.0  # GiB of CPU memory
+    elif config == "lmcache":
+        kw["kv_offloading_size"] = 2.0
+        kw["kv_offloading_backend"] = "lmcache"
+    llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+              max_model_len=max(lengths) + 16, enforce_eager=True, seed=0, max_num_seqs=1,
+              kv_cache_memory_bytes=1 << 30, enable_prefix_caching=False,
+              max_num_batched_tokens=max(lengths) + 16, **kw)
+    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    llm.generate([{"prompt_token_ids": prompt(999, 64)}], params, use_tqdm=False)  # warm-up
+    rows = []
+    if config == "dpukv":
+        import dpukv
+        client = dpukv.Client(socket)
+        stored = json.loads(client.stats())["chunks"]
+    for n in lengths:
+        for r in range(reps):
+            p = {"prompt_token_ids": prompt(1000 * n + r, n)}
+            times, tokens = [], []
+            for _ in range(2):  # the miss (stores), then the hit
+                t0 = time.perf_counter()
+                out = llm.generate([p], params, use_tqdm=False)
+                times.append(time.perf_counter() - t0)
+                tokens.append(list(out[0].outputs[0].token_ids))
+                if config == "dpukv" and not times[1:]:
+                    # dpukv stores asynchronously: the hit is asked for once the
+                    # agent holds the prompt's chunks (not timed).
+                    stored += n // 256 * CONFIG["num_hidden_layers"]
+                    while json.loads(client.stats())["chunks"] < stored:
+                        time.sleep(0.001)
+            rows.append({"tokens": n, "miss_s": times[0], "hit_s": times[1],
+                         "same_token": tokens[0] == tokens[1]})
+    print("ROWS " + json.dumps(rows), flush=True)
+
+
+def run_config(py, pkg, model, config, socket, lengths, reps):
+    env = dict(os.environ, PYTHONPATH=pkg, VLLM_LOGGING_LEVEL="WARNING",
+               PYTHONDONTWRITEBYTECODE="1")
+    p = subprocess.run([py, os.path.abspath(__file__), "--worker", config, "--model", model,
+                        "--socket", socket, "--lengths", ",".join(map(str, lengths)),
+                        "--reps", str(reps), pkg, "-"], env=env, capture_output=True, text=True)
+    lines = [l for l in p.stdout.splitlines() if l.startswith("ROWS ")]
+    if p.returncode != 0 or not lines:
+        errs = [l for l in p.stderr.splitlines() if "Error" in l or "error" in l]
+        return None, (errs[-1].strip() if errs else f"exit {p.returncode}")[:300]
+    return json.loads(lines[-1][5:]), None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("package_dir")
+    ap.add_argument("dpukv_bin")
+    ap.add_argument("--lengths", default="2048,8192")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--socket", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    lengths = [int(x) for x in a.lengths.split(",")]
+    if a.worker:
+        worker(a.model, a.worker, a.socket, lengths, a.reps)
+        return
+    tmp = tempfile.mkdtemp(prefix="dpukv-bench-ttft-")
+    model = os.path.join(tmp, "llama-prefill")
+    os.mkdir(model)
+    with open(os.path.join(model, "config.json"), "w") as f:
+        json.dump(CONFIG, f)
+    sock = os.path.join(tmp, "agent.sock")
+    agent = subprocess.Popen([a.dpukv_bin, "--log-level", "warning", "agent", "--socket", sock,
+                              "--memory-bytes", "2G", "--metrics-port", "0"])
+    results, medians = [], {}
+    try:
+        while not os.path.exists(sock):
+            if agent.poll() is not None:
+                sys.exit("the agent exited before it listened")
+            time.sleep(0.05)
+        for config in a.configs.split(","):
+            print(f"bench vllm_ttft: {config} ...", file=sys.stderr, flush=True)
+            rows, why = run_config(sys.executable, os.path.abspath(a.package_dir), model, config,
+                                   sock, lengths, a.reps)
+            if rows is None:
+                results.append({"config": config, "ran": False, "why": why})
+                continue
+            for n in lengths:
+                mine = [r for r in rows if r["tokens"] == n]
+                miss = statistics.median(r["miss_s"] for r in mine)
+                hit = statistics.median(r["hit_s"] for r in mine)
+                medians[(config, n)] = hit
+                results.append({
+                    "config": config, "ran": True, "tokens": n,
+                    "ttft_hit_ms": round(hit * 1e3, 1),
+                    "baseline": "the same run's miss (full prefill)",
+                    "baseline_ttft_ms": round(miss * 1e3, 1),
+                    "ratio": round(miss / hit, 2),
+                    "same_token": all(r["same_token"] for r in mine),
+                    "samples_hit_ms": [round(r["hit_s"] * 1e3, 1) for r in mine],
+                    "samples_miss_ms": [round(r["miss_s"] * 1e3, 1) for r in mine]})
+    finally:
+        agent.terminate()
+        agent.wait()
+    for r in results:  # dpukv's hit against each other configuration's, same run
+        d = medians.get(("dpukv", r.get("tokens")))
+        if r["ran"] and d and r["config"] != "dpukv":
+            r["dpukv_speedup"] = round(r["ttft_hit_ms"] / (d * 1e3), 2)
+    if a.json:
+        print(json.dumps({"bench": "vllm_ttft", "results": results}, indent=2))
+        return
+    print(f"{'config':<14}{'tokens':>7}{'hit ms':>10}{'miss ms':>10}{'miss/hit':>10}"
+          f"{'vs dpukv':>10}  same token")
+    for r in results:
+        if not r["ran"]:
+            print(f"{r['config']:<14}  not run here: {r['why']}")
+            continue
+        print(f"{r['config']:<14}{r['tokens']:>7}{r['ttft_hit_ms']:>10.1f}"
+              f"{r['baseline_ttft_ms']:>10.1f}{r['ratio']:>9.2f}x"
+              f"{r.get('dpukv_speedup', ''):>10}  {r['same_token']}")
+
+
+if __name__ == "__main__":
+    main()
