@@ -96,15 +96,21 @@ def worker(model, config, socket, lengths, reps):
 
 
 def run_config(py, pkg, model, config, socket, lengths, reps):
+    # vLLM's CPU engine keeps cores for its scheduler process: one without a KV
+    # connector, two with one (for NIXL's threads) - on a 2-core machine none, and
+    # the worker computes on both. Every configuration gets vLLM's default without
+    # a connector (one core kept), so that each prefill runs on the same cores.
     env = dict(os.environ, PYTHONPATH=pkg, VLLM_LOGGING_LEVEL="WARNING",
-               PYTHONDONTWRITEBYTECODE="1")
+               PYTHONDONTWRITEBYTECODE="1", VLLM_CPU_NUM_OF_RESERVED_CPU="1")
     p = subprocess.run([py, os.path.abspath(__file__), "--worker", config, "--model", model,
                         "--socket", socket, "--lengths", ",".join(map(str, lengths)),
                         "--reps", str(reps), pkg, "-"], env=env, capture_output=True, text=True)
     lines = [l for l in p.stdout.splitlines() if l.startswith("ROWS ")]
     if p.returncode != 0 or not lines:
-        errs = [l for l in p.stderr.splitlines() if "Error" in l or "error" in l]
-        return None, (errs[-1].strip() if errs else f"exit {p.returncode}")[:300]
+        # vLLM's root cause: the first exception line other than "initialization failed".
+        errs = [l.strip() for l in p.stderr.splitlines()
+                if ("Error:" in l or "Exception:" in l) and "initialization failed" not in l]
+        return None, (errs[0] if errs else f"exit {p.returncode}")[:300]
     return json.loads(lines[-1][5:]), None
 
 

@@ -5,13 +5,13 @@ connector core (connector.py). A vLLM user loads it with
       "kv_connector_module_path": "dpukv.vllm", "kv_role": "kv_both",
       "kv_connector_extra_config": {"dpukv.socket": "/run/dpukv/dpukv.sock"}}'
 
-Runs inside vLLM 0.32.0's own engine (its CPU platform; ctest vllm.engine,
-python/tests/test_vllm_engine.py), where every layer's cache comes as a view
+Runs inside vLLM 0.32.0 (its CPU platform): `vllm serve` with the line above
+(ctest vllm.serve), vLLM's LLM engine (vllm.engine), and the contract driver on
+vLLM's own types (vllm.contract). There every layer's cache comes as a view
 [blocks, heads, block_size, content] (kv_layout BHNC: a block's bytes are one row).
-With older vLLMs, written from KVConnectorBase_V1 at commit
-13f4ad0f55b08ca1d37d1459f50ce950feaeb547 ([2, blocks, ...] caches), it is driven by
-python/tests/test_vllm_contract.py with stand-ins of vLLM's types
-(tests/vllm_standins/). Not yet run inside `vllm serve`.
+Older vLLMs' [2, blocks, ...] caches (KVConnectorBase_V1 at commit
+13f4ad0f55b08ca1d37d1459f50ce950feaeb547) are driven by the same contract test on
+stand-ins of vLLM's types (tests/vllm_standins/).
 
 How the two sides split the work (they share only the metadata the scheduler
 builds each step):
@@ -45,7 +45,12 @@ such), "dpukv.save" (all: every prompt's whole chunks; seen_twice: only prefixes
 an earlier request's lookup saw too, so one-off prompts stay out),
 "dpukv.lease_ms" (0: none; else a hit looked up longer ago than that is not
 loaded but recomputed: the agent's --pin-timeout-ms is the lease the cache keeps,
-this one bounds how old a hit the engine accepts), "dpukv.cross_layer".
+this one bounds how old a hit the engine accepts), "dpukv.cross_layer" (vLLMs
+without cross-layer caches, 0.32 among them, ignore it and the worker says so).
+
+vLLM may ask get_num_new_matched_tokens about a request more than once before it
+allocates its blocks: the same question gets the first answer (no second lookup,
+pin or sighting) while its lease lasts.
 
 KV events: take_events() turns the agent's event feed (SUBSCRIBE, docs/protocols.md)
 into vLLM's BlockStored / BlockRemoved with the engine's block hashes, for the
