@@ -58,6 +58,33 @@ int main(int argc, char** argv) {
     if (!ev[i].stored || (memcmp(&ev[i].key, &keys[0], sizeof(dpukv_key)) != 0 &&
                           memcmp(&ev[i].key, &keys[1], sizeof(dpukv_key)) != 0))
       return 15;
+  /* Asynchronous: a retrieve polled (never blocking) until done, its ticket then
+   * spent; per-key calls; the staging limit; keys from block ids. */
+  memset(data, 0, 131072);
+  uint64_t ticket = 0;
+  int ast[2] = {-1, -1}, done = 0;
+  if (dpukv_submit_retrieve(c, id, keys, offs, lens, 2, ast, &ticket) != 0) return 16;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (!done) {
+    rc = dpukv_poll(c, ticket, &done);
+    if (!done && strcmp(dpukv_status_name(rc), "IN_PROGRESS") != 0) return 17;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec - t0.tv_sec > 30) return 18;
+  }
+  if (rc != 0 || ast[0] != 0 || ast[1] != 0 || ((unsigned char*)data)[65536] != 0x5a) return 19;
+  if (strcmp(dpukv_status_name(dpukv_wait(c, ticket)), "NOT_FOUND") != 0) return 20;
+  dpukv_key more[3] = {keys[0], keys[1], keys[1]};
+  more[2].prefix_hash ^= 1; /* a key no chunk has */
+  int per[3];
+  if (dpukv_contains(c, more, 3, per) != 0 || per[0] != 0 || per[1] != 0 ||
+      strcmp(dpukv_status_name(per[2]), "NOT_FOUND") != 0)
+    return 21;
+  if (dpukv_prefetch(c, more, 2, per) != 0 || dpukv_max_staging_bytes(c) < (1u << 20)) return 22;
+  uint64_t ids[2] = {7, 8};
+  dpukv_key byid[2];
+  if (dpukv_keys_from_block_ids(dpukv_model_id("c-model"), ids, 2, byid) != 2 ||
+      byid[0].prefix_hash == byid[1].prefix_hash)
+    return 23;
   /* The GPU export entry points: an agent without a GPU path says so. */
   uint64_t gid = 0;
   if (!dpukv_agent_gpu(c)) {

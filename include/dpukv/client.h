@@ -62,7 +62,16 @@ int dpukv_lookup_status(dpukv_client* c, const dpukv_key* keys, uint32_t n, int 
 int dpukv_lookup_layers(dpukv_client* c, const dpukv_key* keys, uint32_t per_layer, uint32_t layers,
                         int pin, uint32_t* hits);
 int dpukv_unpin(dpukv_client* c, const dpukv_key* keys, uint32_t n);
+/* Per-key calls: the return is the call's own status (the agent answered, or
+ * why not); each key's outcome is in per_entry (n ints; may be NULL). */
+/* Drops chunks: per key SUCCESS, NOT_FOUND, or BAD_STATE for one in use or pinned. */
 int dpukv_remove(dpukv_client* c, const dpukv_key* keys, uint32_t n, int* per_entry);
+/* Per key SUCCESS if the agent holds it, NOT_FOUND if not (per_entry: n ints). */
+int dpukv_contains(dpukv_client* c, const dpukv_key* keys, uint32_t n, int* per_entry);
+/* Brings disk-only chunks into memory ahead of a retrieve (per_entry: n ints). */
+int dpukv_prefetch(dpukv_client* c, const dpukv_key* keys, uint32_t n, int* per_entry);
+/* The most staging bytes this client may map (the agent's per-client limit). */
+uint64_t dpukv_max_staging_bytes(dpukv_client* c);
 /* Drops every chunk of this client's model not in use or pinned. */
 int dpukv_clear(dpukv_client* c, uint64_t* removed);
 /* The agent's counters as JSON, NUL-terminated in buf (TOO_BIG if cap is short;
@@ -90,12 +99,20 @@ int dpukv_submit_retrieve(dpukv_client* c, uint64_t staging_id, const dpukv_key*
                           const uint64_t* offsets, const uint64_t* lengths, uint32_t n,
                           int* per_entry, uint64_t* ticket);
 int dpukv_wait(dpukv_client* c, uint64_t ticket);
+/* Never blocks: *done is 0 while the call runs (IN_PROGRESS returned); once it
+ * finished, *done is 1, per_entry is written, the call's status is returned and
+ * the ticket is spent (not waited for again). */
+int dpukv_poll(dpukv_client* c, uint64_t ticket, int* done);
 
 /* Prefill to decode: the agent offers these chunks (it must hold them) to the agent
  * of its cluster whose node id is node (`dpukv stat`: "cluster node"), which reads
  * them into its own cache. per_entry[i] (may be NULL) is 0 once the destination
  * holds keys[i]. At most 64 keys; NOT_SUPPORTED if the agent is in no cluster. */
 int dpukv_push(dpukv_client* c, uint64_t node, const dpukv_key* keys, uint32_t n, int* per_entry);
+
+/* Keys from prefix-chained block ids (vLLM block hashes, trace ids), one per id,
+ * into out (n keys). Returns n. */
+uint32_t dpukv_keys_from_block_ids(uint64_t model, const uint64_t* ids, uint32_t n, dpukv_key* out);
 
 /* Keys of a token sequence, chunked as the cache does (see chunk_key.h). Returns
  * how many keys were written (at most max_keys). */

@@ -152,7 +152,7 @@ def main():
     g = torch.Generator().manual_seed(7)
     for n in prefixes:
         prompt = torch.randint(0, cfg.vocab_size, (n + suffix,), generator=g).tolist()
-        full, saved, plain, hit_t, load_t = [], [], [], [], []
+        full, saved, plain, hit_t, load_t, phases = [], [], [], [], [], []
         for rep in range(a.reps):
             client.clear()
             # Full prefill without saving, then with saving (the save overhead).
@@ -181,6 +181,7 @@ def main():
             rid = "hit%d" % rep
             blocks = cache.allocate(len(prompt))
             sync(device)
+            before = dict(conn.phase_s)
             t0 = time.perf_counter()
             hit = conn.get_num_new_matched_tokens(rid, prompt, 0)
             conn.update_state_after_alloc(rid, blocks, hit)
@@ -189,6 +190,11 @@ def main():
                           layer_hook=lambda l: conn.wait_for_layer_load(rid, l))
             sync(device)
             hit_t.append(time.perf_counter() - t0)
+            # Where the first token's time went: the connector's phases, and the rest
+            # (the prefill of what was not loaded, the layers' compute).
+            ph = {k: round(conn.phase_s[k] - before[k], 6) for k in before}
+            ph["compute_and_rest"] = round(hit_t[-1] - sum(ph.values()), 6)
+            phases.append(ph)
             conn.request_finished(rid)
             cache.release(blocks)
             # The load alone: every layer retrieved and scattered, no compute.
@@ -224,18 +230,26 @@ def main():
                      "hit_tokens": hit_tokens, "seconds": median(hit_t), "path": path,
                      "attention": model.attention,
                      "baseline": "full prefill", "baseline_seconds": median(full),
-                     "ratio": median(full) / median(hit_t)})
+                     "ratio": median(full) / median(hit_t),
+                     # Every sample, in order (the first is a fresh agent's first hit).
+                     "samples_s": [round(x, 6) for x in hit_t],
+                     "baseline_samples_s": [round(x, 6) for x in full],
+                     "phases_s": phases})
         rows.append({"op": "save_overhead", "device": device, "shape": shape,
                      "prefix_tokens": n, "seconds": median(saved),
                      "baseline": "same forward without saving",
                      "baseline_seconds": median(plain),
-                     "ratio": median(saved) / median(plain)})
+                     "ratio": median(saved) / median(plain),
+                     "samples_s": [round(x, 6) for x in saved],
+                     "baseline_samples_s": [round(x, 6) for x in plain]})
         rows.append({"op": "load", "device": device, "shape": shape, "prefix_tokens": n,
                      "bytes": loaded, "gbps": load_gbps,
                      "path": path,
                      "baseline": "same-device copy of the same bytes",
                      "baseline_gbps": copy_gbps,
-                     "ratio": load_gbps / copy_gbps if copy_gbps else 0.0})
+                     "ratio": load_gbps / copy_gbps if copy_gbps else 0.0,
+                     "samples_s": [round(x, 6) for x, _ in load_t],
+                     "baseline_samples_s": [round(x, 6) for x in reps]})
         print("bench connector: %d-token prefix: first token %.3f s hit / %.3f s prefill "
               "(%.2fx), save %.2fx, load %.1f GB/s vs copy %.1f" %
               (n, median(hit_t), median(full), median(full) / median(hit_t),

@@ -68,6 +68,11 @@ for name, res, args in [
     ("dpukv_submit_store", _int, [_p, _u64, _KEYS, _U64S, _U64S, _u32, _INTS, _U64S]),
     ("dpukv_submit_retrieve", _int, [_p, _u64, _KEYS, _U64S, _U64S, _u32, _INTS, _U64S]),
     ("dpukv_wait", _int, [_p, _u64]),
+    ("dpukv_poll", _int, [_p, _u64, ctypes.POINTER(_int)]),
+    ("dpukv_contains", _int, [_p, _KEYS, _u32, _INTS]),
+    ("dpukv_prefetch", _int, [_p, _KEYS, _u32, _INTS]),
+    ("dpukv_max_staging_bytes", _u64, [_p]),
+    ("dpukv_keys_from_block_ids", _u32, [_u64, _U64S, _u32, _KEYS]),
     ("dpukv_subscribe_events", _int, [_p]),
     ("dpukv_take_events", _int, [_p, ctypes.POINTER(_Event), _u32, ctypes.POINTER(_u32),
                                  ctypes.POINTER(_int)]),
@@ -118,6 +123,13 @@ def chunk_keys_layers(model, tokens, chunk_tokens, include_partial, world_size, 
     base = chunk_keys(model, tokens, chunk_tokens, include_partial, world_size, rank, 0)
     return [[ChunkKey(k.model, k.world_size, k.rank, layout, k.prefix_hash) for k in base]
             for layout in layouts]
+
+
+def keys_from_block_ids(model, ids):
+    """Keys from prefix-chained block ids (vLLM block hashes, trace ids)."""
+    out = (ChunkKey * len(ids))()
+    _lib.dpukv_keys_from_block_ids(model, (_u64 * len(ids))(*ids), len(ids), out)
+    return list(out)
 
 
 def _keys(keys):
@@ -225,12 +237,28 @@ class Client:
     def unpin(self, keys):
         _check(_lib.dpukv_unpin(self._c, _keys(keys), len(keys)), "unpin")
 
-    def remove(self, keys):
+    def _per_key(self, fn, keys, what):
         st = (_int * len(keys))()
-        rc = _lib.dpukv_remove(self._c, _keys(keys), len(keys), st)
+        rc = fn(self._c, _keys(keys), len(keys), st)
         if rc != 0 and _name(rc) in _UNAVAILABLE:
-            _check(rc, "remove")
+            _check(rc, what)
         return [_name(x) for x in st]
+
+    def remove(self, keys):
+        """Drops chunks (BAD_STATE for one in use); a status name per key."""
+        return self._per_key(_lib.dpukv_remove, keys, "remove")
+
+    def contains(self, keys):
+        """SUCCESS or NOT_FOUND per key."""
+        return self._per_key(_lib.dpukv_contains, keys, "contains")
+
+    def prefetch(self, keys):
+        """Brings disk-only chunks into memory ahead of a retrieve."""
+        return self._per_key(_lib.dpukv_prefetch, keys, "prefetch")
+
+    @property
+    def max_staging_bytes(self):
+        return _lib.dpukv_max_staging_bytes(self._c)
 
     def clear(self):
         n = _u64()
@@ -281,6 +309,20 @@ class Client:
     def submit_retrieve(self, staging, keys, offsets, lengths):
         return self._submit(_lib.dpukv_submit_retrieve, staging, keys, offsets, lengths,
                             "submit_retrieve")
+
+    def poll(self, pending):
+        """True once the operation has finished (never blocks); wait() then returns
+        its statuses at once."""
+        if pending.result is not None:
+            return True
+        done = _int()
+        rc = _lib.dpukv_poll(self._c, pending.ticket, ctypes.byref(done))
+        if not done.value:
+            if _name(rc) not in ("IN_PROGRESS", "SUCCESS"):
+                _check(rc, "poll")
+            return False
+        pending.result = [_name(x) for x in pending.st]
+        return True
 
     def wait(self, pending):
         if pending.result is None:

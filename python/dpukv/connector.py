@@ -48,6 +48,7 @@ An agent that is away is a miss, never an error the engine has to handle: the
 lookup answers 0, a load that cannot start makes every layer of the request
 raise LoadMiss, a save that cannot start is counted as a save failure."""
 import operator
+import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -148,6 +149,10 @@ class DpukvConnector:
         self.saving_chunks = 0
         self.counters = {"lookup_hit_tokens": 0, "loaded_chunks": 0, "saved_chunks": 0,
                          "save_failures": 0}
+        # Host seconds per phase of a load (lookup round trip, waiting for the agent's
+        # retrieves, the scatter into the blocks: on a GPU its launch only), for the
+        # benchmarks' breakdown of a first token.
+        self.phase_s = {"lookup": 0.0, "retrieve_wait": 0.0, "scatter": 0.0}
         self._device = device
         self.dev = None
         self.path = None
@@ -357,10 +362,12 @@ class DpukvConnector:
                                             self.world_size, self.rank, self.layouts)
         hits = [0] * len(self.kv)  # a prompt shorter than a chunk has nothing to find
         if req.keys and req.keys[0]:
+            t0 = time.perf_counter()
             try:  # every layer's lookup in one round trip
                 hits = self.client.lookup_layers(req.keys, pin=True)
             except native.AgentUnavailable:
                 pass  # the cache is away: recompute
+            self.phase_s["lookup"] += time.perf_counter() - t0
         req.pinned = [keys[:n] for keys, n in zip(req.keys, hits)]
         matched = min(hits)
         matched = matched or 0
@@ -536,10 +543,13 @@ class DpukvConnector:
         load = req.loads[layer]
         self.inflight.remove((request_id, layer))
         # Scattered before the slots can be taken again (nothing runs in between).
+        t0 = time.perf_counter()
         try:
             status = self.client.wait(load.pending)
         except (native.AgentUnavailable, RuntimeError) as e:
             status = [f"{e}"]
+        t1 = time.perf_counter()
+        self.phase_s["retrieve_wait"] += t1 - t0
         if any(s != "SUCCESS" for s in status):
             self._give_slots(load.slot, load.n)
             req.loads[layer] = _Failed(f"layer {layer}: {status}")
@@ -570,6 +580,7 @@ class DpukvConnector:
         self._give_slots(load.slot, n)
         req.loads[layer] = None
         self.counters["loaded_chunks"] += n
+        self.phase_s["scatter"] += time.perf_counter() - t1
 
     def wait_for_layer_load(self, request_id, layer: int):
         req = self._request(request_id)
@@ -644,11 +655,10 @@ class DpukvConnector:
         """Counts the stores that have finished, oldest first; without block, only
         those finished already (an engine's step need not wait for the agent: the
         gathers copied the blocks out). Their save slots go back as they are counted."""
-        poll = getattr(self.client, "poll", None)
         while self.saves:
             pending, n = self.saves[0]
             try:
-                if not block and poll is not None and not poll(pending):
+                if not block and not self.client.poll(pending):
                     return
                 status = self.client.wait(pending)
             except native.AgentUnavailable:

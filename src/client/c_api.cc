@@ -198,13 +198,44 @@ int dpukv_unpin(dpukv_client* c, const dpukv_key* keys, uint32_t n) {
   return code(c->c->unpin(keys_of(keys), n));
 }
 
-int dpukv_remove(dpukv_client* c, const dpukv_key* keys, uint32_t n, int* per_entry) {
+namespace {
+using KeysCall = dpukv::Status (dpukv::Client::*)(const dpukv::ChunkKey*, uint32_t, dpukv::Status*,
+                                                  dpukv::Status*);
+int per_key(dpukv_client* c, KeysCall fn, const dpukv_key* keys, uint32_t n, int* per_entry) {
   if (c == nullptr || keys == nullptr) return code(dpukv::Code::kInvalidValue);
   std::vector<dpukv::Status> st(n);
-  const dpukv::Status r = c->c->remove(keys_of(keys), n, st.data());
+  dpukv::Status call;
+  (void)(c->c.get()->*fn)(keys_of(keys), n, st.data(), &call);
   if (per_entry != nullptr)
     for (uint32_t i = 0; i < n; ++i) per_entry[i] = code(st[i]);
-  return code(r);
+  return code(call);  // the call's own (transport) status; the keys' are per_entry's
+}
+}  // namespace
+
+int dpukv_remove(dpukv_client* c, const dpukv_key* keys, uint32_t n, int* per_entry) {
+  return per_key(c, &dpukv::Client::remove, keys, n, per_entry);
+}
+
+int dpukv_contains(dpukv_client* c, const dpukv_key* keys, uint32_t n, int* per_entry) {
+  return per_key(c, &dpukv::Client::contains, keys, n, per_entry);
+}
+
+int dpukv_prefetch(dpukv_client* c, const dpukv_key* keys, uint32_t n, int* per_entry) {
+  return per_key(c, &dpukv::Client::prefetch, keys, n, per_entry);
+}
+
+uint64_t dpukv_max_staging_bytes(dpukv_client* c) {
+  return c == nullptr ? 0 : c->c->max_staging_bytes();
+}
+
+uint32_t dpukv_keys_from_block_ids(uint64_t model, const uint64_t* ids, uint32_t n,
+                                   dpukv_key* out) {
+  if (ids == nullptr || out == nullptr) return 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const dpukv::ChunkKey k = dpukv::key_from_block_id(dpukv::KeyContext{model, 1, 0, 0}, ids[i]);
+    std::memcpy(&out[i], &k, sizeof(k));
+  }
+  return n;
 }
 
 int dpukv_clear(dpukv_client* c, uint64_t* removed) {
@@ -266,6 +297,23 @@ int dpukv_wait(dpukv_client* c, uint64_t ticket) {
     const dpukv::Status st = c->c->wait(ticket);
     for (size_t k = 0; k < x.st.size(); ++k) x.out[k] = code(x.st[k]);
     c->submitted.erase(c->submitted.begin() + static_cast<long>(i));
+    return code(st);
+  }
+  return code(dpukv::Code::kNotFound);
+}
+
+int dpukv_poll(dpukv_client* c, uint64_t ticket, int* done) {
+  if (c == nullptr || done == nullptr) return code(dpukv::Code::kInvalidValue);
+  *done = 0;
+  for (size_t i = 0; i < c->submitted.size(); ++i) {
+    dpukv_client::Submitted& x = *c->submitted[i];
+    if (x.ticket != ticket) continue;
+    bool finished = false;
+    const dpukv::Status st = c->c->poll(ticket, &finished);
+    if (!finished) return code(dpukv::Code::kInProgress);
+    for (size_t k = 0; k < x.st.size(); ++k) x.out[k] = code(x.st[k]);
+    c->submitted.erase(c->submitted.begin() + static_cast<long>(i));
+    *done = 1;
     return code(st);
   }
   return code(dpukv::Code::kNotFound);
