@@ -507,6 +507,25 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             self._seen.popitem(last=False)
         return len(keys0) if twice is None else twice
 
+    def reset_cache(self):
+        """vLLM's reset_prefix_cache(reset_connector=True), as after a weight update:
+        the KV dpukv holds for this model came from the old weights, and the keys
+        (tokens and the model's name) would find it again. The pins this scheduler
+        holds go, then every chunk of the model not being read. False (vLLM says the
+        reset failed) where the agent did not answer. Across engines, a new version
+        of the weights under its own dpukv.model keeps them apart for good."""
+        for st in self._reqs.values():
+            self._unpin(st)
+            st.answer = None
+            st.hit_chunks = st.load_from = st.load_to = 0
+        try:
+            removed = self.client.clear()
+        except (native.AgentUnavailable, RuntimeError) as e:
+            logger.warning("dpukv: the cache of %s was not reset (%s)", self.model_name, e)
+            return False
+        logger.info("dpukv: cache of %s reset: %d chunks removed", self.model_name, removed)
+        return True
+
     def request_finished(self, request, block_ids):
         st = self._reqs.pop(request.request_id, None)
         if st is not None:
