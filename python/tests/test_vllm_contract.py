@@ -337,6 +337,15 @@ class Engine:
             req.output.append(int(lg.argmax()))
         return done
 
+    def stored(self, rid, n):
+        """A request of n random tokens computed to its end and saved (landed)."""
+        r = Request(rid, torch.randint(0, cfg.vocab_size, (n,)).tolist())
+        self.add(r)
+        assert self.step() == [rid]
+        self.finish(r)
+        self.flush()
+        return r
+
     def flush(self):
         """The worker's stores run past the step that gathered them; where the test
         needs them landed (a lookup that must hit, a counter), it waits for them."""
@@ -541,11 +550,7 @@ def test_asking_twice_before_allocation_looks_up_once():
     # as free of side effects. The adapter looked up and pinned again each time.
     import json
     eng = Engine(cfg, model, "contract-twice")
-    a = Request("ta", torch.randint(0, cfg.vocab_size, (70,)).tolist())
-    eng.add(a)
-    assert eng.step() == ["ta"]
-    eng.finish(a)
-    eng.flush()
+    a = eng.stored("ta", 70)
     b = Request("tb", a.prompt_token_ids)
 
     def lookups():  # the agent's count (one per layer key list looked up)
@@ -578,11 +583,7 @@ def test_a_reset_after_new_weights_drops_the_models_kv():
     # connector to reset too; the base class's reset_cache does nothing (and vLLM
     # takes that as done), so the KV of the old weights was found and loaded again.
     eng = Engine(cfg, model, "contract-reset")
-    a = Request("ra", torch.randint(0, cfg.vocab_size, (70,)).tolist())
-    eng.add(a)
-    assert eng.step() == ["ra"]
-    eng.finish(a)
-    eng.flush()
+    a = eng.stored("ra", 70)
     b = Request("rb", a.prompt_token_ids)
     assert eng.sched.get_num_new_matched_tokens(b, 0) == (64, False)  # pinned, then reset:
     assert eng.sched.reset_cache() is True

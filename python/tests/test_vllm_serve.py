@@ -28,7 +28,7 @@ PY, PKG, BIN = sys.argv[1:4]
 HERE = os.path.dirname(os.path.abspath(__file__))
 README = os.path.join(HERE, "..", "..", "README.md")
 sys.path.insert(0, HERE)
-from test_vllm_engine import CONFIG, stat, tokens  # noqa: E402
+from test_vllm_engine import CONFIG, kill, start_agent, stat, tokens  # noqa: E402
 
 
 def readme_serve_line():
@@ -71,14 +71,10 @@ def main():
         "--skip-tokenizer-init", "--dtype", "bfloat16", "--max-model-len", "4096",
         "--enforce-eager", "--seed", "0", "--max-num-seqs", "4",
         "--kv-cache-memory-bytes", str(256 << 20), "--no-enable-prefix-caching"]
-    agent = subprocess.Popen([BIN, "--log-level", "warning", "agent", "--socket", sock,
-                              "--memory-bytes", "256M", "--metrics-port", "0"])
+    agent = start_agent(sock)
     log = open(os.path.join(tmp, "serve.log"), "w+")
     server = None
     try:
-        while not os.path.exists(sock):  # as long as a busy machine takes
-            assert agent.poll() is None, "the agent exited before it listened"
-            time.sleep(0.05)
         env = dict(os.environ, PYTHONPATH=PKG, PYTHONDONTWRITEBYTECODE="1",
                    VLLM_LOGGING_LEVEL="WARNING")
         server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -121,8 +117,7 @@ def main():
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
-        agent.terminate()
-        agent.wait()
+        kill(agent)
 
 
 if __name__ == "__main__":
