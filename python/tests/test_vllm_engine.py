@@ -134,13 +134,19 @@ def kill(agent):
     agent.wait()
 
 
-def main():
-    tmp = tempfile.mkdtemp(prefix="dpukv-vllm-engine-")
+def workspace(prefix):
+    """A folder with the tiny Llama (its config.json) and a socket path for the agent:
+    (folder, model folder, socket)."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
     model = os.path.join(tmp, "tiny-llama")
     os.mkdir(model)
     with open(os.path.join(model, "config.json"), "w") as f:
         json.dump(CONFIG, f)
-    sock = os.path.join(tmp, "agent.sock")
+    return tmp, model, os.path.join(tmp, "agent.sock")
+
+
+def main():
+    tmp, model, sock = workspace("dpukv-vllm-engine-")
     agent = start_agent(sock)
     try:
         # Two prompts of 3 whole 256-token chunks and a tail, one short one; a

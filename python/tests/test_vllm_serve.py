@@ -19,7 +19,6 @@ import shlex
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -28,7 +27,7 @@ PY, PKG, BIN = sys.argv[1:4]
 HERE = os.path.dirname(os.path.abspath(__file__))
 README = os.path.join(HERE, "..", "..", "README.md")
 sys.path.insert(0, HERE)
-from test_vllm_engine import CONFIG, kill, start_agent, stat, tokens  # noqa: E402
+from test_vllm_engine import kill, start_agent, stat, tokens, workspace  # noqa: E402
 
 
 def readme_serve_line():
@@ -55,12 +54,7 @@ def post(port, path, body):
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="dpukv-vllm-serve-")
-    model = os.path.join(tmp, "tiny-llama")
-    os.mkdir(model)
-    with open(os.path.join(model, "config.json"), "w") as f:
-        json.dump(CONFIG, f)
-    sock = os.path.join(tmp, "agent.sock")
+    tmp, model, sock = workspace("dpukv-vllm-serve-")
     words = readme_serve_line()
     config = json.loads(words[4])
     config["kv_connector_extra_config"]["dpukv.socket"] = sock  # the README's line, here
