@@ -514,10 +514,11 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         holds go, then every chunk of the model not being read. False (vLLM says the
         reset failed) where the agent did not answer. Across engines, a new version
         of the weights under its own dpukv.model keeps them apart for good."""
+        # A load already planned stays planned: its chunks gone, it fails and is
+        # reported for recompute, never skipped.
         for st in self._reqs.values():
             self._unpin(st)
             st.answer = None
-            st.hit_chunks = st.load_from = st.load_to = 0
         try:
             removed = self.client.clear()
         except (native.AgentUnavailable, RuntimeError) as e:
