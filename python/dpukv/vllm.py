@@ -119,11 +119,20 @@ class _SchedReq:
     saved: int = 0  # chunks present in dpukv (loaded or saved)
     lookup_ns: int = 0  # when the hit was looked up (its lease began)
     answer: tuple = None  # what get_num_new_matched_tokens answered, until allocated
+    lora: tuple = (None, None)  # the request's LoRA adapter (id, name), for its events
 
 
 def _layer_number(name):
     m = re.search(r"layers\.(\d+)\.", name)
     return int(m.group(1)) if m else None
+
+
+def _lora(request):
+    """A request's LoRA adapter as vLLM's KV events name it: (id, name), or Nones."""
+    lora = getattr(request, "lora_request", None)
+    if lora is None:
+        return None, None
+    return getattr(lora, "lora_int_id", None), getattr(lora, "lora_name", None)
 
 
 def request_salt(request):
@@ -401,6 +410,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
                        block_hashes=list(getattr(request, "block_hashes", None) or []),
                        lookup_ns=time.monotonic_ns())
         st.key_tokens, st.salt = key_tokens(request), request_salt(request)
+        st.lora = _lora(request)
         self._reqs[request.request_id] = st
         keys = self._keys_all_ranks(st.key_tokens, st.salt)
         if st.salt:
@@ -441,7 +451,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         if st is None:
             st = self._reqs[request.request_id] = _SchedReq(
                 tokens=list(request.prompt_token_ids or []), key_tokens=key_tokens(request),
-                salt=request_salt(request))
+                salt=request_salt(request), lora=_lora(request))
         st.block_ids = list(blocks.get_block_ids()[0])
         st.answer = None  # allocated: a later question is a new lookup (a preemption)
         if num_external_tokens > 0:
@@ -542,7 +552,7 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             hashes = st.block_hashes[c * bpc:(c + 1) * bpc]
             parent = st.block_hashes[c * bpc - 1] if c else None
             tokens = st.tokens[c * self.chunk_tokens:(c + 1) * self.chunk_tokens]
-            self._chunk_blocks[st.keys0[c].prefix_hash] = (hashes, parent, tokens)
+            self._chunk_blocks[st.keys0[c].prefix_hash] = (hashes, parent, tokens, st.lora)
             self._chunk_blocks.move_to_end(st.keys0[c].prefix_hash)
         while len(self._chunk_blocks) > self.max_event_chunks:
             self._chunk_blocks.popitem(last=False)
@@ -584,14 +594,14 @@ class DpukvConnectorV1(KVConnectorBase_V1):
             info = self._chunk_blocks.get(key.prefix_hash)
             if info is None:
                 continue
-            hashes, parent, tokens = info
+            hashes, parent, tokens, (lora_id, lora_name) = info
             hashes = [external(h) for h in hashes]  # the engine's own events' form
             parent = external(parent) if parent is not None else None
             # group_idx 0: the KV cache group of the model's attention layers.
             if stored:
                 out.append(BlockStored(block_hashes=hashes, parent_block_hash=parent,
                                        token_ids=list(tokens), block_size=self.block_size,
-                                       lora_id=None, medium="CPU", lora_name=None,
+                                       lora_id=lora_id, medium="CPU", lora_name=lora_name,
                                        group_idx=0))
             else:
                 out.append(BlockRemoved(block_hashes=hashes, medium="CPU", group_idx=0))

@@ -823,6 +823,11 @@ def test_requests_with_another_lora_salt_or_image_never_share_kv():
     eng.add(req("s", **stored))
     assert eng.step() == ["s"]
     eng.flush()
+    # Its KV events name its adapter, as vLLM's own do.
+    ev = take_events_until(eng, lambda g: any(isinstance(e, BlockStored) for e in g),
+                           "BlockStored for the adapter's chunks")
+    assert {(e.lora_id, e.lora_name) for e in ev if isinstance(e, BlockStored)} == {
+        (1, "adapter-1")}, ev
     sched = DpukvConnectorV1(vllm_config(cfg, "contract-extras"), KVConnectorRole.SCHEDULER, kv_cache_config(64))
 
     def hit(**extra):
