@@ -520,6 +520,7 @@ def test_an_engine_saves_loads_preempts_aborts_and_recomputes_after_a_lost_lease
     SUMMARY.append("loads %d chunks, saves %d, %d blocks recomputed after a load error"
                    % (st["loaded_chunks"], st["saved_chunks"], eng.load_errors_seen))
 
+
 def test_a_local_prefix_cache_hit_loads_only_what_lies_beyond_it():
     # vLLM passes its own prefix-cache hit as num_computed_tokens (the driver passed 0
     # before issue 35): a request sharing its first chunk with a running request's
