@@ -137,6 +137,7 @@ AgentSettings default_agent_settings() {
       {"directory_replica_keys", nullptr, SettingKind::kCount, 1u << 28, nullptr, "1048576", ""},
       {"gpu", nullptr, SettingKind::kChoice, 0, "auto|off", "auto", ""},
       {"cuda_driver", nullptr, SettingKind::kText, 0, nullptr, "", ""},
+      {"gpu_checksum", nullptr, SettingKind::kChoice, 0, "auto|gpu|host", "auto", ""},
   };
   return st;
 }
@@ -452,6 +453,10 @@ bool agent_options_from_settings(AgentSettings* st, AgentOptions* out, std::ostr
   o.cache.compress = as_bool(st, "compress");
   o.gpu.enabled = st->at("gpu").value != "off";
   o.gpu.driver_library = st->at("cuda_driver").value;
+  const std::string& sums = st->at("gpu_checksum").value;
+  o.gpu.checksum = sums == "gpu"    ? CudaEngineOptions::Checksum::kGpu
+                   : sums == "host" ? CudaEngineOptions::Checksum::kHost
+                                    : CudaEngineOptions::Checksum::kAuto;
   // The GPU copies' checksums need more than a core where one core's DRAM bandwidth
   // trails the GPU's link (6 GB/s against 55 on the H200 machine): at least
   // min(4, CPUs / 4) threads, more with --dma-threads.

@@ -64,6 +64,9 @@ std::vector<MetricRow> metric_rows(const AgentStatsSources& s) {
        c.reloads},
       {"checksum_failures", "dpukv_checksum_failures_total", "counter",
        "Chunks dropped for a checksum mismatch.", c.checksum_failures},
+      {"landed_mismatches", "dpukv_landed_mismatches_total", "counter",
+       "Device reads refused because the bytes that landed differed (the chunk was intact).",
+       c.landed_mismatches},
       {"io_errors", "dpukv_disk_io_errors_total", "counter",
        "Disk tier writes or reads that failed.", c.io_errors},
       {"disk_log_errors", "dpukv_disk_log_errors_total", "counter",
@@ -122,6 +125,10 @@ std::vector<MetricRow> metric_rows(const AgentStatsSources& s) {
        "Bytes copied between the arena and GPU memory.", ge.bytes},
       {"gpu_copy_failures", "dpukv_gpu_copy_failures_total", "counter",
        "GPU copies the driver or the GPU failed (their requests failed).", ge.failed},
+      {"gpu_checksums_gpu", "dpukv_gpu_checksums_on_gpu_total", "counter",
+       "GPU copies checksummed on the GPU (the agent's kernel).", ge.gpu_hashed},
+      {"gpu_checksums_host", "dpukv_gpu_checksums_on_host_total", "counter",
+       "GPU copies checksummed on host threads.", ge.host_hashed},
   };
   rows.insert(rows.end(), gpu_rows.begin(), gpu_rows.end());
   for (size_t i = 0; i < kRequestStates; ++i)

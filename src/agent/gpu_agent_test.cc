@@ -196,7 +196,7 @@ TEST_F(GpuAgentTest, GpuAndHostStagingMoveTheSameBytesAtOddOffsetsAndSizes) {
   Staging host;
   ASSERT_TRUE(client_->alloc_staging(4 << 20, &host).ok());
   const std::vector<std::pair<uint64_t, uint64_t>> cases = {
-      {0, 1}, {1, 4095}, {3, 65537}, {12345, 1 << 20}, {(4 << 20) + 7, 333333}};
+      {0, 1}, {1, 4095}, {3, 65537}, {12345, 1 << 20}, {(4 << 20) + 7, 333333}, {8192, 300000}};
   uint64_t i = 0;
   for (const auto& [off, len] : cases) {
     SCOPED_TRACE("offset " + std::to_string(off) + " length " + std::to_string(len));
@@ -204,7 +204,7 @@ TEST_F(GpuAgentTest, GpuAndHostStagingMoveTheSameBytesAtOddOffsetsAndSizes) {
     // GPU -> cache -> GPU, at another offset.
     dev.write(4096 + off, b);
     ASSERT_EQ(one(true, g.staging(), key(i), off, len), Code::kSuccess);
-    const uint64_t back = (6 << 20) + 3;
+    const uint64_t back = (6 << 20) + (off % 8 == 0 ? 0 : 3);
     ASSERT_EQ(one(false, g.staging(), key(i), back, len), Code::kSuccess);
     EXPECT_EQ(dev.read(4096 + back, len), b);
     // GPU-stored -> host staging, and host-stored -> GPU.
@@ -224,6 +224,12 @@ TEST_F(GpuAgentTest, GpuAndHostStagingMoveTheSameBytesAtOddOffsetsAndSizes) {
   // Per case: the GPU store, and the two retrieves into GPU memory.
   EXPECT_EQ(stat("gpu_copies"), std::to_string(3 * cases.size()));
   EXPECT_EQ(stat("checksum_failures"), "0");
+  // The agent's kernel passed its check at start (on a GPU too: gpu_check.sh) and
+  // verified the aligned copies; odd addresses and short chunks went to host threads.
+  EXPECT_NE(stat("gpu_path").find("checksums on the GPU"), std::string::npos) << stat("gpu_path");
+  EXPECT_NE(stat("gpu_checksums_gpu"), "0");
+  EXPECT_NE(stat("gpu_checksums_host"), "0");
+  EXPECT_EQ(stat("landed_mismatches"), "0");
   ASSERT_TRUE(client_->release_gpu(g).ok());
   EXPECT_EQ(stat("gpu_regions"), "0");
   // A released export is no longer this client's memory.
@@ -378,8 +384,9 @@ TEST_F(GpuAgentTest, BadExportsAreRefusedAndTheSessionGoesOn) {
 // the agent goes on.
 TEST_F(GpuAgentTest, AFailedCopyFailsItsRequestOnly) {
   if (!double_driver()) GTEST_SKIP() << "needs the test double's fault injection";
-  // The first copy of the agent's is the export's proof read; the second fails.
-  start_agent("copy_nth=2");
+  // The agent's first copies are its start-up check's (one a stream, 4), then the
+  // export's proof read; the sixth fails.
+  start_agent("copy_nth=6");
   DeviceMemory dev(1 << 20);
   GpuStaging g;
   std::string why;
@@ -394,7 +401,7 @@ TEST_F(GpuAgentTest, AFailedCopyFailsItsRequestOnly) {
   stop_agent();
 
   // On retrieve: the chunk was stored from host memory; the GPU copy out fails once.
-  start_agent("copy_nth=2");
+  start_agent("copy_nth=6");
   Staging host;
   ASSERT_TRUE(client_->alloc_staging(1 << 20, &host).ok());
   const std::vector<uint8_t> b = pattern(7000, 2);
@@ -405,6 +412,53 @@ TEST_F(GpuAgentTest, AFailedCopyFailsItsRequestOnly) {
   EXPECT_EQ(one(false, g.staging(), key(2), 0, 7000), Code::kSuccess);
   EXPECT_EQ(dev.read(0, 7000), b);
   EXPECT_EQ(stat("checksum_failures"), "0");
+}
+
+// Where checksums run is the agent's choice at start: --gpu-checksum host keeps
+// them on host threads; gpu refuses to start an agent whose driver cannot run the
+// kernel (and says why), rather than verifying on the host unasked.
+TEST_F(GpuAgentTest, TheChecksumDesignIsChosenAtStartAndSaid) {
+  start_agent("", {"--gpu-checksum", "host"});
+  DeviceMemory dev(1 << 20);
+  GpuStaging g;
+  std::string why;
+  ASSERT_TRUE(client_->export_gpu(dev.ptr(), 1 << 20, 0, &g, &why).ok()) << why;
+  dev.write(0, pattern(65536, 5));
+  ASSERT_EQ(one(true, g.staging(), key(5), 0, 65536), Code::kSuccess);
+  ASSERT_EQ(one(false, g.staging(), key(5), 65536, 65536), Code::kSuccess);
+  EXPECT_EQ(dev.read(65536, 65536), pattern(65536, 5));
+  EXPECT_NE(stat("gpu_path").find("checksums on host threads"), std::string::npos)
+      << stat("gpu_path");
+  EXPECT_EQ(stat("gpu_checksums_gpu"), "0");
+  EXPECT_EQ(stat("gpu_checksums_host"), "2");
+  stop_agent();
+  if (!double_driver()) return;  // the rest needs the double's faults
+  // A driver that does not load the kernel: auto verifies on host threads and says why.
+  start_agent("module");
+  EXPECT_NE(stat("gpu_path").find("CUDA_ERROR_INVALID_PTX"), std::string::npos) << stat("gpu_path");
+  stop_agent();
+  const std::string bin = agent_bin();
+  const std::vector<std::string> args = {bin,
+                                         "--log-level",
+                                         "error",
+                                         "agent",
+                                         "--parent-pid",
+                                         std::to_string(getpid()),
+                                         "--socket",
+                                         socket_,
+                                         "--memory-bytes",
+                                         "64M",
+                                         "--metrics-port",
+                                         "0",
+                                         "--cuda-driver",
+                                         cuda_test::library(),
+                                         "--gpu-checksum",
+                                         "gpu"};
+  const pid_t p = cuda_test::spawn_with_env(bin, args, {"DPUKV_CUDA_DOUBLE_FAULT=module"}, nullptr);
+  ASSERT_GT(p, 0);
+  int status = 0;
+  reap_child(p, &status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << "started without its kernel";
 }
 
 // Issue 34.6: a CUDA IPC handle names an allocation, not who may use it, and the

@@ -33,6 +33,7 @@ GpuService::GpuService(ProgressEngine* pe, CacheEngine* cache, const GpuServiceO
   // has a task for each: a copy never finds the engine full.
   eo.max_inflight = cache->options().max_requests;
   eo.hash_threads = o.hash_threads;
+  eo.checksum = o.checksum;
   std::string why;
   std::unique_ptr<CudaEngine> e;
   Status st = CudaEngine::create(pe, eo, &e, &why);
@@ -57,8 +58,22 @@ GpuService::GpuService(ProgressEngine* pe, CacheEngine* cache, const GpuServiceO
                uuid_text(engine_->device_uuid()).c_str());
 }
 
+// The engine loads its checksum kernel here, before any client's request.
 Status GpuService::start() {
-  return engine_ ? engine_->start() : Status();
+  if (!engine_) return {};
+  const Status st = engine_->start();
+  if (!st.ok()) {
+    description_ = "off: the CUDA engine did not start" +
+                   (engine_->checksum_why().empty() ? "" : ": " + engine_->checksum_why());
+    return st;
+  }
+  description_ +=
+      engine_->checksum_design() == std::string("gpu-kernel")
+          ? "; checksums on the GPU"
+          : "; checksums on host threads" +
+                (engine_->checksum_why().empty() ? std::string() : ": " + engine_->checksum_why());
+  APP_LOG_INFO("agent: GPU path %s", description_.c_str());
+  return st;
 }
 
 Status GpuService::stop() {

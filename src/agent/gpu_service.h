@@ -29,6 +29,7 @@ struct GpuServiceOptions {
   std::string driver_library;  // empty: DPUKV_CUDA_DRIVER, else libcuda.so.1
   uint32_t max_exports = 64;   // GPU exports one session may hold
   uint32_t hash_threads = 1;   // the CUDA engine's checksum threads (--dma-threads)
+  CudaEngineOptions::Checksum checksum = CudaEngineOptions::Checksum::kAuto;  // --gpu-checksum
 };
 
 class GpuService {
@@ -48,7 +49,7 @@ class GpuService {
   // Never fails: an engine that cannot start leaves the service off, with why.
   GpuService(ProgressEngine* pe, CacheEngine* cache, const GpuServiceOptions& o);
   bool on() const { return engine_ != nullptr; }
-  // "device GPU-xxxxxxxx-… through libcuda.so.1", or why the path is off.
+  // "on: GPU-xxxxxxxx-…, checksums on the GPU" (once started), or why the path is off.
   const std::string& description() const { return description_; }
 
   Status start();

@@ -467,7 +467,26 @@ void CacheEngine::after_copy(Request* r, Status st, uint64_t cs) {
     return;
   }
   // Retrieve: the bytes the DMA read must be the bytes that were stored.
-  finish_read(r, st, st.ok() && cs != en.checksum);
+  const bool mismatch = st.ok() && cs != en.checksum;
+  if (mismatch && r->device &&
+      chunk_checksum(static_cast<uint8_t*>(arena_->data()) + en.mem_off, en.stored) ==
+          en.checksum) {
+    // A device copier that hashes where the bytes landed (the GPU's kernel) saw
+    // other bytes than the cache holds, and the cache's copy is intact: the copy or
+    // the destination changed them (a client may write its own memory). This
+    // request fails; the chunk, which other clients may read, stays.
+    --en.readers;
+    ++st_.landed_mismatches;
+    ++st_.misses;
+    LOG_WARN(
+        "cache: chunk %016llx:%016llx landed in device memory as other bytes than the "
+        "cache holds (its copy here is intact); reported as a miss to this request",
+        static_cast<unsigned long long>(en.key.model),
+        static_cast<unsigned long long>(en.key.prefix_hash));
+    finish(r, Code::kNotFound);
+    return;
+  }
+  finish_read(r, st, mismatch);
 }
 
 // The end of a retrieve's copy (DMA or decode) into the client's buffer. A chunk

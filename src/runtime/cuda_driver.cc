@@ -62,6 +62,13 @@ Status Driver::open_library(const std::string& library, std::unique_ptr<Driver>*
   sym(&d->event_synchronize, "cuEventSynchronize");
   sym(&d->event_destroy, "cuEventDestroy_v2");
   sym(&d->get_error_name, "cuGetErrorName");
+  sym(&d->module_load_data, "cuModuleLoadData");
+  sym(&d->module_unload, "cuModuleUnload");
+  sym(&d->module_get_function, "cuModuleGetFunction");
+  sym(&d->launch_kernel, "cuLaunchKernel");
+  sym(&d->mem_host_alloc, "cuMemHostAlloc");
+  sym(&d->mem_free_host, "cuMemFreeHost");
+  sym(&d->mem_host_get_device_pointer, "cuMemHostGetDevicePointer_v2");
   if (missing) return Code::kNotSupported;
   const CUresult r = d->init(0);
   if (r != kCudaSuccess) {
@@ -100,6 +107,7 @@ Status Driver::to_status(CUresult r) {
     case kCudaErrorNoDevice:
       return Code::kNotSupported;
     case kCudaErrorIllegalAddress:
+    case kCudaErrorLaunchFailed:
       return Code::kIoFailed;
     default:
       return Code::kDriver;

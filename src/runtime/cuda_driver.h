@@ -28,6 +28,8 @@ using CUdeviceptr = unsigned long long;  // NOLINT(google-runtime-int): the driv
 using CUcontext = struct CUctx_st*;
 using CUstream = struct CUstream_st*;
 using CUevent = struct CUevent_st*;
+using CUmodule = struct CUmod_st*;
+using CUfunction = struct CUfunc_st*;
 struct CUipcMemHandle {
   char reserved[64];  // CU_IPC_HANDLE_SIZE
 };
@@ -43,14 +45,18 @@ enum : CUresult {
   kCudaErrorNotInitialized = 3,
   kCudaErrorNoDevice = 100,
   kCudaErrorInvalidDevice = 101,
+  kCudaErrorInvalidImage = 200,
   kCudaErrorInvalidContext = 201,
   kCudaErrorMapFailed = 205,
+  kCudaErrorNoBinaryForGpu = 209,
+  kCudaErrorInvalidPtx = 218,
   kCudaErrorInvalidHandle = 400,
   kCudaErrorNotFound = 500,
   kCudaErrorNotReady = 600,
   kCudaErrorIllegalAddress = 700,
   kCudaErrorHostMemoryAlreadyRegistered = 712,
   kCudaErrorHostMemoryNotRegistered = 713,
+  kCudaErrorLaunchFailed = 719,
   kCudaErrorNotSupported = 801,
   kCudaErrorUnknown = 999,
 };
@@ -59,6 +65,8 @@ constexpr unsigned kIpcMemLazyEnablePeerAccess = 0x1;  // CU_IPC_MEM_LAZY_ENABLE
 constexpr unsigned kStreamNonBlocking = 0x1;           // CU_STREAM_NON_BLOCKING
 constexpr unsigned kEventDisableTiming = 0x2;          // CU_EVENT_DISABLE_TIMING
 constexpr unsigned kMemHostRegisterPortable = 0x1;     // CU_MEMHOSTREGISTER_PORTABLE
+constexpr unsigned kMemHostAllocPortable = 0x1;        // CU_MEMHOSTALLOC_PORTABLE
+constexpr unsigned kMemHostAllocDeviceMap = 0x2;       // CU_MEMHOSTALLOC_DEVICEMAP
 
 class Driver {
  public:
@@ -110,6 +118,18 @@ class Driver {
   CUresult (*event_synchronize)(CUevent event) = nullptr;
   CUresult (*event_destroy)(CUevent event) = nullptr;
   CUresult (*get_error_name)(CUresult r, const char** name) = nullptr;
+  // Kernels the engine loads as PTX text (the driver compiles it for its GPU).
+  CUresult (*module_load_data)(CUmodule* module, const void* image) = nullptr;
+  CUresult (*module_unload)(CUmodule module) = nullptr;
+  CUresult (*module_get_function)(CUfunction* fn, CUmodule module, const char* name) = nullptr;
+  CUresult (*launch_kernel)(CUfunction fn, unsigned grid_x, unsigned grid_y, unsigned grid_z,
+                            unsigned block_x, unsigned block_y, unsigned block_z,
+                            unsigned shared_bytes, CUstream stream, void** params,
+                            void** extra) = nullptr;
+  // Pinned host memory kernels write into (their results).
+  CUresult (*mem_host_alloc)(void** p, size_t bytes, unsigned flags) = nullptr;
+  CUresult (*mem_free_host)(void* p) = nullptr;
+  CUresult (*mem_host_get_device_pointer)(CUdeviceptr* dptr, void* p, unsigned flags) = nullptr;
 
  private:
   Driver() = default;

@@ -331,6 +331,10 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
        "(default auto)"},
       {"--cuda-driver", "cuda_driver",
        "The CUDA driver library to load (default: $DPUKV_CUDA_DRIVER, else libcuda.so.1)"},
+      {"--gpu-checksum", "gpu_checksum",
+       "Where GPU copies are checksummed: auto (on the GPU, by a kernel the agent loads and "
+       "checks at start, else on host threads), gpu (the GPU, or the agent does not start), "
+       "host (host threads) (default auto)"},
       {"--advertise", "advertise",
        "Address other agents reach this one at: peers' reads go over the interface that has it "
        "(default: every interface UCX finds)"},

@@ -10,7 +10,7 @@
 //    handle names the allocation (pid, fd, size, id); another process opens it
 //    through /proc/PID/fd, so a handle of a dead process cannot be opened.
 //  - Copies run later, in stream order, on a thread of the double, and finish
-//    through events; each waits a little first, so a caller that reads before
+//    through events; each copy waits a little first, so a caller that reads before
 //    waiting for its event sees the old bytes, as on a GPU.
 //  - Faults are injected with DPUKV_CUDA_DOUBLE_FAULT (comma list; read at cuInit,
 //    for processes a test starts) or dpukv_cuda_double_fault() (same names):
@@ -18,7 +18,15 @@
 //    when it runs), copy_once (the next copy only), copy_nth=N (the Nth copy from
 //    now only), register (cuMemHostRegister:
 //    CUDA_ERROR_OUT_OF_MEMORY, as when the locked-memory limit is reached), uuid=HEX32
-//    (this process's device has that UUID: a foreign device to another process).
+//    (this process's device has that UUID: a foreign device to another process),
+//    module (cuModuleLoadData: CUDA_ERROR_INVALID_PTX, a driver that cannot JIT it),
+//    kernel (every launch faults when it runs: CUDA_ERROR_ILLEGAL_ADDRESS, sticky on
+//    its stream), kernel_nth=N (the Nth launch from now only), kernel_wrong (every
+//    kernel's result has its low bit flipped: a miscompiled kernel), flip_once
+//    (the next copy lands with its first byte changed: a corrupting link).
+//  - Kernels: cuModuleLoadData takes PTX text (what dpukv loads) and knows its
+//    .entry names; the one kernel dpukv launches, dpukv_xxh3_64(p, len, out), runs
+//    as its CPU twin (XXH3_64bits of the device bytes into *out) in stream order.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -35,6 +43,9 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+
+#include <xxhash.h>
 
 namespace {
 
@@ -52,6 +63,7 @@ constexpr CUresult kSuccess = 0, kInvalidValue = 1, kOutOfMemory = 2, kNotInitia
                    kNoDevice = 100, kInvalidDevice = 101, kInvalidContext = 201, kMapFailed = 205,
                    kInvalidHandle = 400, kNotFound = 500, kNotReady = 600, kIllegalAddress = 700,
                    kAlreadyRegistered = 712, kNotRegistered = 713;
+constexpr CUresult kInvalidImage = 200, kInvalidPtx = 218;
 
 constexpr char kHandleMagic[8] = {'D', 'K', 'V', 'C', 'U', 'D', 'A', '1'};
 struct Handle {  // what the 64 bytes of a CUipcMemHandle hold here
@@ -70,12 +82,13 @@ struct Alloc {
 };
 
 struct Op {
-  enum Kind { kCopy, kEvent } kind;
+  enum Kind { kCopy, kEvent, kHashKernel } kind;  // kHashKernel: XXH3 of src into *dst
   void* dst = nullptr;
   const void* src = nullptr;
   size_t bytes = 0;
   bool fail = false;
   struct Event* event = nullptr;
+  bool flip = false;  // lands with its first byte changed
 };
 
 struct Stream {
@@ -95,6 +108,12 @@ struct CUevent_st {
   bool recorded = false, done = true;
   CUresult result = kSuccess;
 };
+struct CUmod_st {
+  std::string ptx;
+};
+struct CUfunc_st {
+  std::string name;
+};
 namespace {
 struct Event : CUevent_st {};
 
@@ -104,6 +123,10 @@ struct State {
   bool initialised = false;
   bool fault_init = false, fault_copy = false, fault_register = false;
   int fault_copy_in = 0;  // > 0: the copy that many from now fails (once)
+  bool fault_module = false, fault_kernel = false, fault_kernel_wrong = false;
+  int fault_kernel_in = 0;
+  bool fault_flip = false;
+  std::map<uintptr_t, size_t> host_allocs;  // cuMemHostAlloc's, mapped for kernels
   char uuid[16] = {'d', 'p', 'u', 'k', 'v', '-', 'd', 'o', 'u', 'b', 'l', 'e', '-', 'g', 'p', 'u'};
   std::map<uintptr_t, Alloc> allocs;  // by base address
   std::map<uintptr_t, size_t> registered;
@@ -124,9 +147,15 @@ void apply_fault(const std::string& f) {
   if (f == "copy_once") g.fault_copy_in = 1;
   if (f.rfind("copy_nth=", 0) == 0) g.fault_copy_in = std::atoi(f.c_str() + 9);
   if (f == "register") g.fault_register = true;
+  if (f == "module") g.fault_module = true;
+  if (f == "kernel") g.fault_kernel = true;
+  if (f.rfind("kernel_nth=", 0) == 0) g.fault_kernel_in = std::atoi(f.c_str() + 11);
+  if (f == "kernel_wrong") g.fault_kernel_wrong = true;
+  if (f == "flip_once") g.fault_flip = true;
   if (f == "none") {
     g.fault_init = g.fault_copy = g.fault_register = false;
-    g.fault_copy_in = 0;
+    g.fault_module = g.fault_kernel = g.fault_kernel_wrong = g.fault_flip = false;
+    g.fault_copy_in = g.fault_kernel_in = 0;
   }
   if (f.rfind("uuid=", 0) == 0 && f.size() == 5 + 32)
     for (int i = 0; i < 16; ++i)
@@ -169,11 +198,19 @@ void work() {
     if (g.stop) return;
     Op op = ready->ops.front();
     lk.unlock();
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-    if (op.kind == Op::kCopy && !op.fail && ready->error == kSuccess)
+    if (op.kind == Op::kCopy) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (op.kind == Op::kCopy && !op.fail && ready->error == kSuccess) {
       std::memcpy(op.dst, op.src, op.bytes);
+      if (op.flip) static_cast<uint8_t*>(op.dst)[0] ^= 0x80;
+    }
+    if (op.kind == Op::kHashKernel && !op.fail && ready->error == kSuccess) {
+      uint64_t h = XXH3_64bits(op.src, op.bytes);
+      if (g.fault_kernel_wrong) h ^= 1;
+      std::memcpy(op.dst, &h, sizeof(h));
+    }
     lk.lock();
-    if (op.kind == Op::kCopy && op.fail) ready->error = kIllegalAddress;
+    if ((op.kind == Op::kCopy || op.kind == Op::kHashKernel) && op.fail)
+      ready->error = kIllegalAddress;
     if (op.kind == Op::kEvent) {
       op.event->result = ready->error;
       op.event->done = true;
@@ -390,7 +427,9 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CU
   if (src == nullptr || find(static_cast<uintptr_t>(dst), bytes, nullptr) == nullptr)
     return kInvalidValue;
   const bool fail = g.fault_copy || (g.fault_copy_in > 0 && --g.fault_copy_in == 0);
-  return enqueue(s, Op{Op::kCopy, reinterpret_cast<void*>(dst), src, bytes, fail, nullptr});
+  Op op{Op::kCopy, reinterpret_cast<void*>(dst), src, bytes, fail, nullptr};
+  op.flip = std::exchange(g.fault_flip, false);
+  return enqueue(s, op);
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, CUstream_st* s) {
@@ -398,7 +437,9 @@ CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, CUstream
   if (dst == nullptr || find(static_cast<uintptr_t>(src), bytes, nullptr) == nullptr)
     return kInvalidValue;
   const bool fail = g.fault_copy || (g.fault_copy_in > 0 && --g.fault_copy_in == 0);
-  return enqueue(s, Op{Op::kCopy, dst, reinterpret_cast<const void*>(src), bytes, fail, nullptr});
+  Op op{Op::kCopy, dst, reinterpret_cast<const void*>(src), bytes, fail, nullptr};
+  op.flip = std::exchange(g.fault_flip, false);
+  return enqueue(s, op);
 }
 
 CUresult cuStreamCreate(CUstream_st** s, unsigned) {
@@ -495,6 +536,95 @@ CUresult cuEventDestroy_v2(CUevent_st* e) {
   return kSuccess;
 }
 
+// cuMemHostAlloc: "Allocates bytesize bytes of host memory that is page-locked and
+// accessible to the device"; CU_MEMHOSTALLOC_DEVICEMAP maps it into the device's
+// address space (cuMemHostGetDevicePointer). Here the device pointer is the address.
+CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned flags) {
+  std::lock_guard<std::mutex> lk(g.mu);
+  if (p == nullptr || bytes == 0 || (flags & ~7u) != 0) return kInvalidValue;
+  void* m = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  if (m == nullptr) return kOutOfMemory;
+  g.host_allocs[reinterpret_cast<uintptr_t>(m)] = bytes;
+  *p = m;
+  return kSuccess;
+}
+
+CUresult cuMemFreeHost(void* p) {
+  std::lock_guard<std::mutex> lk(g.mu);
+  if (g.host_allocs.erase(reinterpret_cast<uintptr_t>(p)) == 0) return kInvalidValue;
+  std::free(p);
+  return kSuccess;
+}
+
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* d, void* p, unsigned flags) {
+  std::lock_guard<std::mutex> lk(g.mu);
+  if (d == nullptr || flags != 0) return kInvalidValue;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  for (const auto& [b, n] : g.host_allocs)
+    if (a >= b && a < b + n) {
+      *d = a;
+      return kSuccess;
+    }
+  return kInvalidValue;
+}
+
+// cuModuleLoadData: "Takes a pointer image and loads the corresponding module ...
+// The pointer may be obtained ... or a NULL-terminated text string" (PTX, compiled
+// by the driver's JIT). Here: PTX text with a .version and an .entry.
+CUresult cuModuleLoadData(CUmod_st** m, const void* image) {
+  std::lock_guard<std::mutex> lk(g.mu);
+  if (!g.initialised) return kNotInitialized;
+  if (m == nullptr || image == nullptr) return kInvalidValue;
+  const std::string ptx(static_cast<const char*>(image));
+  if (ptx.find(".version") == std::string::npos) return kInvalidImage;
+  if (g.fault_module || ptx.find(".entry") == std::string::npos) return kInvalidPtx;
+  *m = new CUmod_st{ptx};
+  return kSuccess;
+}
+
+CUresult cuModuleUnload(CUmod_st* m) {
+  if (m == nullptr) return kInvalidValue;
+  delete m;
+  return kSuccess;
+}
+
+// cuModuleGetFunction: CUDA_ERROR_NOT_FOUND "if no function with name name exists".
+CUresult cuModuleGetFunction(CUfunc_st** f, CUmod_st* m, const char* name) {
+  if (f == nullptr || m == nullptr || name == nullptr) return kInvalidValue;
+  if (m->ptx.find(std::string(".entry ") + name + "(") == std::string::npos) return kNotFound;
+  // One function object per name, as long as the process: it is never unloaded here.
+  static std::map<std::string, CUfunc_st>& fns = *new std::map<std::string, CUfunc_st>;
+  std::lock_guard<std::mutex> lk(g.mu);
+  CUfunc_st& fn = fns[name];
+  fn.name = name;
+  *f = &fn;
+  return kSuccess;
+}
+
+// cuLaunchKernel: "kernelParams ... an array of pointers to the parameters". Only
+// dpukv_xxh3_64(const u8* p, u64 len, u64* out) runs (as its CPU twin); memory it
+// reaches outside any allocation faults when it runs, as on a GPU.
+CUresult cuLaunchKernel(CUfunc_st* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned, CUstream_st* s, void** params,
+                        void** extra) {
+  std::lock_guard<std::mutex> lk(g.mu);
+  if (f == nullptr || params == nullptr || extra != nullptr) return kInvalidValue;
+  if (f->name != "dpukv_xxh3_64") return kNotFound;
+  if (gx != 1 || gy != 1 || gz != 1 || bx == 0 || bx > 1024 || by != 1 || bz != 1)
+    return kInvalidValue;
+  uint64_t p = 0, len = 0, out = 0;
+  std::memcpy(&p, params[0], 8);
+  std::memcpy(&len, params[1], 8);
+  std::memcpy(&out, params[2], 8);
+  bool fail = g.fault_kernel || (g.fault_kernel_in > 0 && --g.fault_kernel_in == 0) || p % 8 != 0 ||
+              find(p, len, nullptr) == nullptr;
+  bool out_ok = false;
+  for (const auto& [b, n] : g.host_allocs) out_ok = out_ok || (out >= b && out + 8 <= b + n);
+  fail = fail || !out_ok;
+  return enqueue(s, Op{Op::kHashKernel, reinterpret_cast<void*>(out),
+                       reinterpret_cast<const void*>(p), len, fail, nullptr});
+}
+
 CUresult cuGetErrorName(CUresult r, const char** name) {
   if (name == nullptr) return kInvalidValue;
   switch (r) {
@@ -521,6 +651,12 @@ CUresult cuGetErrorName(CUresult r, const char** name) {
       break;
     case kMapFailed:
       *name = "CUDA_ERROR_MAP_FAILED";
+      break;
+    case kInvalidImage:
+      *name = "CUDA_ERROR_INVALID_IMAGE";
+      break;
+    case kInvalidPtx:
+      *name = "CUDA_ERROR_INVALID_PTX";
       break;
     case kInvalidHandle:
       *name = "CUDA_ERROR_INVALID_HANDLE";

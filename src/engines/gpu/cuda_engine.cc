@@ -1,13 +1,24 @@
 #include "engines/gpu/cuda_engine.h"
 
 #include <cstring>
+#include <vector>
 
+#include "engines/gpu/xxh3_lanes.h"
 #include "runtime/chunk_checksum.h"
 #include "runtime/log.h"
 
 namespace dpukv {
 
 using namespace cuda;  // NOLINT(google-build-using-namespace): the driver's names
+
+namespace {
+// verify_kernel.cu as PTX (scripts/gen_verify_ptx.py): the driver compiles it for
+// its GPU at start, so a first request does not wait for the JIT.
+constexpr char kHashKernelPtx[] =
+#include "engines/gpu/verify_kernel_ptx.inc"
+    ;
+constexpr unsigned kHashKernelThreads = 256;  // verify_kernel.cu's kThreads
+}  // namespace
 
 CudaEngine::CudaEngine(ProgressEngine* pe, const CudaEngineOptions& o) : Context(pe), opts_(o) {}
 
@@ -51,6 +62,8 @@ CudaEngine::~CudaEngine() {
   for (Copy& c : copies_)
     if (c.event != nullptr) (void)drv_->event_destroy(c.event);
   for (auto& [id, r] : regions_) (void)drv_->ipc_close_mem_handle(r.base);
+  if (module_ != nullptr) (void)drv_->module_unload(module_);
+  if (results_ != nullptr) (void)drv_->mem_free_host(results_);
   if (host_ != nullptr) (void)drv_->mem_host_unregister(host_);
   if (ctx_ != nullptr) (void)drv_->primary_ctx_release(dev_);
 }
@@ -66,11 +79,84 @@ Status CudaEngine::do_start() {
     if (drv_->event_create(&c.event, kEventDisableTiming) != kCudaSuccess) return Code::kDriver;
     free_copies_.push_back(&c);
   }
+  if (opts_.checksum != CudaEngineOptions::Checksum::kHost && !load_hash_kernel(&checksum_why_)) {
+    if (opts_.checksum == CudaEngineOptions::Checksum::kGpu) {
+      LOG_ERR("cuda engine: checksums on the GPU were asked for: %s", checksum_why_.c_str());
+      return Code::kNotSupported;
+    }
+    LOG_WARN("cuda engine: checksums on host threads: %s", checksum_why_.c_str());
+  }
   EngineWorkersOptions wo;
   wo.num_threads = opts_.hash_threads;
   wo.sq_depth = opts_.max_inflight;  // every copy may wait for its hash at once
   wo.cq_depth = opts_.max_inflight;
   return hashers_.start(wo, &CudaEngine::hash, this, pe());
+}
+
+CUresult CudaEngine::launch_hash(CUdeviceptr p, uint64_t len, CUdeviceptr out, CUstream s) {
+  void* params[] = {&p, &len, &out};
+  return drv_->launch_kernel(hash_fn_, 1, 1, 1, kHashKernelThreads, 1, 1, 0, s, params, nullptr);
+}
+
+// At start, not at a first request: the JIT, the results' pinned memory, and one
+// hash of known bytes that must equal the host's xxh3 (a driver that compiled the
+// kernel differently, or a kernel that does not run, leaves checksums on the host).
+bool CudaEngine::load_hash_kernel(std::string* why) {
+  auto failed = [&](const char* what, CUresult r) {
+    *why = std::string(what) + ": " + drv_->error_name(r);
+    if (module_ != nullptr) (void)drv_->module_unload(module_);
+    module_ = nullptr;
+    hash_fn_ = nullptr;
+    return false;
+  };
+  CUresult r = drv_->module_load_data(&module_, kHashKernelPtx);
+  if (r != kCudaSuccess) {
+    module_ = nullptr;
+    return failed("the driver does not load the checksum kernel's PTX", r);
+  }
+  r = drv_->module_get_function(&hash_fn_, module_, "dpukv_xxh3_64");
+  if (r != kCudaSuccess) return failed("the checksum kernel has no dpukv_xxh3_64", r);
+  if (results_ == nullptr) {
+    void* p = nullptr;
+    r = drv_->mem_host_alloc(&p, sizeof(uint64_t) * (opts_.max_inflight + 1),
+                             kMemHostAllocPortable | kMemHostAllocDeviceMap);
+    if (r != kCudaSuccess) return failed("no mapped host memory for the kernel's results", r);
+    results_ = static_cast<uint64_t*>(p);
+    r = drv_->mem_host_get_device_pointer(&results_dev_, results_, 0);
+    if (r != kCudaSuccess) return failed("the results' memory is not mapped for the GPU", r);
+  }
+  // Known bytes: not a whole number of blocks, so the tail's path runs too.
+  std::vector<uint8_t> probe(64 * 1024 + 40);
+  for (size_t i = 0; i < probe.size(); ++i) probe[i] = static_cast<uint8_t>(i * 131 + (i >> 9));
+  CUdeviceptr dev = 0;
+  r = drv_->mem_alloc(&dev, probe.size());
+  if (r != kCudaSuccess) return failed("no GPU memory for the checksum kernel's check", r);
+  uint64_t& got = results_[opts_.max_inflight];
+  got = 0;
+  for (Stream& s : streams_) {  // every stream's first copy, here
+    r = drv_->memcpy_htod_async(dev, probe.data(), probe.size(), s.s);
+    if (r == kCudaSuccess) r = drv_->stream_synchronize(s.s);
+    if (r != kCudaSuccess) break;
+  }
+  if (r == kCudaSuccess)
+    r = launch_hash(dev, probe.size(), results_dev_ + sizeof(uint64_t) * opts_.max_inflight,
+                    streams_[0].s);
+  if (r == kCudaSuccess) r = drv_->stream_synchronize(streams_[0].s);
+  (void)drv_->mem_free(dev);
+  if (r != kCudaSuccess) return failed("the checksum kernel's check did not run", r);
+  const uint64_t want = chunk_checksum(probe.data(), probe.size());
+  if (got != want) {
+    char msg[160];
+    std::snprintf(msg, sizeof(msg),
+                  "the checksum kernel gave %016llx for bytes whose xxh3 is %016llx",
+                  static_cast<unsigned long long>(got), static_cast<unsigned long long>(want));
+    *why = msg;
+    (void)drv_->module_unload(module_);
+    module_ = nullptr;
+    hash_fn_ = nullptr;
+    return false;
+  }
+  return true;
 }
 
 void CudaEngine::do_stop() {}
@@ -228,6 +314,8 @@ Status CudaEngine::copy(uint64_t region, uint64_t offset, void* host, uint64_t b
   c->status = Code::kSuccess;
   c->to_gpu = to_gpu;
   c->owed = 1;
+  c->gpu_hash = checksum != nullptr && hash_fn_ != nullptr && bytes >= dpukv_xxh3::kMinLength &&
+                c->dev % 8 == 0;
   const Status st = issue(c);
   if (!st.ok()) {
     ++counters_.failed;
@@ -238,21 +326,37 @@ Status CudaEngine::copy(uint64_t region, uint64_t offset, void* host, uint64_t b
   ++inflight_;
   ++counters_.copies;
   counters_.bytes += bytes;
-  if (checksum != nullptr && to_gpu) {  // the source cannot change while it is read
-    ++c->owed;
-    start_hash(c);
+  if (c->gpu_hash) {
+    ++counters_.gpu_hashed;
+  } else if (checksum != nullptr) {
+    ++counters_.host_hashed;
+    if (to_gpu) {  // the source cannot change while it is read
+      ++c->owed;
+      start_hash(c);
+    }
   }
   return Code::kSuccess;
 }
 
-// The copy on the next stream, followed by its event.
+// The copy on the next stream, then its hash kernel (if the GPU hashes it), then
+// its event. Once the copy is queued the copy ends through its event whatever
+// follows fails: its slot is not reused while the GPU may still write the host.
 Status CudaEngine::issue(Copy* c) {
   (void)drv_->ctx_set_current(ctx_);
   Stream& s = streams_[next_stream_++ % streams_.size()];
   CUresult res = c->to_gpu ? drv_->memcpy_htod_async(c->dev, c->host, c->bytes, s.s)
                            : drv_->memcpy_dtoh_async(c->host, c->dev, c->bytes, s.s);
-  if (res == kCudaSuccess) res = drv_->event_record(c->event, s.s);
   if (res != kCudaSuccess) return Driver::to_status(res);
+  if (c->gpu_hash) {
+    const CUresult k =
+        launch_hash(c->dev, c->bytes, results_dev_ + sizeof(uint64_t) * (c - copies_.data()), s.s);
+    if (k != kCudaSuccess) c->status = Driver::to_status(k);  // fails this copy only
+  }
+  res = drv_->event_record(c->event, s.s);
+  if (res != kCudaSuccess) {
+    (void)drv_->stream_synchronize(s.s);  // nothing of this copy still runs
+    return Driver::to_status(res);
+  }
   s.copies.push_back(c);
   return Code::kSuccess;
 }
@@ -289,7 +393,9 @@ size_t CudaEngine::poll() {
       if (r == kCudaSuccess) {
         Copy* c = s.copies.front();
         s.copies.pop_front();
-        if (c->checksum != nullptr && !c->to_gpu) {
+        if (c->gpu_hash) {
+          if (c->status.ok()) c->hash = results_[c - copies_.data()];
+        } else if (c->checksum != nullptr && !c->to_gpu && c->status.ok()) {
           start_hash(c);  // the bytes landed: the hash is what it owes now
           continue;
         }

@@ -15,11 +15,15 @@
 // error poisoned, as CUDA's sticky errors do), it stops taking GPU copies and says
 // why, while the agent goes on serving host memory.
 //
-// A copy may also checksum the host bytes (xxh3-64), as a DMA engine with a CRC
-// offload does: on the engine's hash threads, never on the progress thread, which
-// would otherwise hash every byte the GPU moves (XXH3 runs at 13-25 GB/s a core;
-// the GPU's link at 55). A copy to the GPU is hashed while it runs, a copy from the
-// GPU once its bytes landed.
+// A copy may also checksum the bytes (xxh3-64, the chunk checksum), as a DMA
+// engine with a CRC offload does, and never on the progress thread. Where the
+// driver loads the engine's kernel (verify_kernel.cu, embedded as PTX and checked
+// against the host's xxh3 at start) the GPU hashes them: a copy to the GPU where it
+// landed, a copy from it at its source, so the host reads each byte once (the
+// copy's) and what is verified is what the GPU holds. Otherwise, and for ranges
+// the kernel does not take (240 bytes or fewer, not 8-byte aligned), the engine's
+// hash threads hash the host bytes: while a copy to the GPU runs, once a copy from
+// it landed. checksum_design() says which ran.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +44,11 @@ struct CudaEngineOptions {
   std::string driver_library;  // empty: DPUKV_CUDA_DRIVER, else libcuda.so.1
   uint32_t streams = 4;
   uint32_t max_inflight = 256;  // copies in flight over all streams
-  uint32_t hash_threads = 1;    // threads that checksum copies (copy(..., checksum))
+  uint32_t hash_threads = 1;    // threads that checksum copies the kernel does not take
+  // Where copies are checksummed: kAuto, the GPU if its kernel loads and passes the
+  // start-up check, else the hash threads (why: checksum_why()); kGpu, the GPU or
+  // the engine does not start; kHost, the hash threads always.
+  enum class Checksum { kAuto, kGpu, kHost } checksum = Checksum::kAuto;
 };
 
 // A GPU range a client exports: the IPC handle of its allocation, the device's
@@ -76,7 +84,9 @@ class CudaEngine final : public Context, public DeviceCopier {
   Status release(uint64_t id);
 
   // host -> region (to_gpu) or region -> host; cb(arg, status) from poll(), with
-  // *checksum (when not null) set to the host bytes' xxh3-64 before cb runs.
+  // *checksum (when not null) set before cb runs to the xxh3-64 of the bytes at the
+  // GPU's end (the kernel) or of the host bytes (the hash threads): the same bytes
+  // unless the copy changed them.
   // INVALID_VALUE: outside the region or the registered host memory; AGAIN: too
   // many copies in flight; NOT_SUPPORTED: the engine stopped taking copies.
   Status copy(uint64_t region, uint64_t offset, void* host, uint64_t bytes, bool to_gpu,
@@ -90,8 +100,15 @@ class CudaEngine final : public Context, public DeviceCopier {
   uint32_t inflight() const { return inflight_; }
   // Empty while the engine takes copies; else why it stopped.
   const std::string& broken() const { return broken_; }
+  // "gpu-kernel" or "host-threads": where checksums are computed; and, when the
+  // host's although the GPU's was asked for (kAuto), why.
+  const char* checksum_design() const {
+    return hash_fn_ != nullptr ? "gpu-kernel" : "host-threads";
+  }
+  const std::string& checksum_why() const { return checksum_why_; }
   struct Counters {
     uint64_t copies = 0, bytes = 0, failed = 0, imports = 0, refused = 0, streams_replaced = 0;
+    uint64_t gpu_hashed = 0, host_hashed = 0;  // copies checksummed by the kernel, on the host
   };
   const Counters& counters() const { return counters_; }
 
@@ -116,6 +133,7 @@ class CudaEngine final : public Context, public DeviceCopier {
     Status status;
     uint8_t owed = 0;  // completions still to come: the GPU's event, the hash
     bool to_gpu = false;
+    bool gpu_hash = false;  // the kernel hashes it (result in results_[its slot])
   };
   struct Stream {
     cuda::CUstream s = nullptr;
@@ -136,6 +154,11 @@ class CudaEngine final : public Context, public DeviceCopier {
   void close_region(uint64_t id);
   // Whether device memory at `at` holds `proof` (import's check of the sender).
   bool holds_proof(cuda::CUdeviceptr at, const uint8_t* proof, uint32_t len);
+  // Loads the checksum kernel and checks it against the host's xxh3 (and makes
+  // every stream's first copy): false with *why when it cannot be used.
+  bool load_hash_kernel(std::string* why);
+  cuda::CUresult launch_hash(cuda::CUdeviceptr p, uint64_t len, cuda::CUdeviceptr out,
+                             cuda::CUstream s);
 
   CudaEngineOptions opts_;
   std::unique_ptr<cuda::Driver> drv_;
@@ -153,6 +176,11 @@ class CudaEngine final : public Context, public DeviceCopier {
   uint64_t next_region_ = 1;
   std::string broken_;
   Counters counters_;
+  cuda::CUmodule module_ = nullptr;
+  cuda::CUfunction hash_fn_ = nullptr;  // null: checksums on the hash threads
+  uint64_t* results_ = nullptr;         // max_inflight + 1 (the check's) results
+  cuda::CUdeviceptr results_dev_ = 0;
+  std::string checksum_why_;
 };
 
 }  // namespace dpukv

@@ -203,8 +203,125 @@ TEST_F(CudaEngineTest, CopiesIntoAndOutOfAClientsGpuMemoryByteForByte) {
       ASSERT_EQ(host_[(4 << 20) + k * 4096 + i], agent_byte(d.offset + k * 4096 + i));
     EXPECT_EQ(sums[k], k % 2 ? XXH3_64bits(host_.data() + (4 << 20) + k * 4096, 4096) : 0) << k;
   }
+  // Aligned ranges were hashed on the GPU, the odd ones on host threads.
+  EXPECT_STREQ(e_->checksum_design(), "gpu-kernel") << e_->checksum_why();
+  EXPECT_GT(e_->counters().gpu_hashed, 0u);
+  EXPECT_GT(e_->counters().host_hashed, 0u);
   EXPECT_TRUE(e_->release(id).ok());
   EXPECT_EQ(e_->regions(), 0u);
+}
+
+// The GPU's checksum is of the bytes where they are on the GPU: a copy that lands
+// changed is seen (host threads would hash the intact source); a kernel that
+// faults fails its own copy, and the engine goes on.
+TEST_F(CudaEngineTest, TheGpuChecksumsWhatLandedAndAFaultingKernelFailsItsCopyOnly) {
+  ASSERT_STREQ(e_->checksum_design(), "gpu-kernel") << e_->checksum_why();
+  Client c;
+  ASSERT_TRUE(c.start());
+  GpuRegionDesc d = c.desc;
+  d.offset = 0;
+  d.bytes = 2 << 20;
+  uint64_t id = 0;
+  std::string why;
+  ASSERT_TRUE(import(d, &id, &why).ok()) << why;
+  const uint64_t n = (1 << 20) + 40;  // not whole blocks: the kernel's tail runs
+  for (uint64_t i = 0; i < n; ++i) host_[i] = agent_byte(i);
+  const CudaEngine::Counters before = e_->counters();
+  uint64_t sum = 0;
+  ASSERT_TRUE(copy(id, 0, host_.data(), n, true, &sum).ok());
+  EXPECT_EQ(sum, XXH3_64bits(host_.data(), n));
+  EXPECT_TRUE(c.check(0, n));
+  sum = 0;
+  ASSERT_TRUE(copy(id, 8, host_.data() + (4 << 20), 3 * 4096, false, &sum).ok());
+  EXPECT_EQ(sum, XXH3_64bits(host_.data() + (4 << 20), 3 * 4096));
+  EXPECT_EQ(e_->counters().gpu_hashed, before.gpu_hashed + 2);
+  EXPECT_EQ(e_->counters().host_hashed, before.host_hashed);
+  if (!inject("flip_once")) GTEST_SKIP() << "the faults need the double";
+  ASSERT_TRUE(copy(id, 0, host_.data(), n, true, &sum).ok());
+  EXPECT_NE(sum, XXH3_64bits(host_.data(), n)) << "the landed bytes differ from the host's";
+  std::vector<uint8_t> landed(host_.begin(), host_.begin() + n);
+  landed[0] ^= 0x80;
+  EXPECT_EQ(sum, XXH3_64bits(landed.data(), n));
+  ASSERT_TRUE(inject("kernel_nth=1"));
+  sum = 42;
+  EXPECT_EQ(copy(id, 0, host_.data(), n, true, &sum), Code::kIoFailed);
+  EXPECT_EQ(sum, 42u);
+  EXPECT_TRUE(e_->broken().empty());
+  for (int k = 0; k < 4; ++k) {
+    ASSERT_TRUE(copy(id, 0, host_.data(), n, true, &sum).ok()) << k;
+    EXPECT_EQ(sum, XXH3_64bits(host_.data(), n));
+  }
+  EXPECT_STREQ(e_->checksum_design(), "gpu-kernel");
+}
+
+// A driver that cannot load the kernel, or a kernel whose digest differs from the
+// host's xxh3 at start, leaves checksums on host threads (auto) and says why; a
+// GPU checksum required (Checksum::kGpu) then keeps the engine from starting.
+TEST_F(CudaEngineTest, AKernelThatDoesNotLoadOrDisagreesLeavesChecksumsOnTheHost) {
+  if (!inject("none")) GTEST_SKIP() << "needs the double";
+  Client c;
+  ASSERT_TRUE(c.start());
+  GpuRegionDesc d = c.desc;
+  d.offset = 0;
+  d.bytes = 2 << 20;  // the copies go past the proof at its start
+  std::vector<uint8_t> host(2 << 20);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = agent_byte(i);
+  struct Case {
+    const char* fault;
+    CudaEngineOptions::Checksum want;
+    const char* why;
+  };
+  for (const Case& k : {Case{"module", CudaEngineOptions::Checksum::kAuto, "PTX"},
+                        Case{"kernel_wrong", CudaEngineOptions::Checksum::kAuto, "gave"},
+                        Case{"none", CudaEngineOptions::Checksum::kHost, ""}}) {
+    SCOPED_TRACE(k.fault);
+    ASSERT_TRUE(inject("none"));
+    ASSERT_TRUE(inject(k.fault));
+    CudaEngineOptions o;
+    o.driver_library = library();
+    o.checksum = k.want;
+    std::unique_ptr<CudaEngine> e;
+    std::string why;
+    ASSERT_TRUE(CudaEngine::create(pe_.get(), o, &e, &why).ok()) << why;
+    ASSERT_TRUE(e->start().ok());
+    EXPECT_STREQ(e->checksum_design(), "host-threads");
+    EXPECT_NE(e->checksum_why().find(k.why), std::string::npos) << e->checksum_why();
+    ASSERT_TRUE(e->register_host(host.data(), host.size(), &why).ok()) << why;
+    uint8_t proof[16];
+    for (uint64_t i = 0; i < sizeof(proof); ++i) proof[i] = client_byte(i);
+    uint64_t id = 0;
+    const Status is = e->import(d, proof, sizeof(proof), &id, &why);
+    ASSERT_TRUE(is.ok()) << is.name() << ": " << why;
+    struct R {
+      bool done = false;
+      Status st;
+    } r;
+    uint64_t sum = 0;
+    ASSERT_TRUE(e->copy(
+                     id, 1 << 20, host.data(), 1 << 20, true, &sum,
+                     [](void* a, Status st) {
+                       static_cast<R*>(a)->done = true;
+                       static_cast<R*>(a)->st = st;
+                     },
+                     &r)
+                    .ok());
+    while (!r.done) pe_->progress();
+    EXPECT_TRUE(r.st.ok());
+    EXPECT_EQ(sum, XXH3_64bits(host.data(), 1 << 20));
+    EXPECT_EQ(e->counters().host_hashed, 1u);
+    EXPECT_EQ(e->counters().gpu_hashed, 0u);
+    (void)e->stop();
+    while (e->state() != CtxState::kIdle) pe_->progress();
+  }
+  ASSERT_TRUE(inject("module"));
+  CudaEngineOptions o;
+  o.driver_library = library();
+  o.checksum = CudaEngineOptions::Checksum::kGpu;
+  std::unique_ptr<CudaEngine> e;
+  std::string why;
+  ASSERT_TRUE(CudaEngine::create(pe_.get(), o, &e, &why).ok()) << why;
+  EXPECT_EQ(e->start(), Code::kNotSupported);
+  EXPECT_NE(e->checksum_why().find("PTX"), std::string::npos) << e->checksum_why();
 }
 
 TEST_F(CudaEngineTest, BadImportsAndCopiesAreRefusedAndTheEngineGoesOn) {
