@@ -523,7 +523,7 @@ Status CacheEngine::end_ingest(const ChunkKey& key, bool bytes_ok) {
   }
   en.memory = ChunkEntry::Memory::kReady;
   en.replica_unread = true;
-  policy_->insert_cold(e, en.key.hash(), en.stored);
+  policy_->insert_cold(e, en.key_hash, en.stored);
   ++st_.ingests;
   st_.ingest_bytes += en.size;
   table_.announce(e);

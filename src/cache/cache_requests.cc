@@ -130,13 +130,14 @@ Status CacheEngine::store_device(const ChunkKey& key, const DeviceRange& src, Do
 // A store the engine accepted: its entry, then room and the copy (begin_store).
 Status CacheEngine::begin_store_request(Request* r, uint64_t size) {
   const ChunkKey& key = r->key;
-  const int32_t existing = table_.find(key);
+  const uint64_t hash = key.hash();
+  const int32_t existing = table_.find(key, hash);
   if (existing >= 0) {  // chunks are immutable: an existing key is a success, and fresh again
     touch(existing);
     finish(r, Code::kSuccess);
     return Code::kSuccess;
   }
-  int32_t e = table_.insert(key);
+  int32_t e = table_.insert(key, hash);
   // A full index is a capacity like any other: evict (from every tier) to make room.
   while (e < 0) {
     const int32_t v = disk_ ? pick_index_victim() : pick_victim();
@@ -147,7 +148,7 @@ Status CacheEngine::begin_store_request(Request* r, uint64_t size) {
     }
     ++st_.evictions;
     drop_entry(v);
-    e = table_.insert(key);
+    e = table_.insert(key, hash);
   }
   r->entry = e;
   ChunkEntry& en = table_.at(e);
@@ -269,7 +270,7 @@ void CacheEngine::complete_store(Request* r, uint64_t cs) {
   ChunkEntry& en = table_.at(e);
   en.checksum = cs;
   en.memory = ChunkEntry::Memory::kReady;
-  policy_->insert(e, en.key.hash(), en.stored);
+  policy_->insert(e, en.key_hash, en.stored);
   table_.announce(e);
   ++st_.stores;
   st_.store_bytes += en.size;
@@ -578,7 +579,7 @@ void CacheEngine::after_reload(Request* r, Status st) {
     return;
   }
   en.memory = ChunkEntry::Memory::kReady;
-  policy_->insert(e, en.key.hash(), en.stored);
+  policy_->insert(e, en.key_hash, en.stored);
   // The disk copy is now redundant: first to go when the disk tier needs room.
   mem_clean_bytes_ += en.stored;
   table_.disk_unlink(e);

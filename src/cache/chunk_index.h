@@ -36,8 +36,10 @@ class ChunkIndex {
 
   // The id that holds k, or -1. Bounded by the table size; rebuilds keep empty
   // slots, so a miss ends early.
-  int32_t find(const ChunkKey& k) const {
-    uint64_t i = k.hash() & mask_;
+  int32_t find(const ChunkKey& k) const { return find(k, k.hash()); }
+  // With k.hash() already taken (a store hashes its key once for every step).
+  int32_t find(const ChunkKey& k, uint64_t hash) const {
+    uint64_t i = hash & mask_;
     for (uint64_t n = 0; n <= mask_; ++n, i = (i + 1) & mask_) {
       const int32_t e = table_[i];
       if (e == kEmpty) return -1;
@@ -48,9 +50,10 @@ class ChunkIndex {
 
   // A free id for k, which must not be in the index; -1 when every id is in use.
   // The caller stores k under the id before the next find.
-  int32_t insert(const ChunkKey& k) {
+  int32_t insert(const ChunkKey& k) { return insert(k.hash()); }
+  int32_t insert(uint64_t hash) {
     if (free_.empty()) return -1;
-    uint64_t i = k.hash() & mask_;
+    uint64_t i = hash & mask_;
     while (table_[i] >= 0) i = (i + 1) & mask_;
     if (table_[i] == kTomb) --tombstones_;
     const int32_t e = free_.back();
@@ -61,8 +64,9 @@ class ChunkIndex {
 
   // Takes id e, which holds k, out of the index and back to the free list. The
   // caller marks e free (KeyOf(e) null) before calling: a rebuild skips it.
-  void erase(int32_t e, const ChunkKey& k) {
-    uint64_t i = k.hash() & mask_;
+  void erase(int32_t e, const ChunkKey& k) { erase(e, k.hash()); }
+  void erase(int32_t e, uint64_t hash) {
+    uint64_t i = hash & mask_;
     for (uint64_t n = 0; n <= mask_; ++n, i = (i + 1) & mask_) {
       if (table_[i] == e) {
         table_[i] = kTomb;

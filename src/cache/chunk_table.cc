@@ -11,12 +11,13 @@ void ChunkTable::init(uint32_t capacity) {
   used_ = 0;
 }
 
-int32_t ChunkTable::insert(const ChunkKey& k) {
-  const int32_t e = index_.insert(k);
+int32_t ChunkTable::insert(const ChunkKey& k, uint64_t hash) {
+  const int32_t e = index_.insert(hash);
   if (e < 0) return -1;
   ChunkEntry& en = at(e);
   en = ChunkEntry{};
   en.key = k;
+  en.key_hash = hash;
   en.used = true;
   ++used_;
   return e;
@@ -31,7 +32,7 @@ void ChunkTable::erase(int32_t e) {
   disk_unlink(e);
   if (en.announced) tell(en.key, false);
   en.used = false;
-  index_.erase(e, en.key);
+  index_.erase(e, en.key_hash);
   --used_;
 }
 

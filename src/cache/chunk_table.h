@@ -44,6 +44,7 @@ struct ChunkEntry {
   };
 
   ChunkKey key;
+  uint64_t key_hash = 0;  // key.hash(), taken once at insert
   uint64_t size = 0;      // bytes of the chunk as the client gave it
   uint64_t stored = 0;    // bytes it takes in the tiers (encoded size, or size)
   uint64_t checksum = 0;  // xxh3-64 of the stored bytes
@@ -94,8 +95,11 @@ class ChunkTable {
 
   // The entry that holds k, or -1.
   int32_t find(const ChunkKey& k) const { return index_.find(k); }
-  // A fresh entry for k, which must not be in the table; -1 when all are in use.
-  int32_t insert(const ChunkKey& k);
+  int32_t find(const ChunkKey& k, uint64_t hash) const { return index_.find(k, hash); }
+  // A fresh entry for k (hash: k.hash()), which must not be in the table; -1 when
+  // all are in use.
+  int32_t insert(const ChunkKey& k, uint64_t hash);
+  int32_t insert(const ChunkKey& k) { return insert(k, k.hash()); }
   // Takes entry e out of the table and the disk queue; if it was announced, the
   // listeners are told it left. Erasing a free entry is a bug, logged and ignored.
   void erase(int32_t e);

@@ -1,5 +1,8 @@
 #include "protocol/chunk_key.h"
 
+// XXH3 compiled into this file: a key is 32 bytes, hashed on every table probe,
+// and the library's call and length dispatch cost more than the hash (same digest).
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <cstring>

@@ -25,8 +25,9 @@
 //    kernel's result has its low bit flipped: a miscompiled kernel), flip_once
 //    (the next copy lands with its first byte changed: a corrupting link).
 //  - Kernels: cuModuleLoadData takes PTX text (what dpukv loads) and knows its
-//    .entry names; the one kernel dpukv launches, dpukv_xxh3_64(p, len, out), runs
-//    as its CPU twin (XXH3_64bits of the device bytes into *out) in stream order.
+//    .entry names; the one kernel dpukv launches, dpukv_xxh3_64_batch (a batch of
+//    (p, len, out) jobs), runs as its CPU twin (XXH3_64bits of each job's device
+//    bytes into its *out) in stream order.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -44,8 +45,11 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <xxhash.h>
+
+#include "engines/gpu/verify_kernel_abi.h"
 
 namespace {
 
@@ -82,14 +86,26 @@ struct Alloc {
 };
 
 struct Op {
-  enum Kind { kCopy, kEvent, kHashKernel } kind;  // kHashKernel: XXH3 of src into *dst
+  enum Kind { kCopy, kEvent, kHashKernel } kind;
   void* dst = nullptr;
   const void* src = nullptr;
   size_t bytes = 0;
   bool fail = false;
   struct Event* event = nullptr;
-  bool flip = false;  // lands with its first byte changed
+  bool flip = false;                      // lands with its first byte changed
+  std::vector<dpukv_xxh3::HashJob> jobs;  // kHashKernel's
 };
+
+Op make_op(Op::Kind k, void* dst, const void* src, size_t bytes, bool fail, struct Event* e) {
+  Op op{};
+  op.kind = k;
+  op.dst = dst;
+  op.src = src;
+  op.bytes = bytes;
+  op.fail = fail;
+  op.event = e;
+  return op;
+}
 
 struct Stream {
   std::deque<Op> ops;
@@ -203,11 +219,12 @@ void work() {
       std::memcpy(op.dst, op.src, op.bytes);
       if (op.flip) static_cast<uint8_t*>(op.dst)[0] ^= 0x80;
     }
-    if (op.kind == Op::kHashKernel && !op.fail && ready->error == kSuccess) {
-      uint64_t h = XXH3_64bits(op.src, op.bytes);
-      if (g.fault_kernel_wrong) h ^= 1;
-      std::memcpy(op.dst, &h, sizeof(h));
-    }
+    if (op.kind == Op::kHashKernel && !op.fail && ready->error == kSuccess)
+      for (const dpukv_xxh3::HashJob& j : op.jobs) {
+        uint64_t h = XXH3_64bits(reinterpret_cast<const void*>(j.p), j.len);
+        if (g.fault_kernel_wrong) h ^= 1;
+        std::memcpy(reinterpret_cast<void*>(j.out), &h, sizeof(h));
+      }
     lk.lock();
     if ((op.kind == Op::kCopy || op.kind == Op::kHashKernel) && op.fail)
       ready->error = kIllegalAddress;
@@ -427,7 +444,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CU
   if (src == nullptr || find(static_cast<uintptr_t>(dst), bytes, nullptr) == nullptr)
     return kInvalidValue;
   const bool fail = g.fault_copy || (g.fault_copy_in > 0 && --g.fault_copy_in == 0);
-  Op op{Op::kCopy, reinterpret_cast<void*>(dst), src, bytes, fail, nullptr};
+  Op op = make_op(Op::kCopy, reinterpret_cast<void*>(dst), src, bytes, fail, nullptr);
   op.flip = std::exchange(g.fault_flip, false);
   return enqueue(s, op);
 }
@@ -437,7 +454,7 @@ CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, CUstream
   if (dst == nullptr || find(static_cast<uintptr_t>(src), bytes, nullptr) == nullptr)
     return kInvalidValue;
   const bool fail = g.fault_copy || (g.fault_copy_in > 0 && --g.fault_copy_in == 0);
-  Op op{Op::kCopy, dst, reinterpret_cast<const void*>(src), bytes, fail, nullptr};
+  Op op = make_op(Op::kCopy, dst, reinterpret_cast<const void*>(src), bytes, fail, nullptr);
   op.flip = std::exchange(g.fault_flip, false);
   return enqueue(s, op);
 }
@@ -506,7 +523,7 @@ CUresult cuEventRecord(CUevent_st* e, CUstream_st* s) {
     e->result = st.error;
     return kSuccess;
   }
-  st.ops.push_back(Op{Op::kEvent, nullptr, nullptr, 0, false, static_cast<Event*>(e)});
+  st.ops.push_back(make_op(Op::kEvent, nullptr, nullptr, 0, false, static_cast<Event*>(e)));
   g.cv.notify_all();
   return kSuccess;
 }
@@ -602,27 +619,31 @@ CUresult cuModuleGetFunction(CUfunc_st** f, CUmod_st* m, const char* name) {
 }
 
 // cuLaunchKernel: "kernelParams ... an array of pointers to the parameters". Only
-// dpukv_xxh3_64(const u8* p, u64 len, u64* out) runs (as its CPU twin); memory it
-// reaches outside any allocation faults when it runs, as on a GPU.
+// dpukv_xxh3_64_batch(HashJobs) runs (as its CPU twin: each job's XXH3_64bits into
+// its *out); memory a job reaches outside any allocation faults when it runs, as
+// on a GPU. The jobs are copied at the launch, as the driver copies parameters.
 CUresult cuLaunchKernel(CUfunc_st* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                         unsigned by, unsigned bz, unsigned, CUstream_st* s, void** params,
                         void** extra) {
   std::lock_guard<std::mutex> lk(g.mu);
   if (f == nullptr || params == nullptr || extra != nullptr) return kInvalidValue;
-  if (f->name != "dpukv_xxh3_64") return kNotFound;
-  if (gx != 1 || gy != 1 || gz != 1 || bx == 0 || bx > 1024 || by != 1 || bz != 1)
+  if (f->name != "dpukv_xxh3_64_batch") return kNotFound;
+  dpukv_xxh3::HashJobs jobs;
+  std::memcpy(&jobs, params[0], sizeof(jobs));
+  if (gx == 0 || gx > dpukv_xxh3::kMaxHashJobs || gx != jobs.n || gy != 1 || gz != 1 || bx == 0 ||
+      bx > 1024 || by != 1 || bz != 1)
     return kInvalidValue;
-  uint64_t p = 0, len = 0, out = 0;
-  std::memcpy(&p, params[0], 8);
-  std::memcpy(&len, params[1], 8);
-  std::memcpy(&out, params[2], 8);
-  bool fail = g.fault_kernel || (g.fault_kernel_in > 0 && --g.fault_kernel_in == 0) || p % 8 != 0 ||
-              find(p, len, nullptr) == nullptr;
-  bool out_ok = false;
-  for (const auto& [b, n] : g.host_allocs) out_ok = out_ok || (out >= b && out + 8 <= b + n);
-  fail = fail || !out_ok;
-  return enqueue(s, Op{Op::kHashKernel, reinterpret_cast<void*>(out),
-                       reinterpret_cast<const void*>(p), len, fail, nullptr});
+  bool fail = g.fault_kernel || (g.fault_kernel_in > 0 && --g.fault_kernel_in == 0);
+  Op op = make_op(Op::kHashKernel, nullptr, nullptr, 0, fail, nullptr);
+  op.jobs.reserve(jobs.n);
+  for (unsigned i = 0; i < jobs.n; ++i) {
+    const dpukv_xxh3::HashJob& j = jobs.job[i];
+    bool out_ok = false;
+    for (const auto& [b, n] : g.host_allocs) out_ok = out_ok || (j.out >= b && j.out + 8 <= b + n);
+    op.fail = op.fail || j.p % 8 != 0 || find(j.p, j.len, nullptr) == nullptr || !out_ok;
+    op.jobs.push_back(j);
+  }
+  return enqueue(s, std::move(op));
 }
 
 CUresult cuGetErrorName(CUresult r, const char** name) {

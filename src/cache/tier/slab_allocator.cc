@@ -23,10 +23,15 @@ uint64_t SlabAllocator::size_of_class(int c) const {
   return base + base / 4 * static_cast<uint64_t>(c % 4);
 }
 
+// The smallest class that holds `size`, without walking the classes (every store
+// asks): size lies in (base, 2 base] for base = 4 KiB << k, where classes 4k+1..4k+3
+// and 4(k+1) hold base * 5/4, 6/4, 7/4 and 2.
 int SlabAllocator::class_of(uint64_t size) const {
-  int c = 0;
-  while (size_of_class(c) < size) ++c;
-  return c;
+  if (size <= kAlign) return 0;
+  const int k = 63 - __builtin_clzll((size - 1) / kAlign);
+  const uint64_t base = kAlign << k;
+  const uint64_t quarters = (4 * (size - base) + base - 1) / base;  // 1..4
+  return 4 * k + static_cast<int>(quarters);
 }
 
 uint64_t SlabAllocator::class_size(uint64_t size) const {
@@ -114,7 +119,9 @@ void SlabAllocator::free(uint64_t offset) {
     partial.erase(std::find(partial.begin(), partial.end(), p));
     pg.cls = -1;
     pg.free_slots.clear();
-    pg.free_slots.shrink_to_fit();
+    // A page of many small slots gives its list back; one of a few keeps it, so a
+    // page taken again (large chunks: every store) allocates nothing.
+    if (pg.free_slots.capacity() > 64) pg.free_slots.shrink_to_fit();
     free_pages_.push_back(p);
   }
 }

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <vector>
 
-#include "engines/gpu/xxh3_lanes.h"
+#include "engines/gpu/verify_kernel_abi.h"
 #include "runtime/chunk_checksum.h"
 #include "runtime/log.h"
 
@@ -55,13 +55,15 @@ CudaEngine::~CudaEngine() {
   hashers_.stop();
   if (!drv_) return;
   (void)drv_->ctx_set_current(ctx_);
-  for (Stream& s : streams_) {
-    if (s.s != nullptr) (void)drv_->stream_synchronize(s.s);
-    if (s.s != nullptr) (void)drv_->stream_destroy(s.s);
-  }
+  for (Stream& s : streams_)
+    if (s.s != nullptr) {
+      (void)drv_->stream_synchronize(s.s);
+      (void)drv_->stream_destroy(s.s);
+    }
   for (Copy& c : copies_)
     if (c.event != nullptr) (void)drv_->event_destroy(c.event);
-  for (auto& [id, r] : regions_) (void)drv_->ipc_close_mem_handle(r.base);
+  for (const Region& r : regions_)
+    if (r.id != 0) (void)drv_->ipc_close_mem_handle(r.base);
   if (module_ != nullptr) (void)drv_->module_unload(module_);
   if (results_ != nullptr) (void)drv_->mem_free_host(results_);
   if (host_ != nullptr) (void)drv_->mem_host_unregister(host_);
@@ -75,6 +77,7 @@ Status CudaEngine::do_start() {
     if (drv_->stream_create(&s.s, kStreamNonBlocking) != kCudaSuccess) return Code::kDriver;
   copies_.resize(opts_.max_inflight);
   free_copies_.reserve(opts_.max_inflight);
+  pending_.reserve(opts_.max_inflight);
   for (Copy& c : copies_) {
     if (drv_->event_create(&c.event, kEventDisableTiming) != kCudaSuccess) return Code::kDriver;
     free_copies_.push_back(&c);
@@ -94,7 +97,10 @@ Status CudaEngine::do_start() {
 }
 
 CUresult CudaEngine::launch_hash(CUdeviceptr p, uint64_t len, CUdeviceptr out, CUstream s) {
-  void* params[] = {&p, &len, &out};
+  dpukv_xxh3::HashJobs jobs{};
+  jobs.n = 1;
+  jobs.job[0] = {p, len, out};
+  void* params[] = {&jobs};
   return drv_->launch_kernel(hash_fn_, 1, 1, 1, kHashKernelThreads, 1, 1, 0, s, params, nullptr);
 }
 
@@ -114,8 +120,8 @@ bool CudaEngine::load_hash_kernel(std::string* why) {
     module_ = nullptr;
     return failed("the driver does not load the checksum kernel's PTX", r);
   }
-  r = drv_->module_get_function(&hash_fn_, module_, "dpukv_xxh3_64");
-  if (r != kCudaSuccess) return failed("the checksum kernel has no dpukv_xxh3_64", r);
+  r = drv_->module_get_function(&hash_fn_, module_, "dpukv_xxh3_64_batch");
+  if (r != kCudaSuccess) return failed("the checksum kernel has no dpukv_xxh3_64_batch", r);
   if (results_ == nullptr) {
     void* p = nullptr;
     r = drv_->mem_host_alloc(&p, sizeof(uint64_t) * (opts_.max_inflight + 1),
@@ -249,8 +255,21 @@ Status CudaEngine::import(const GpuRegionDesc& d, const uint8_t* proof, uint32_t
         "(a handle of another process's allocation), or the proof was not written there";
     return Code::kNotPermitted;
   }
-  *id = next_region_++;
-  regions_[*id] = Region{base, d.offset, d.bytes, 0, false};
+  uint32_t slot;
+  if (!free_region_slots_.empty()) {
+    slot = free_region_slots_.back();
+    free_region_slots_.pop_back();
+  } else if (regions_.size() < (1u << 20)) {
+    slot = static_cast<uint32_t>(regions_.size());
+    regions_.emplace_back();
+  } else {
+    (void)drv_->ipc_close_mem_handle(base);
+    *why = "the agent holds 1048576 GPU regions already";
+    return Code::kNoMemory;
+  }
+  *id = (next_region_++ << 20) | slot;
+  regions_[slot] = Region{*id, base, d.offset, d.bytes, 0, false};
+  ++open_regions_;
   ++counters_.imports;
   return Code::kSuccess;
 }
@@ -269,25 +288,27 @@ bool CudaEngine::holds_proof(CUdeviceptr at, const uint8_t* proof, uint32_t len)
 }
 
 void CudaEngine::close_region(uint64_t id) {
-  auto it = regions_.find(id);
-  if (it == regions_.end()) return;
+  Region* r = find_region(id);
+  if (r == nullptr) return;
   (void)drv_->ctx_set_current(ctx_);
-  (void)drv_->ipc_close_mem_handle(it->second.base);
-  regions_.erase(it);
+  (void)drv_->ipc_close_mem_handle(r->base);
+  *r = Region{};
+  free_region_slots_.push_back(static_cast<uint32_t>(id & ((1u << 20) - 1)));
+  --open_regions_;
 }
 
 uint64_t CudaEngine::region_bytes(uint64_t id) const {
-  auto it = regions_.find(id);
-  return it == regions_.end() || it->second.closing ? 0 : it->second.bytes;
+  const Region* r = const_cast<CudaEngine*>(this)->find_region(id);
+  return r == nullptr || r->closing ? 0 : r->bytes;
 }
 
 Status CudaEngine::release(uint64_t id) {
-  auto it = regions_.find(id);
-  if (it == regions_.end() || it->second.closing) return Code::kNotFound;
-  if (it->second.inflight == 0)
+  Region* r = find_region(id);
+  if (r == nullptr || r->closing) return Code::kNotFound;
+  if (r->inflight == 0)
     close_region(id);
   else
-    it->second.closing = true;  // closed when its last copy finishes
+    r->closing = true;  // closed when its last copy finishes
   return Code::kSuccess;
 }
 
@@ -295,9 +316,9 @@ Status CudaEngine::copy(uint64_t region, uint64_t offset, void* host, uint64_t b
                         uint64_t* checksum, CopyCb cb, void* arg) {
   if (state() != CtxState::kRunning) return Code::kBadState;
   if (!broken_.empty()) return Code::kNotSupported;
-  auto it = regions_.find(region);
-  if (it == regions_.end() || it->second.closing || cb == nullptr) return Code::kInvalidValue;
-  const Region& r = it->second;
+  Region* const found = find_region(region);
+  if (found == nullptr || found->closing || cb == nullptr) return Code::kInvalidValue;
+  Region& r = *found;
   const auto h = reinterpret_cast<uintptr_t>(host), h0 = reinterpret_cast<uintptr_t>(host_);
   if (bytes == 0 || offset > r.bytes || bytes > r.bytes - offset || host_ == nullptr || h < h0 ||
       h - h0 > host_bytes_ || bytes > host_bytes_ - (h - h0))
@@ -316,13 +337,10 @@ Status CudaEngine::copy(uint64_t region, uint64_t offset, void* host, uint64_t b
   c->owed = 1;
   c->gpu_hash = checksum != nullptr && hash_fn_ != nullptr && bytes >= dpukv_xxh3::kMinLength &&
                 c->dev % 8 == 0;
-  const Status st = issue(c);
-  if (!st.ok()) {
-    ++counters_.failed;
-    return st;
-  }
+  c->member_next = c->queue_next = nullptr;
   free_copies_.pop_back();
-  ++it->second.inflight;
+  pending_.push_back(c);  // issued at the next poll, with the copies taken beside it
+  ++r.inflight;
   ++inflight_;
   ++counters_.copies;
   counters_.bytes += bytes;
@@ -338,27 +356,97 @@ Status CudaEngine::copy(uint64_t region, uint64_t offset, void* host, uint64_t b
   return Code::kSuccess;
 }
 
-// The copy on the next stream, then its hash kernel (if the GPU hashes it), then
-// its event. Once the copy is queued the copy ends through its event whatever
-// follows fails: its slot is not reused while the GPU may still write the host.
-Status CudaEngine::issue(Copy* c) {
+// The copies taken since the last poll, in groups: copies of one direction taken
+// one after another (a layer's chunks, a batch's keys) go on one stream as few
+// driver copies as their ranges allow (adjacent in the arena and in the GPU
+// region: one copy), one launch of the checksum kernel for those it hashes, and
+// one event. Driver calls per chunk fall with the group's size, on the progress
+// thread and in the driver.
+void CudaEngine::flush() {
   (void)drv_->ctx_set_current(ctx_);
-  Stream& s = streams_[next_stream_++ % streams_.size()];
-  CUresult res = c->to_gpu ? drv_->memcpy_htod_async(c->dev, c->host, c->bytes, s.s)
-                           : drv_->memcpy_dtoh_async(c->host, c->dev, c->bytes, s.s);
-  if (res != kCudaSuccess) return Driver::to_status(res);
-  if (c->gpu_hash) {
-    const CUresult k =
-        launch_hash(c->dev, c->bytes, results_dev_ + sizeof(uint64_t) * (c - copies_.data()), s.s);
-    if (k != kCudaSuccess) c->status = Driver::to_status(k);  // fails this copy only
+  const size_t n = pending_.size();
+  for (size_t i = 0; i < n;) {
+    size_t j = i + 1;
+    while (j < n && j - i < dpukv_xxh3::kMaxHashJobs && pending_[j]->to_gpu == pending_[i]->to_gpu)
+      ++j;
+    issue_group(streams_[next_stream_++ % streams_.size()], &pending_[i], j - i);
+    i = j;
   }
-  res = drv_->event_record(c->event, s.s);
-  if (res != kCudaSuccess) {
-    (void)drv_->stream_synchronize(s.s);  // nothing of this copy still runs
-    return Driver::to_status(res);
+  pending_.clear();
+}
+
+// A group on stream s: its copies (merged where adjacent), its hash kernel, its
+// event on the first copy. Once a copy is queued it ends through the event, even
+// if a later call fails: its arena slot is not reused while the GPU may write it.
+void CudaEngine::issue_group(Stream& s, Copy* const* g, size_t n) {
+  CUresult res = kCudaSuccess;
+  for (size_t k = 0; k < n;) {
+    size_t m = k + 1;
+    uint64_t bytes = g[k]->bytes;
+    while (m < n && g[m]->host == g[m - 1]->host + g[m - 1]->bytes &&
+           g[m]->dev == g[m - 1]->dev + g[m - 1]->bytes) {
+      bytes += g[m]->bytes;
+      ++m;
+    }
+    if (res == kCudaSuccess) {
+      res = g[k]->to_gpu ? drv_->memcpy_htod_async(g[k]->dev, g[k]->host, bytes, s.s)
+                         : drv_->memcpy_dtoh_async(g[k]->host, g[k]->dev, bytes, s.s);
+      ++counters_.driver_copies;
+    }
+    for (size_t x = k; x < m && res != kCudaSuccess; ++x) g[x]->status = Driver::to_status(res);
+    k = m;
   }
-  s.copies.push_back(c);
-  return Code::kSuccess;
+  dpukv_xxh3::HashJobs jobs;
+  jobs.n = 0;
+  jobs.reserved = 0;
+  for (size_t k = 0; k < n; ++k)
+    if (g[k]->gpu_hash && g[k]->status.ok())
+      jobs.job[jobs.n++] = {
+          g[k]->dev, g[k]->bytes,
+          results_dev_ + sizeof(uint64_t) * static_cast<uint64_t>(g[k] - copies_.data())};
+  if (jobs.n != 0) {
+    void* params[] = {&jobs};
+    const CUresult k = drv_->launch_kernel(hash_fn_, jobs.n, 1, 1, kHashKernelThreads, 1, 1, 0, s.s,
+                                           params, nullptr);
+    if (k != kCudaSuccess)  // fails the copies it was to hash, not the group's others
+      for (size_t x = 0; x < n; ++x)
+        if (g[x]->gpu_hash) g[x]->status = Driver::to_status(k);
+  }
+  for (size_t k = 0; k + 1 < n; ++k) g[k]->member_next = g[k + 1];
+  ++counters_.groups;
+  Copy* const first = g[0];
+  const CUresult ev = drv_->event_record(first->event, s.s);
+  if (ev != kCudaSuccess) {
+    (void)drv_->stream_synchronize(s.s);  // nothing of this group still runs
+    group_done(first, ev);
+    return;
+  }
+  if (s.tail != nullptr)
+    s.tail->queue_next = first;
+  else
+    s.head = first;
+  s.tail = first;
+}
+
+// A group's event finished with r: each copy goes on to its hash (from the GPU on
+// host threads) or ends. Callbacks may take new copies (pending until the next
+// flush) and reuse these slots: each next is read before its copy ends.
+void CudaEngine::group_done(Copy* first, CUresult r) {
+  for (Copy* c = first; c != nullptr;) {
+    Copy* const next = c->member_next;
+    c->member_next = c->queue_next = nullptr;
+    if (r != kCudaSuccess) {
+      c->status = Driver::to_status(r);
+    } else if (c->gpu_hash) {
+      if (c->status.ok()) c->hash = results_[c - copies_.data()];
+    } else if (c->checksum != nullptr && !c->to_gpu && c->status.ok()) {
+      start_hash(c);  // the bytes landed: the hash is what it owes now
+      c = next;
+      continue;
+    }
+    arrive(c);
+    c = next;
+  }
 }
 
 // A copy is done (its event and, if asked, its hash): its slot, its region, its
@@ -371,43 +459,40 @@ void CudaEngine::finish(Copy* c) {
   const uint64_t region = c->region;
   free_copies_.push_back(c);
   --inflight_;
-  auto it = regions_.find(region);
-  if (it != regions_.end() && --it->second.inflight == 0 && it->second.closing)
-    close_region(region);
+  Region* r = find_region(region);
+  if (r != nullptr && --r->inflight == 0 && r->closing) close_region(region);
   if (!st.ok()) ++counters_.failed;
   cb(arg, st);
 }
 
 size_t CudaEngine::poll() {
   if (inflight_ == 0) return 0;
-  size_t n = 0;
+  size_t n = pending_.size();
+  if (n != 0) flush();
   Copy* hashed[64];
   for (size_t k; (k = hashers_.poll(hashed, 64)) != 0; n += k)
     for (size_t i = 0; i < k; ++i) arrive(hashed[i]);
   (void)drv_->ctx_set_current(ctx_);
   for (Stream& s : streams_) {
-    while (!s.copies.empty()) {
-      const CUresult r = drv_->event_query(s.copies.front()->event);
+    while (s.head != nullptr) {
+      Copy* const first = s.head;
+      const CUresult r = drv_->event_query(first->event);
       if (r == kCudaErrorNotReady) break;
       ++n;
+      s.head = first->queue_next;
+      if (s.head == nullptr) s.tail = nullptr;
       if (r == kCudaSuccess) {
-        Copy* c = s.copies.front();
-        s.copies.pop_front();
-        if (c->gpu_hash) {
-          if (c->status.ok()) c->hash = results_[c - copies_.data()];
-        } else if (c->checksum != nullptr && !c->to_gpu && c->status.ok()) {
-          start_hash(c);  // the bytes landed: the hash is what it owes now
-          continue;
-        }
-        arrive(c);
+        group_done(first, r);
         continue;
       }
-      // The GPU failed a copy: it and everything after it on this stream fail; the
-      // stream is replaced (CUDA's errors stick to it), or the engine stops. The
-      // callbacks run after the replacement: a copy they issue goes on a live stream.
+      // The GPU failed a copy or a kernel: its group and every group after it on
+      // this stream fail; the stream is replaced (CUDA's errors stick to it), or
+      // the engine stops. The callbacks run after the replacement: a copy they
+      // take goes on a live stream.
       LOG_ERR("cuda engine: a copy failed: %s", drv_->error_name(r).c_str());
-      std::deque<Copy*> failed;
-      failed.swap(s.copies);
+      Copy* failed = first;
+      first->queue_next = s.head;
+      s.head = s.tail = nullptr;
       (void)drv_->stream_destroy(s.s);
       s.s = nullptr;
       const CUresult again = drv_->stream_create(&s.s, kStreamNonBlocking);
@@ -419,9 +504,10 @@ size_t CudaEngine::poll() {
         LOG_ERR("cuda engine: %s", broken_.c_str());
       }
       // A copy to the GPU whose hash still runs finishes when the hash comes back.
-      for (Copy* c : failed) {
-        c->status = Driver::to_status(r);
-        arrive(c);
+      while (failed != nullptr) {
+        Copy* const next_group = failed->queue_next;
+        group_done(failed, r);
+        failed = next_group;
       }
       break;
     }

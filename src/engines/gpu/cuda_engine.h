@@ -30,7 +30,6 @@
 #include <deque>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "engines/device_copier.h"
@@ -96,7 +95,7 @@ class CudaEngine final : public Context, public DeviceCopier {
   // The device's UUID and ordinal this engine copies to.
   const uint8_t* device_uuid() const { return uuid_; }
 
-  size_t regions() const { return regions_.size(); }
+  size_t regions() const { return open_regions_; }
   uint32_t inflight() const { return inflight_; }
   // Empty while the engine takes copies; else why it stopped.
   const std::string& broken() const { return broken_; }
@@ -109,11 +108,13 @@ class CudaEngine final : public Context, public DeviceCopier {
   struct Counters {
     uint64_t copies = 0, bytes = 0, failed = 0, imports = 0, refused = 0, streams_replaced = 0;
     uint64_t gpu_hashed = 0, host_hashed = 0;  // copies checksummed by the kernel, on the host
+    uint64_t driver_copies = 0, groups = 0;    // cuMemcpy calls; groups (one event, one launch)
   };
   const Counters& counters() const { return counters_; }
 
  private:
   struct Region {
+    uint64_t id = 0;             // 0: a free slot
     cuda::CUdeviceptr base = 0;  // the opened allocation
     uint64_t offset = 0, bytes = 0;
     uint32_t inflight = 0;
@@ -134,10 +135,15 @@ class CudaEngine final : public Context, public DeviceCopier {
     uint8_t owed = 0;  // completions still to come: the GPU's event, the hash
     bool to_gpu = false;
     bool gpu_hash = false;  // the kernel hashes it (result in results_[its slot])
+    // Issued in groups (see flush()): the group's first copy carries the event and
+    // the group's place in its stream's queue.
+    Copy* member_next = nullptr;  // the next copy of its group
+    Copy* queue_next = nullptr;   // the next group on its stream (first copies only)
   };
   struct Stream {
     cuda::CUstream s = nullptr;
-    std::deque<Copy*> copies;  // in issue order: each one's event finishes after the last's
+    Copy* head = nullptr;  // groups in issue order: each one's event finishes after the last's
+    Copy* tail = nullptr;
   };
 
   CudaEngine(ProgressEngine* pe, const CudaEngineOptions& o);
@@ -148,7 +154,9 @@ class CudaEngine final : public Context, public DeviceCopier {
   bool arm_notification() override;
   static void hash(Copy* c, bool flushing, void* self, uint32_t worker);
   void start_hash(Copy* c);
-  Status issue(Copy* c);
+  void flush();
+  void issue_group(Stream& s, Copy* const* g, size_t n);
+  void group_done(Copy* first, cuda::CUresult r);
   void arrive(Copy* c);
   void finish(Copy* c);
   void close_region(uint64_t id);
@@ -168,11 +176,20 @@ class CudaEngine final : public Context, public DeviceCopier {
   std::vector<Stream> streams_;
   std::vector<Copy> copies_;  // max_inflight slots
   std::vector<Copy*> free_copies_;
+  std::vector<Copy*> pending_;  // taken since the last poll, issued by flush()
   EngineWorkers<Copy> hashers_;
   uint32_t next_stream_ = 0, inflight_ = 0;
   void* host_ = nullptr;
   uint64_t host_bytes_ = 0;
-  std::unordered_map<uint64_t, Region> regions_;
+  // Regions by id without hashing (each copy looks its region up twice): an id is
+  // (sequence << 20) | slot, so an id whose slot was reused names nothing.
+  Region* find_region(uint64_t id) {
+    const uint64_t slot = id & ((1u << 20) - 1);
+    return slot < regions_.size() && regions_[slot].id == id && id != 0 ? &regions_[slot] : nullptr;
+  }
+  std::vector<Region> regions_;
+  std::vector<uint32_t> free_region_slots_;
+  size_t open_regions_ = 0;
   uint64_t next_region_ = 1;
   std::string broken_;
   Counters counters_;
