@@ -63,14 +63,15 @@ _MASK = (1 << 64) - 1
 
 
 def release_pins(client, key_lists):
-    """Unpins what lookups pinned (a list of key lists); an agent that went away
-    took its pins with it."""
-    for keys in key_lists:
-        if keys:
-            try:
-                client.unpin(keys)
-            except native.AgentUnavailable:
-                pass
+    """Unpins what lookups pinned (a list of key lists, one call: the client sends
+    every layer's keys before it awaits an answer); an agent that went away took
+    its pins with it."""
+    keys = [k for ks in key_lists for k in ks]
+    if keys:
+        try:
+            client.unpin(keys)
+        except native.AgentUnavailable:
+            pass
 
 
 def layer_layouts(dtype: str, layers: int, kv_heads: int, head_dim: int, kv_layout="NHD"):
@@ -336,6 +337,9 @@ class DpukvConnector:
         ids = list(block_ids)
         if len(ids) < need:
             raise ValueError(f"{what}: {chunks} chunks need {need} block ids, got {len(ids)}")
+        # Plain ints (what engines pass): checked by their range at C speed.
+        if ids and all(type(b) is int for b in ids) and 0 <= min(ids) and max(ids) < self.num_blocks:
+            return ids
         for i, b in enumerate(ids):
             try:
                 ids[i] = operator.index(b)  # ints, numpy and 0-d torch integers

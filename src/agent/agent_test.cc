@@ -520,6 +520,36 @@ TEST_F(AgentTest, AsynchronousSubmitThenWait) {
   EXPECT_EQ(c->poll(tr, &done), Code::kNotFound);  // collected already
 }
 
+// Issue 36: the connector unpins a request's every layer in one call (a 32k-token
+// prompt of Llama-8B: 32 layers of 128 keys, 4,096 keys), more than a message holds
+// (2,047); unpin sent its keys in one message, which would fail and leave the pins
+// until their timeout. Now the keys go in as many messages as they need, all sent
+// before the first answer is awaited.
+TEST_F(AgentTest, UnpinOfMoreKeysThanAMessageHoldsReleasesEveryPin) {
+  start_agent();
+  auto c = client();
+  Staging s;
+  ASSERT_TRUE(c->alloc_staging(1 << 20, &s).ok());
+  const KeyContext ctx{model_id("unpin-many"), 1, 0, 0};
+  constexpr uint32_t kN = 5000;  // more than two messages of keys
+  std::vector<ChunkKey> keys;
+  for (uint32_t i = 0; i < kN; ++i) keys.push_back(key_from_block_id(ctx, i));
+  std::vector<uint64_t> offs(kN, 0), lens(kN, 4096);
+  std::vector<Status> st(kN);
+  for (uint32_t first = 0; first < kN; first += 200)
+    ASSERT_TRUE(c->store(s, keys.data() + first, offs.data(), lens.data(), 200, st.data()).ok());
+  ASSERT_EQ(c->lookup(keys.data(), kN, true), kN);  // every chunk pinned
+  std::vector<Status> rm(kN);
+  (void)c->remove(keys.data(), 10, rm.data());
+  for (uint32_t i = 0; i < 10; ++i) EXPECT_EQ(rm[i], Code::kBadState) << i;  // pinned
+  ASSERT_TRUE(c->unpin(keys.data(), kN).ok());
+  // Unpinned (the lookup's pins, on every message's keys): removable now.
+  for (uint32_t first : {0u, 2500u, 4990u}) {
+    ASSERT_TRUE(c->remove(keys.data() + first, 10, rm.data()).ok()) << first;
+    for (uint32_t i = 0; i < 10; ++i) EXPECT_TRUE(rm[i].ok()) << first + i;
+  }
+}
+
 // A batch larger than the cache's request pool (a 32k-token prefix is 4,096 chunk
 // copies at once) waits for requests to finish instead of failing entries with
 // AGAIN; a batch that comes while another waits queues behind it.

@@ -689,8 +689,31 @@ Status Client::keys_op(Op op, const ChunkKey* keys, uint32_t n, Status* per_entr
   return first;
 }
 
+// As many messages as the keys need (a model's layers unpinned together), all sent
+// before the first answer is awaited: one round trip.
 Status Client::unpin(const ChunkKey* keys, uint32_t n) {
-  return keys_op(Op::kUnpin, keys, n, nullptr, nullptr);
+  if (n == 0) return Code::kSuccess;
+  if (keys == nullptr) return Code::kInvalidValue;
+  std::lock_guard<std::mutex> g(mu_);
+  DPUKV_RETURN_IF_ERROR(ensure_connected());
+  const uint32_t per_msg = (ch_->connection()->max_msg() - sizeof(AgentHeader)) / sizeof(ChunkKey);
+  std::vector<uint64_t> ids;
+  ids.reserve((n + per_msg - 1) / per_msg);
+  for (uint32_t base = 0; base < n; base += per_msg) {
+    uint64_t id;
+    DPUKV_RETURN_IF_ERROR(send_request(Op::kUnpin, 0, keys + base, sizeof(ChunkKey),
+                                       std::min(per_msg, n - base), &id));
+    ids.push_back(id);
+  }
+  Status first;
+  std::vector<uint8_t> resp;
+  for (uint64_t id : ids) {
+    Status st = wait_response(id, &resp);
+    if (st.ok() && resp.size() < sizeof(AgentHeader)) st = Code::kCorrupted;
+    if (st.ok()) st = static_cast<Code>(resp[offsetof(AgentHeader, status)]);
+    if (!st.ok() && first.ok()) first = st;
+  }
+  return first;
 }
 Status Client::contains(const ChunkKey* keys, uint32_t n, Status* p, Status* call) {
   return keys_op(Op::kContains, keys, n, p, call);
