@@ -16,7 +16,11 @@
 #     engine copying into exported GPU staging), with that machine's Python: the
 #     client over the C ABI (python/dpukv/_ctypes_client.py), since the compiled
 #     module is built for Debian's Python;
-#   - python/benchmarks/bench_connector.py at the Llama-3.1-8B shape (2k, 8k, 32k prefixes).
+#   - python/benchmarks/bench_connector.py at the Llama-3.1-8B shape (2k, 8k, 32k prefixes),
+#     every sample and each first token's phases kept; its agent copy rows say where
+#     the agent checksummed (the GPU's kernel, by default); then the agent's copies
+#     alone again with --gpu-checksum host (bench_connector_host_checksums), the
+#     other design on the same machine (GPU_CHECK_HOST_CHECKSUMS=0 leaves it out).
 # Prints one JSON object: each test's result, the connector test's line, the
 # benchmark's rows, and the driver and GPU it ran on. Exit status: 0 when every
 # test that ran passed. PYTHON names the interpreter (default python3);
@@ -78,7 +82,7 @@ done
 start_agent() {  # memory tier size
   "$dir/bin/dpukv" --log-level warning agent --socket "$tmp/agent.sock" --memory-bytes "$1" \
     --max-chunk-size 64M --metrics-port 0 --pin-timeout-ms "$2" \
-    --dma-threads "${GPU_CHECK_DMA_THREADS:-4}" >>"$tmp/agent.log" 2>&1 &
+    --dma-threads "${GPU_CHECK_DMA_THREADS:-4}" ${GPU_CHECK_AGENT_ARGS:-} >>"$tmp/agent.log" 2>&1 &
   agent=$!
   until [ -S "$tmp/agent.sock" ]; do
     kill -0 $agent 2>/dev/null || { echo "the agent exited: $(cat "$tmp/agent.log")" >&2; return 1; }
@@ -106,6 +110,15 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && start_agent "${GPU_CHECK_AGENT_MEMORY:-24
     "$py" "$dir/python/benchmarks/bench_connector.py" "$dir/python" "$tmp/agent.sock" "${bench_args[@]}" \
     >"$tmp/bench.json" 2>"$tmp/bench.log" || rc=1
   stop_agent
+  # The agent's copies again with checksums on host threads (--gpu-checksum host):
+  # the other design, same machine, same run. GPU only (the double has no timing).
+  if [ "$device" = cuda ] && [ "${GPU_CHECK_HOST_CHECKSUMS:-1}" != 0 ] &&
+    GPU_CHECK_AGENT_ARGS="--gpu-checksum host" start_agent "${GPU_CHECK_AGENT_MEMORY:-24G}" 30000; then
+    timeout "${GPU_CHECK_BENCH_TIMEOUT:-1200}" \
+      "$py" "$dir/python/benchmarks/bench_connector.py" "$dir/python" "$tmp/agent.sock" \
+      --shape llama-8b --only copies >"$tmp/bench_host.json" 2>"$tmp/bench_host.log" || rc=1
+    stop_agent
+  fi
 fi
 gpu=$(nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader 2>/dev/null | head -1 || true)
 "$py" - "$tmp" "$DPUKV_CUDA_DRIVER" "$gpu" "${tests[@]}" <<'PY'
@@ -130,12 +143,13 @@ log = tail("connector.log")
 out["tests"]["python.connector_cuda"] = {
     "result": "passed" if "connector: ok" in log else
               "skipped" if "not run" in log else "failed", "output": log.strip()[-600:]}
-bench = os.path.join(tmp, "bench.json")
-if os.path.exists(bench) and os.path.getsize(bench):
-    try:
-        out["bench_connector"] = json.load(open(bench))
-    except ValueError:
-        out["bench_connector"] = {"error": tail("bench.json") + tail("bench.log")}
+for key, name in (("bench_connector", "bench"), ("bench_connector_host_checksums", "bench_host")):
+    bench = os.path.join(tmp, name + ".json")
+    if os.path.exists(bench) and os.path.getsize(bench):
+        try:
+            out[key] = json.load(open(bench))
+        except ValueError:
+            out[key] = {"error": tail(name + ".json") + tail(name + ".log")}
 print(json.dumps(out, indent=2))
 PY
 exit $rc

@@ -33,5 +33,7 @@ assert tests["python.connector_cuda"]["result"] == "passed", tests["python.conne
 rows = d["bench_connector"]["results"]
 assert {r["op"] for r in rows} >= {"ttft", "save_overhead", "load"}, rows
 assert all("not GPU figures" in r["path"] for r in rows if "path" in r), rows
+# Each first-token row says where the agent checksummed: the double runs the kernel's twin.
+assert all(r["checksums"] == "on the GPU" for r in rows if r["op"] == "ttft"), rows
 PY
 echo "gpu_check: ok"

@@ -18,7 +18,7 @@ and measures the CPU path with a small shape; --device cuda-double runs the GPU
 path's code through the CUDA driver test double (its figures are not GPU figures).
 Usage:
   bench_connector.py PACKAGE_DIR SOCKET [--shape small|llama-8b] [--prefixes 512,2048]
-                     [--device cuda-double]"""
+                     [--device cuda-double] [--only copies]"""
 import argparse
 import json
 import os
@@ -42,6 +42,13 @@ def sync(device):
 def median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2]
+
+
+def checksum_design(stats):
+    """Where the agent checksums GPU copies, from its gpu path ("...; checksums on
+    the GPU" or "on host threads: why")."""
+    path = stats.get("gpu_path", "")
+    return path.split("; checksums ", 1)[1] if "; checksums " in path else "no GPU path"
 
 
 def agent_copy_rows(client, conn, prompt, hit_tokens, cfg, shape, n):
@@ -88,6 +95,7 @@ def agent_copy_rows(client, conn, prompt, hit_tokens, cfg, shape, n):
             ts.append(time.perf_counter() - t0)
         return median(ts)
 
+    st = json.loads(client.stats())
     rows = []
     for op, t, b, what in (("agent_retrieve_gpu", t_get, base(dev, host), "pinned host -> GPU"),
                            ("agent_store_gpu", t_put, base(host, dev), "pinned GPU -> host")):
@@ -96,6 +104,10 @@ def agent_copy_rows(client, conn, prompt, hit_tokens, cfg, shape, n):
             continue
         rows.append({"op": op, "device": "cuda", "shape": shape, "prefix_tokens": n,
                      "bytes": total, "gbps": total / t / 1e9,
+                     # Where the agent checksummed these copies (--gpu-checksum).
+                     "checksums": checksum_design(st),
+                     "gpu_checksums_gpu": st.get("gpu_checksums_gpu"),
+                     "gpu_checksums_host": st.get("gpu_checksums_host"),
                      "baseline": what + " copy, same bytes, same run",
                      "baseline_gbps": total / b / 1e9, "ratio": b / t})
     return rows
@@ -109,6 +121,10 @@ def main():
     ap.add_argument("--prefixes", default=None, help="prefix lengths in tokens")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--layers", type=int, default=0, help="override the layer count")
+    ap.add_argument("--only", choices=["copies"], default=None,
+                    help="copies: only the agent's copies to and from GPU staging (the "
+                         "prefix saved without a forward pass), e.g. to compare agents run "
+                         "with another --gpu-checksum")
     ap.add_argument("--device", default=None,
                     help="cuda-double: the connector's device calls through the CUDA driver "
                          "test double ($DPUKV_CUDA_DRIVER)")
@@ -150,6 +166,27 @@ def main():
                                          if conn.path_reason else ""), file=sys.stderr)
     rows = []
     g = torch.Generator().manual_seed(7)
+    if a.only == "copies":
+        if not (device == "cuda" and conn.path == "gpu"):
+            sys.exit("bench connector: --only copies needs a GPU and the agent's GPU path")
+        for n in prefixes:
+            prompt = torch.randint(0, cfg.vocab_size, (n + suffix,), generator=g).tolist()
+            client.clear()
+            rid = "copies%d" % n
+            blocks = cache.allocate(len(prompt))
+            for kv in cache.layers:  # KV to save, without a forward pass
+                kv.normal_()
+            conn.get_num_new_matched_tokens(rid, prompt, 0)
+            conn.update_state_after_alloc(rid, blocks, 0)
+            for layer in range(cfg.layers):
+                conn.save_kv_layer(rid, layer, prompt, blocks)
+            conn.wait_for_save()
+            conn.request_finished(rid)
+            cache.release(blocks)
+            hit_tokens = (n // chunk) * chunk
+            rows += agent_copy_rows(client, conn, prompt, hit_tokens, cfg, shape, n)
+        print(json.dumps({"bench": "connector", "results": rows}, indent=2))
+        return
     for n in prefixes:
         prompt = torch.randint(0, cfg.vocab_size, (n + suffix,), generator=g).tolist()
         full, saved, plain, hit_t, load_t, phases = [], [], [], [], [], []
@@ -228,6 +265,7 @@ def main():
             rows += agent_copy_rows(client, conn, prompt, hit_tokens, cfg, shape, n)
         rows.append({"op": "ttft", "device": device, "shape": shape, "prefix_tokens": n,
                      "hit_tokens": hit_tokens, "seconds": median(hit_t), "path": path,
+                     "checksums": checksum_design(json.loads(client.stats())),
                      "attention": model.attention,
                      "baseline": "full prefill", "baseline_seconds": median(full),
                      "ratio": median(full) / median(hit_t),

@@ -253,6 +253,29 @@ class DpukvConnector:
         self.save_slot = 0
         self.load_free = [True] * self.slots  # the load half's slots
         self.inflight = deque()  # (request_id, layer) of loads in flight, oldest first
+        self._warm_up()
+
+    def _warm_up(self):
+        """Pays here what a fresh process's first load and save would: the device's
+        gather and scatter kernels (loaded lazily by CUDA), the index and staging
+        copies' memory, the side stream's first event. Block 0's rows of layer 0
+        are gathered into a save slot and scattered back unchanged (no request runs
+        yet: nothing else writes the cache)."""
+        kv = self.kv[0]
+        n = self.parts * self.blocks_per_chunk
+        rows = self._rows([0] * self.blocks_per_chunk, 1, kv.device)
+        dst = self.staging_rows[self.slots * n:(self.slots + 1) * n]
+        if self.dev is None:
+            self._gather(0, rows, 0, n, dst)
+            self._scatter(0, rows, n, dst)
+            return
+        side = self.dev.stream()
+        self.dev.compute_done_first(side)
+        with self.dev.use(side):
+            self._gather(0, rows, 0, n, dst)
+            self._scatter(0, rows, n, dst.to(kv.device, non_blocking=True))
+            ev = self.dev.record(side)
+        self.dev.host_wait(ev)
 
     def _open_staging(self, kv_caches, nbytes):
         self.dev = None if self._device == "host" else (

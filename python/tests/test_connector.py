@@ -149,6 +149,35 @@ def test_a_prefix_hit_gives_the_logits_of_in_memory_reuse():
                    "max |diff| vs full prefill %.4f)" % (conn.path, hit_b, len(prompt_b), diff))
 
 
+def test_registration_warms_the_path_and_leaves_the_cache_as_it_was():
+    """Issue 36: what a first load and save pay once (kernels, index memory, an
+    event) is paid at registration, through block 0's rows, written back as
+    they were."""
+    client = dpukv.Client(SOCKET, model=dpukv.model_id("warm-llama"))
+    cache = PagedKVCache(CFG, num_blocks=16, block_size=BLOCK, device=DEV)
+    for kv in cache.layers:
+        kv.copy_(torch.randn(kv.shape).to(kv.dtype).to(kv.device))
+    before = [kv.clone() for kv in cache.layers]
+    conn = registered(client, "warm-llama", cache, staging_bytes=2 << 20)
+    for kv, was in zip(cache.layers, before):
+        assert torch.equal(kv, was)
+    # ... and the first request after it is served as any other.
+    tokens = prompt(2 * CHUNK + 5)
+    blocks = save_prompt(conn, cache, "w0", tokens)
+    conn.request_finished("w0")
+    saved = [kv[:, blocks[:2 * CHUNK // BLOCK]].clone() for kv in cache.layers]
+    blocks2 = cache.allocate(len(tokens))
+    hit = conn.get_num_new_matched_tokens("w1", tokens, 0)
+    conn.update_state_after_alloc("w1", blocks2, hit)
+    conn.start_load_kv("w1")
+    for layer in range(CFG.layers):
+        conn.wait_for_layer_load("w1", layer)
+    conn.request_finished("w1")
+    assert hit == 2 * CHUNK, hit
+    for kv, want in zip(cache.layers, saved):
+        assert torch.equal(kv[:, blocks2[:2 * CHUNK // BLOCK]], want)
+
+
 def test_saves_through_a_small_staging_wrap_around_its_slots():
     # 5 save slots for 12 chunks: batches wrap around the ring of slots and wait for
     # earlier stores; a connector with room loads the same bytes back.
