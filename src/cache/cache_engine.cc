@@ -508,11 +508,9 @@ Status CacheEngine::end_ingest(const ChunkKey& key, bool bytes_ok) {
     if (bytes_ok) {
       ++st_.checksum_failures;
       LOG_WARN(
-          "cache: ingested chunk %016llx:%016llx (%llu bytes) does not match its checksum; "
+          "cache: ingested chunk %s (%llu bytes) does not match its checksum; "
           "dropped",
-          static_cast<unsigned long long>(en.key.model),
-          static_cast<unsigned long long>(en.key.prefix_hash),
-          static_cast<unsigned long long>(en.stored));
+          key_text(en.key).c_str(), static_cast<unsigned long long>(en.stored));
     }
     ++st_.ingest_rejects;
     mem_alloc_.free(en.mem_off);

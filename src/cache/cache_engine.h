@@ -1,11 +1,13 @@
 // The KV cache engine: an index of chunks over a memory tier (one exportable,
-// pre-faulted arena) and an optional disk tier (disk_tier.h), with LRU eviction,
-// pinning, checksums verified on every read, and store/retrieve pipelines that move
-// bytes only through the DMA engine (so a hardware backend can take over).
+// pre-faulted arena) and an optional disk tier (tier/disk_tier.h), with an eviction
+// policy (LRU or S3-FIFO: eviction_policy.h), pinning, checksums verified on every
+// read, and store/retrieve pipelines that move bytes only through the DMA engine or
+// a device copier (so a hardware backend can take over).
 //
 //   store:    caller's buffer --DMA(+xxh3)--> arena            [--io_uring--> disk]
 //   retrieve: arena --DMA(+xxh3, verified)--> caller's buffer
 //             disk --io_uring--> arena, then as above            (reload)
+//   device:   GPU memory <--DeviceCopier (xxh3 where the copier takes it)--> arena
 //
 // A chunk whose bytes fail their checksum is dropped, counted, and reported as a
 // miss (NOT_FOUND): never wrong bytes. Pinned chunks and chunks with I/O in flight

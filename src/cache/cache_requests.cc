@@ -480,10 +480,9 @@ void CacheEngine::after_copy(Request* r, Status st, uint64_t cs) {
     ++st_.landed_mismatches;
     ++st_.misses;
     LOG_WARN(
-        "cache: chunk %016llx:%016llx landed in device memory as other bytes than the "
+        "cache: chunk %s landed in device memory as other bytes than the "
         "cache holds (its copy here is intact); reported as a miss to this request",
-        static_cast<unsigned long long>(en.key.model),
-        static_cast<unsigned long long>(en.key.prefix_hash));
+        key_text(en.key).c_str());
     finish(r, Code::kNotFound);
     return;
   }
@@ -499,11 +498,10 @@ void CacheEngine::finish_read(Request* r, Status st, bool corrupted) {
   if (corrupted) {
     ++st_.checksum_failures;
     LOG_WARN(
-        "cache: chunk %016llx:%016llx (%llu bytes, %s at offset %llu) failed its checksum "
+        "cache: chunk %s (%llu bytes, %s at offset %llu) failed its checksum "
         "on read; dropped, reported as a miss",
-        static_cast<unsigned long long>(en.key.model),
-        static_cast<unsigned long long>(en.key.prefix_hash),
-        static_cast<unsigned long long>(en.stored), en.on_disk() ? "disk copy" : "memory",
+        key_text(en.key).c_str(), static_cast<unsigned long long>(en.stored),
+        en.on_disk() ? "disk copy" : "memory",
         static_cast<unsigned long long>(en.on_disk() ? en.disk_off : en.mem_off));
     if (en.readers == 0 && !en.writing() && !en.filling()) drop_entry(e);
     ++st_.misses;
@@ -592,11 +590,9 @@ void CacheEngine::after_reload(Request* r, Status st) {
         en.checksum) {
       ++st_.checksum_failures;
       LOG_WARN(
-          "cache: chunk %016llx:%016llx read back from disk offset %llu failed its checksum; "
+          "cache: chunk %s read back from disk offset %llu failed its checksum; "
           "dropped",
-          static_cast<unsigned long long>(en.key.model),
-          static_cast<unsigned long long>(en.key.prefix_hash),
-          static_cast<unsigned long long>(en.disk_off));
+          key_text(en.key).c_str(), static_cast<unsigned long long>(en.disk_off));
       drop_entry(e);
       finish(r, Code::kNotFound);
     } else {

@@ -5,6 +5,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -12,6 +13,13 @@ namespace dpukv {
 
 uint64_t ChunkKey::hash() const {
   return XXH3_64bits(this, sizeof(*this));
+}
+
+ChunkKeyText key_text(const ChunkKey& k) {
+  ChunkKeyText t;
+  std::snprintf(t.text, sizeof(t.text), "%016llx:%016llx", static_cast<unsigned long long>(k.model),
+                static_cast<unsigned long long>(k.prefix_hash));
+  return t;
 }
 
 uint64_t model_id(std::string_view name) {

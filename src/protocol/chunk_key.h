@@ -33,6 +33,14 @@ struct ChunkKey {
 };
 static_assert(sizeof(ChunkKey) == 32, "keys travel on the wire and in the disk log");
 
+// A key as logs name it: "model:prefix_hash", 16 hex digits each (the two fields that
+// tell chunks apart; rank and layout are the same across one instance's logs).
+struct ChunkKeyText {
+  char text[34];
+  const char* c_str() const { return text; }
+};
+ChunkKeyText key_text(const ChunkKey& k);
+
 // What every key of one serving instance shares.
 struct KeyContext {
   uint64_t model = 0;

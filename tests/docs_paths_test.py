@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Every source path the docs name exists.
+
+Reads README.md and docs/*.md and takes each `backticked` word that names a file of
+this repository: a path with a folder (`cache/tier/chunk_store.h`,
+`scripts/gpu_check.sh`) or a file name with a source extension (`tcp_connection.h`).
+A path counts as found under the repository's root, under src/ (the docs name
+sources as the code includes them), or, for a file name alone, anywhere in the
+tree; brace lists (`nvme_driver.{h,cc}`) name each member. Generated files, build
+outputs and paths on other machines are not names of this tree and are skipped.
+Usage: docs_paths_test.py REPO_DIR"""
+import os
+import re
+import sys
+
+EXTS = (".h", ".cc", ".c", ".cu", ".py", ".sh", ".md", ".json", ".txt", ".toml", ".in", ".map",
+        ".yaml", ".inc")
+# Folders of this tree a path may start with (others are elsewhere: /dev, ~/.cache, ...).
+ROOTS = ("src/", "python/", "scripts/", "tests/", "docs/", "examples/", ".ci/", "include/")
+SKIP = re.compile(r"(^|/)(build|\.venv|venv|site-packages)/|^/|^~|\*|<|>|\$|%")
+
+
+def names(word):
+    """The file names a backticked word stands for: braces expanded."""
+    m = re.match(r"^(.*)\{([^}]*)\}(.*)$", word)
+    if not m:
+        return [word]
+    return [m.group(1) + part + m.group(3) for part in m.group(2).split(",")]
+
+
+def main():
+    repo = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else ".")
+    everything = set()
+    for d, dirs, files in os.walk(repo):
+        dirs[:] = [x for x in dirs if not x.startswith(".") or x == ".ci"]
+        dirs[:] = [x for x in dirs if x not in ("build", "venv", ".venv", "__pycache__")]
+        everything.update(files)
+    docs = [os.path.join(repo, "README.md")] + sorted(
+        os.path.join(repo, "docs", f) for f in os.listdir(os.path.join(repo, "docs"))
+        if f.endswith(".md"))
+    missing = []
+    checked = 0
+    for doc in docs:
+        for n, line in enumerate(open(doc, encoding="utf-8"), 1):
+            for word in re.findall(r"`([^`\s]+)`", line):
+                word = word.rstrip(".,:;)").split(":")[0]
+                for name in names(word):
+                    if not name.endswith(EXTS) or SKIP.search(name):
+                        continue
+                    if "/" in name:
+                        if not name.startswith(ROOTS) and not os.path.exists(
+                                os.path.join(repo, "src", name.split("/")[0])):
+                            continue  # not a path of this tree (a URL's, another project's)
+                        found = (os.path.exists(os.path.join(repo, name)) or
+                                 os.path.exists(os.path.join(repo, "src", name)))
+                    else:
+                        found = name in everything
+                    checked += 1
+                    if not found:
+                        missing.append(f"{os.path.relpath(doc, repo)}:{n}: `{name}`")
+    for m in missing:
+        print(m)
+    print(f"docs paths: {checked} checked, {len(missing)} missing")
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
