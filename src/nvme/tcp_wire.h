@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "nvme/nvme_spec.h"
 
@@ -114,6 +115,26 @@ enum FabricsType : uint8_t {
   kPropertyGet = 0x04,
   kDisconnect = 0x08
 };
+// A fabrics command's fields in the SQE (NVMe over Fabrics 1.1, 3.3-3.5): FCTYPE at
+// byte 4, SGL1 at 24; Property Get/Set's ATTRIB at 40 (size: 0 four bytes, 1
+// eight), OFST at 44 and VALUE at 48. Little-endian hosts, as the rest of the wire.
+inline uint8_t fabrics_type(const Sqe& c) {
+  return static_cast<uint8_t>(c.nsid);
+}
+inline SglDescriptor sgl1(const Sqe& c) {
+  SglDescriptor d;
+  std::memcpy(&d, &c.prp1, sizeof(d));
+  return d;
+}
+inline uint8_t property_attrib(const Sqe& c) {
+  return static_cast<uint8_t>(c.cdw10);
+}
+inline uint32_t property_offset(const Sqe& c) {
+  return c.cdw11;
+}
+inline uint64_t property_value(const Sqe& c) {
+  return c.cdw12 | uint64_t{c.cdw13} << 32;
+}
 // Connect command fields (byte offsets in the SQE).
 inline constexpr uint32_t kConnectRecfmt = 40, kConnectQid = 42, kConnectSqsize = 44,
                           kConnectCattr = 46, kConnectKato = 48;

@@ -448,7 +448,7 @@ ControllerCore::Request* ControllerCore::alloc_request() {
   r->iovcnt = 0;
   r->dw0 = r->dw1 = 0;
   r->step = r->steps = 0;
-  r->transport = nullptr;
+  r->queue = nullptr;
   r->tag = 0;
   return r;
 }

@@ -56,6 +56,20 @@ class ControllerCore {
     uint32_t attributes, nlb;
     uint64_t slba;
   };
+  struct Request;
+  // A fabrics queue's transport, as SPDK's spdk_nvmf_transport_ops: what its
+  // controller calls to answer a request the queue brought, and to end the queue.
+  // (PCIe answers through the controller's own completion queues and has none.)
+  class QueueTransport {
+   public:
+    virtual void req_complete(Request* r, uint16_t status) = 0;
+    virtual void req_drop(Request* r) = 0;  // ends it without a response (an AER)
+    virtual void close(const char* why) = 0;
+    virtual bool closed() const = 0;
+
+   protected:
+    ~QueueTransport() = default;
+  };
   struct Request {
     BdevIo io;  // first: the completion callback finds the request from it
     ControllerCore* ctrl = nullptr;
@@ -64,9 +78,9 @@ class ControllerCore {
     uint32_t dw0 = 0, dw1 = 0;
     const iovec* iov = nullptr;  // the command's data buffer, prepared by the transport
     int iovcnt = 0;
-    uint32_t step = 0, steps = 0;  // DSM ranges / namespaces of a flush-all
-    void* transport = nullptr;     // the transport's per-request context
-    uint32_t tag = 0;              // the transport's slot for the request
+    uint32_t step = 0, steps = 0;     // DSM ranges / namespaces of a flush-all
+    QueueTransport* queue = nullptr;  // the fabrics queue it came on (PCIe: none)
+    uint32_t tag = 0;                 // the transport's slot for the request
     union {
       iovec iov_storage[kMaxIov];  // for transports that map host memory (PCIe)
       DsmRange ranges[256];

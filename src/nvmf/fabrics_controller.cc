@@ -3,18 +3,18 @@
 #include <cstring>
 
 #include "nvme/tcp_wire.h"
-#include "nvmf/tcp/tcp_connection.h"
+#include "nvmf/target_internal.h"
 
 namespace dpukv::nvme {
 
 using namespace tcp;
 
 void FabricsController::complete(Request* r, uint16_t status) {
-  static_cast<TcpConnection*>(r->transport)->complete(r, status);
+  r->queue->req_complete(r, status);
 }
 
 void FabricsController::drop(Request* r) {
-  static_cast<TcpConnection*>(r->transport)->drop(r);
+  r->queue->req_drop(r);
 }
 
 bool FabricsController::transport_log(uint8_t lid, std::vector<uint8_t>* page) {
@@ -26,10 +26,8 @@ bool FabricsController::transport_log(uint8_t lid, std::vector<uint8_t>* page) {
 // Property Get/Set: the registers over the admin queue.
 uint16_t FabricsController::admin_transport(Request* r) {
   if (r->cmd.opc != kFabricsOpcode) return kInvalidOpcode;
-  const auto* raw = reinterpret_cast<const uint8_t*>(&r->cmd);
-  uint8_t fctype = raw[4], attrib = raw[40];
-  uint32_t offset;
-  std::memcpy(&offset, raw + 44, 4);
+  const uint8_t fctype = fabrics_type(r->cmd), attrib = property_attrib(r->cmd);
+  const uint32_t offset = property_offset(r->cmd);
   uint32_t size = (attrib & 7) == 1 ? 8 : (attrib & 7) == 0 ? 4 : 0;
   bool wide = offset == kRegCap || offset == kRegAsq || offset == kRegAcq;
   if (size == 0 || offset >= kRegEnd || offset % 4 != 0 || (size == 8) != wide)
@@ -42,9 +40,7 @@ uint16_t FabricsController::admin_transport(Request* r) {
   }
   if (fctype == kPropertySet) {
     if (offset != kRegCc && offset != kRegNssr) return kInvalidField;  // read-only over fabrics
-    uint64_t v;
-    std::memcpy(&v, raw + 48, 8);
-    write_reg(offset, size, v);
+    write_reg(offset, size, property_value(r->cmd));
     return kSuccess;
   }
   return kInvalidOpcode;

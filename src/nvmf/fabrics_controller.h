@@ -16,7 +16,6 @@
 namespace dpukv::nvme {
 
 struct Subsystem;
-class TcpConnection;
 
 // A controller created by a host's admin-queue Connect (dynamic controller model).
 class FabricsController final : public ControllerCore {
@@ -28,7 +27,7 @@ class FabricsController final : public ControllerCore {
 
   Subsystem* subsys;
   std::string hostnqn;
-  std::vector<TcpConnection*> queues;          // [qid]; admin at 0
+  std::vector<QueueTransport*> queues;         // [qid]; admin at 0
   uint64_t last_activity_ms = monotonic_ms();  // the last command on any of its queues
   NvmfTarget::Impl* target = nullptr;          // for the discovery log
 

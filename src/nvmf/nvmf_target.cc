@@ -100,7 +100,7 @@ void NvmfTarget::Impl::check_deadlines(uint64_t now_ms) {
 }
 
 void NvmfTarget::Impl::close_controller(FabricsController* c, const char* why) {
-  for (TcpConnection* q : c->queues)
+  for (ControllerCore::QueueTransport* q : c->queues)
     if (q != nullptr) q->close(why);
 }
 
@@ -109,7 +109,7 @@ void NvmfTarget::Impl::close_controller(FabricsController* c, const char* why) {
 void NvmfTarget::Impl::reap_closed() {
   each_subsystem([&](Subsystem& s) {
     for (auto& c : s.controllers) {
-      TcpConnection* admin = c->queues.empty() ? nullptr : c->queues[0];
+      ControllerCore::QueueTransport* admin = c->queues.empty() ? nullptr : c->queues[0];
       if (admin != nullptr && admin->closed()) close_controller(c.get(), "admin queue closed");
     }
   });
@@ -128,7 +128,7 @@ void NvmfTarget::Impl::reap_closed() {
     if (ctrl != nullptr) {
       ctrl->queues[c->qid()] = nullptr;
       bool empty = std::all_of(ctrl->queues.begin(), ctrl->queues.end(),
-                               [](TcpConnection* q) { return q == nullptr; });
+                               [](ControllerCore::QueueTransport* q) { return q == nullptr; });
       if (empty) {
         Subsystem* s = ctrl->subsys;
         std::erase_if(s->controllers,

@@ -42,7 +42,7 @@ void TcpConnection::close(const char* why) {
   // poll group would wake on it in every pass until the connection is reaped.
   epoll_ctl(t_->epfd, EPOLL_CTL_DEL, fd_, nullptr);
   // Commands waiting for data will never get it; those on a block device finish
-  // and are dropped in complete().
+  // and are dropped in req_complete().
   for (uint16_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     if (s.busy && s.waiting_h2c) {
@@ -396,8 +396,7 @@ void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dle
     send_resp(sqe.cid, status, dw0, 0);
   };
   if (recfmt != 0) return reject(kConnectIncompatibleFormat, 0);
-  SglDescriptor sgl;
-  std::memcpy(&sgl, raw + 24, sizeof sgl);
+  const SglDescriptor sgl = sgl1(sqe);
   if (data == nullptr || dlen < sizeof(ConnectData) || sgl.type != kSglDataBlockOffset ||
       sgl.length != sizeof(ConnectData))
     return reject(kConnectInvalidParameters, 24);
@@ -471,7 +470,7 @@ bool TcpConnection::on_capsule(const uint8_t* p, uint32_t plen, const uint8_t* d
   ++t_->stats.commands;
   if (sq_flow_control_ && depth_ > 0) sqhd_ = static_cast<uint16_t>((sqhd_ + 1) % depth_);
   bool fabrics = sqe.opc == kFabricsOpcode;
-  uint8_t fctype = reinterpret_cast<const uint8_t*>(&sqe)[4];
+  const uint8_t fctype = fabrics_type(sqe);
   if (ctrl_ == nullptr) {
     if (fabrics && fctype == kConnect) {
       on_connect(sqe, data, dlen);
@@ -507,7 +506,7 @@ bool TcpConnection::on_capsule(const uint8_t* p, uint32_t plen, const uint8_t* d
   s.digest_error = false;
   r->cmd = sqe;
   r->qid = qid_;
-  r->transport = this;
+  r->queue = this;
   r->tag = slot;
   uint64_t len = 0;
   bool to_host = false;
@@ -523,8 +522,7 @@ bool TcpConnection::on_capsule(const uint8_t* p, uint32_t plen, const uint8_t* d
   r->iov = &s.iov;
   r->iovcnt = len > 0 ? 1 : 0;
   if (st == kSuccess && len > 0) {
-    SglDescriptor sgl;
-    std::memcpy(&sgl, reinterpret_cast<const uint8_t*>(&sqe) + 24, sizeof sgl);
+    const SglDescriptor sgl = sgl1(sqe);
     uint32_t icd_limit = qid_ == 0 ? 8192u : t_->opts.in_capsule_data_size;
     if (((sqe.flags >> 6) & 3) != 1) {
       st = kInvalidField;
@@ -548,7 +546,7 @@ bool TcpConnection::on_capsule(const uint8_t* p, uint32_t plen, const uint8_t* d
     }
   }
   if (st != kSuccess) {
-    complete(r, st);
+    req_complete(r, st);
     return true;
   }
   ctrl_->execute(r);
@@ -582,14 +580,14 @@ bool TcpConnection::on_h2c_data(const uint8_t* p, const uint8_t* data, uint32_t 
   }
   s.waiting_h2c = false;
   if (s.digest_error) {
-    complete(s.r, kTransientTransportError);
+    req_complete(s.r, kTransientTransportError);
     return true;
   }
   ctrl_->execute(s.r);
   return true;
 }
 
-void TcpConnection::complete(ControllerCore::Request* r, uint16_t status) {
+void TcpConnection::req_complete(ControllerCore::Request* r, uint16_t status) {
   const uint16_t slot = static_cast<uint16_t>(r->tag);
   Slot& s = slots_[slot];
   uint16_t cid = r->cmd.cid;
@@ -600,10 +598,10 @@ void TcpConnection::complete(ControllerCore::Request* r, uint16_t status) {
     if (data_out) send_c2h(cid, slot, s.len, success_flag);
     if (!success_flag) send_resp(cid, status, dw0, dw1);
   }
-  drop(r);
+  req_drop(r);
 }
 
-void TcpConnection::drop(ControllerCore::Request* r) {
+void TcpConnection::req_drop(ControllerCore::Request* r) {
   const uint16_t slot = static_cast<uint16_t>(r->tag);
   ctrl_->release(r);
   slots_[slot].r = nullptr;

@@ -19,7 +19,7 @@
 
 namespace dpukv::nvme {
 
-class TcpConnection {
+class TcpConnection final : public ControllerCore::QueueTransport {
  public:
   TcpConnection(NvmfTarget::Impl* t, int fd, std::string listener)
       : t_(t), fd_(fd), listener_(std::move(listener)), opened_ms_(monotonic_ms()) {
@@ -32,7 +32,7 @@ class TcpConnection {
   }
 
   int fd() const { return fd_; }
-  bool closed() const { return closing_; }
+  bool closed() const override { return closing_; }
   bool ready() const { return ready_; }  // its ICReq was answered
   uint64_t opened_ms() const { return opened_ms_; }
   const std::string& listener() const { return listener_; }
@@ -45,10 +45,10 @@ class TcpConnection {
   // Sends pending output; returns false if the connection broke.
   bool flush();
   bool has_output() const { return !segs_.empty(); }
-  void close(const char* why);
-  void complete(ControllerCore::Request* r, uint16_t status);
+  void close(const char* why) override;
+  void req_complete(ControllerCore::Request* r, uint16_t status) override;
   // Ends a request without a response (an AER at reset or disconnect).
-  void drop(ControllerCore::Request* r);
+  void req_drop(ControllerCore::Request* r) override;
 
  private:
   struct Slot {
