@@ -45,11 +45,10 @@ void TcpConnection::close(const char* why) {
   // and are dropped in req_complete().
   for (uint16_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
-    if (s.busy && s.waiting_h2c) {
+    if (s.state == SlotState::kAwaitingData) {
       ctrl_->release(s.r);
-      s = Slot{s.r, s.buf};
       s.r = nullptr;
-      --busy_slots_;
+      set_slot(i, SlotState::kFree);
     }
   }
   discard_output();  // nothing queued will reach the host now
@@ -117,9 +116,7 @@ bool TcpConnection::flush() {
       left -= segs_[done].len - seg_pos_;
       seg_pos_ = 0;
       if (segs_[done].data != nullptr) {
-        const uint16_t slot = segs_[done].slot;
-        slots_[slot].sending = false;
-        if (slots_[slot].r == nullptr) free_slot(slot);  // its command already completed
+        set_slot(segs_[done].slot, SlotState::kFree);  // its command already completed
       }
       ++done;
     }
@@ -133,22 +130,23 @@ bool TcpConnection::flush() {
 
 void TcpConnection::discard_output() {
   for (const OutSeg& g : segs_)
-    if (g.data != nullptr) {
-      slots_[g.slot].sending = false;
-      if (slots_[g.slot].r == nullptr && slots_[g.slot].busy) free_slot(g.slot);
-    }
+    if (g.data != nullptr && slots_[g.slot].state == SlotState::kSendingData)
+      set_slot(g.slot, SlotState::kFree);
   segs_.clear();
   olen_ = 0;
   seg_pos_ = 0;
 }
 
-void TcpConnection::free_slot(uint16_t slot) {
+void TcpConnection::set_slot(uint16_t slot, SlotState to) {
   Slot& s = slots_[slot];
-  s.busy = false;
-  s.waiting_h2c = false;
-  s.sending = false;
-  free_slots_.push_back(slot);
-  --busy_slots_;
+  if (s.state == to) return;
+  if (to == SlotState::kFree) {
+    free_slots_.push_back(slot);
+    --busy_slots_;
+  } else if (s.state == SlotState::kFree) {  // taken: the caller popped it off free_slots_
+    ++busy_slots_;
+  }
+  s.state = to;
 }
 
 int TcpConnection::on_readable() {
@@ -276,7 +274,8 @@ bool TcpConnection::handle_pdu(const uint8_t* p, uint32_t plen) {
   if (!data_digest_ok) {
     DataHeader h;
     std::memcpy(&h, p, sizeof h);
-    if (h.ttag < slots_.size() && slots_[h.ttag].busy) slots_[h.ttag].digest_error = true;
+    if (h.ttag < slots_.size() && slots_[h.ttag].state != SlotState::kFree)
+      slots_[h.ttag].digest_error = true;
   }
   return on_h2c_data(p, data, dlen);
 }
@@ -497,12 +496,10 @@ bool TcpConnection::on_capsule(const uint8_t* p, uint32_t plen, const uint8_t* d
   }
   uint16_t slot = free_slots_.back();
   free_slots_.pop_back();
-  ++busy_slots_;
+  set_slot(slot, SlotState::kExecuting);
   Slot& s = slots_[slot];
   s.r = r;
-  s.busy = true;
   s.received = 0;
-  s.waiting_h2c = false;
   s.digest_error = false;
   r->cmd = sqe;
   r->qid = qid_;
@@ -537,7 +534,7 @@ bool TcpConnection::on_capsule(const uint8_t* p, uint32_t plen, const uint8_t* d
         std::memcpy(s.buf, data, len);
     } else if (sgl.type == kSglTransportDataBlock) {
       if (!to_host) {
-        s.waiting_h2c = true;
+        set_slot(slot, SlotState::kAwaitingData);
         send_r2t(sqe.cid, slot, static_cast<uint32_t>(len));
         return true;
       }
@@ -556,7 +553,7 @@ bool TcpConnection::on_capsule(const uint8_t* p, uint32_t plen, const uint8_t* d
 bool TcpConnection::on_h2c_data(const uint8_t* p, const uint8_t* data, uint32_t dlen) {
   DataHeader h;
   std::memcpy(&h, p, sizeof h);
-  if (h.ttag >= slots_.size() || !slots_[h.ttag].busy || !slots_[h.ttag].waiting_h2c ||
+  if (h.ttag >= slots_.size() || slots_[h.ttag].state != SlotState::kAwaitingData ||
       slots_[h.ttag].r->cmd.cid != h.cccid) {
     fatal(kFesPduSequence, 10, p, sizeof h);  // no R2T outstanding for this tag
     return false;
@@ -578,7 +575,7 @@ bool TcpConnection::on_h2c_data(const uint8_t* p, const uint8_t* data, uint32_t 
     fatal(kFesInvalidHeader, 1, p, sizeof h);  // all data arrived but not marked last
     return false;
   }
-  s.waiting_h2c = false;
+  set_slot(h.ttag, SlotState::kExecuting);
   if (s.digest_error) {
     req_complete(s.r, kTransientTransportError);
     return true;
@@ -605,7 +602,8 @@ void TcpConnection::req_drop(ControllerCore::Request* r) {
   const uint16_t slot = static_cast<uint16_t>(r->tag);
   ctrl_->release(r);
   slots_[slot].r = nullptr;
-  if (!slots_[slot].sending) free_slot(slot);  // else once the socket has its data
+  // Data queued for the socket frees the slot once sent (flush, discard_output).
+  if (slots_[slot].state != SlotState::kSendingData) set_slot(slot, SlotState::kFree);
 }
 
 }  // namespace dpukv::nvme

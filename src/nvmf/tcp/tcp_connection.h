@@ -51,12 +51,24 @@ class TcpConnection final : public ControllerCore::QueueTransport {
   void req_drop(ControllerCore::Request* r) override;
 
  private:
+  // A slot's life, as SPDK's TCP_REQUEST_STATE_*: kFree -> kExecuting (a command
+  // capsule took it) [-> kAwaitingData -> kExecuting, for host data sent by R2T and
+  // H2CData] -> kSendingData (answered, its C2HData queued from the slot's buffer)
+  // -> kFree; or from any state to kFree when its command ends without data out.
+  // Every change goes through set_slot().
+  enum class SlotState : uint8_t {
+    kFree,          // on free_slots_
+    kExecuting,     // at its controller: a block device, or the admin path
+    kAwaitingData,  // an R2T went out; H2CData PDUs fill the buffer
+    kSendingData,   // answered; the socket has not taken its C2HData yet (r is null)
+  };
   struct Slot {
     ControllerCore::Request* r = nullptr;
     uint8_t* buf = nullptr;
     uint32_t len = 0, received = 0;
-    bool to_host = false, waiting_h2c = false, digest_error = false, busy = false;
-    bool sending = false;  // its buffer is queued for the socket (C2H data)
+    SlotState state = SlotState::kFree;
+    bool to_host = false;       // the command reads: its data goes to the host
+    bool digest_error = false;  // an H2CData PDU of it failed its data digest
     iovec iov{};
   };
   // Output in order: runs of obuf_ (headers, digests, small PDUs) and C2H data
@@ -96,10 +108,11 @@ class TcpConnection final : public ControllerCore::QueueTransport {
     return at;
   }
   void out_slot_data(uint16_t slot, const uint8_t* data, size_t len) {
-    slots_[slot].sending = true;
+    set_slot(slot, SlotState::kSendingData);
     segs_.push_back(OutSeg{data, 0, len, slot});
   }
-  void free_slot(uint16_t slot);
+  // The one transition function: keeps free_slots_ and busy_slots_ with the states.
+  void set_slot(uint16_t slot, SlotState to);
   void discard_output();  // the socket is gone: queued slots are freed
   void put_header(uint8_t type, uint8_t flags, uint8_t hlen, uint8_t pdo, uint32_t plen,
                   const void* rest, size_t rest_len);
