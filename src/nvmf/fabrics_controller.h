@@ -16,6 +16,7 @@
 namespace dpukv::nvme {
 
 struct Subsystem;
+class TargetSide;
 
 // A controller created by a host's admin-queue Connect (dynamic controller model).
 class FabricsController final : public ControllerCore {
@@ -29,7 +30,7 @@ class FabricsController final : public ControllerCore {
   std::string hostnqn;
   std::vector<QueueTransport*> queues;         // [qid]; admin at 0
   uint64_t last_activity_ms = monotonic_ms();  // the last command on any of its queues
-  NvmfTarget::Impl* target = nullptr;          // for the discovery log
+  TargetSide* target = nullptr;                // for the discovery log
 
  private:
   void complete(Request* r, uint16_t status) override;

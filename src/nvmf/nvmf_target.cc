@@ -99,6 +99,10 @@ void NvmfTarget::Impl::check_deadlines(uint64_t now_ms) {
   }
 }
 
+void NvmfTarget::Impl::unwatch(int fd) {
+  epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+}
+
 void NvmfTarget::Impl::close_controller(FabricsController* c, const char* why) {
   for (ControllerCore::QueueTransport* q : c->queues)
     if (q != nullptr) q->close(why);

@@ -43,11 +43,29 @@ struct Listener {
   uint64_t paused_until_ms = 0;  // out of descriptors: not watched until then (0: watched)
 };
 
+// What the target's queues and controllers need of the target that owns them (the
+// poll group, NvmfTarget::Impl): its transport's options and figures, the subsystem
+// a Connect names, the discovery log, and leave of the poll set. They hold this,
+// not the target's internals.
+class TargetSide {
+ public:
+  virtual const TcpTransportOptions& transport_options() const = 0;
+  virtual TargetStats& counters() = 0;
+  // What a Connect to nqn reaches: a subsystem, the discovery subsystem, or nothing.
+  virtual Subsystem* connect_target(const std::string& nqn) = 0;
+  // The discovery log for a host: one entry per listener of each subsystem it may use.
+  virtual std::vector<uint8_t> discovery_log(const std::string& hostnqn) const = 0;
+  virtual void unwatch(int fd) = 0;  // a connection's socket leaves the poll set
+
+ protected:
+  ~TargetSide() = default;
+};
+
 }  // namespace dpukv::nvme
 
 namespace dpukv::nvme {
 
-struct NvmfTarget::Impl {
+struct NvmfTarget::Impl final : TargetSide {
   TcpTransportOptions opts;
   int epfd = -1, wake_fd = -1;
   std::thread thread;
@@ -79,10 +97,12 @@ struct NvmfTarget::Impl {
   Subsystem discovery = make_discovery();
   uint64_t discovery_genctr = 0;  // GENCTR: bumped by every change the log shows
   static Subsystem make_discovery();
-  // What a Connect to nqn reaches: a subsystem, the discovery subsystem, or nothing.
-  Subsystem* connect_target(const std::string& nqn) {
+  Subsystem* connect_target(const std::string& nqn) override {
     return nqn == tcp::kDiscoveryNqn ? &discovery : find_subsystem(nqn);
   }
+  const TcpTransportOptions& transport_options() const override { return opts; }
+  TargetStats& counters() override { return stats; }
+  void unwatch(int fd) override;
   template <class F>
   void each_subsystem(F f) {
     f(discovery);
@@ -90,8 +110,7 @@ struct NvmfTarget::Impl {
   }
   // Subsystems or listeners changed: a new GENCTR, and a notice to hosts that asked.
   void discovery_changed();
-  // The discovery log for a host: one entry per listener of each subsystem it may use.
-  std::vector<uint8_t> discovery_log(const std::string& hostnqn) const;
+  std::vector<uint8_t> discovery_log(const std::string& hostnqn) const override;
 };
 
 }  // namespace dpukv::nvme

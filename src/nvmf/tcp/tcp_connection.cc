@@ -40,7 +40,7 @@ void TcpConnection::close(const char* why) {
   ::shutdown(fd_, SHUT_RDWR);
   // A shut-down socket is readable forever (EOF): out of the poll set now, or the
   // poll group would wake on it in every pass until the connection is reaped.
-  epoll_ctl(t_->epfd, EPOLL_CTL_DEL, fd_, nullptr);
+  t_->unwatch(fd_);
   // Commands waiting for data will never get it; those on a block device finish
   // and are dropped in req_complete().
   for (uint16_t i = 0; i < slots_.size(); ++i) {
@@ -67,7 +67,7 @@ void TcpConnection::put_header(uint8_t type, uint8_t flags, uint8_t hlen, uint8_
     uint32_t d = crc32c(obuf_.get() + olen_ - hlen, hlen);
     std::memcpy(out(4), &d, 4);
   }
-  ++t_->stats.pdus_out;
+  ++t_->counters().pdus_out;
 }
 
 void TcpConnection::fatal(uint16_t fes, uint32_t fei, const uint8_t* hdr, uint32_t hlen) {
@@ -80,8 +80,8 @@ void TcpConnection::fatal(uint16_t fes, uint32_t fei, const uint8_t* hdr, uint32
   tr.fei = fei;
   std::memcpy(out(sizeof tr), &tr, sizeof tr);
   if (copy > 0) std::memcpy(out(copy), hdr, copy);
-  ++t_->stats.term_reqs_sent;
-  ++t_->stats.pdus_out;
+  ++t_->counters().term_reqs_sent;
+  ++t_->counters().pdus_out;
   LOG_WARN("nvme-tcp: connection %d: fatal transport error %u (field %u); terminating", fd_, fes,
            fei);
   flush();
@@ -161,7 +161,9 @@ int TcpConnection::on_readable() {
   rlen_ += static_cast<size_t>(n);
   size_t pos = 0;
   int pdus = 0;
-  const uint32_t max_pdu = std::max(t_->opts.max_h2c_data, t_->opts.in_capsule_data_size) + 256;
+  const uint32_t max_pdu =
+      std::max(t_->transport_options().max_h2c_data, t_->transport_options().in_capsule_data_size) +
+      256;
   while (!closing_ && rlen_ - pos >= sizeof(CommonHeader)) {
     CommonHeader ch;
     std::memcpy(&ch, rbuf_.data() + pos, sizeof ch);
@@ -174,7 +176,7 @@ int TcpConnection::on_readable() {
       if (rbuf_.size() < ch.plen + 1024) rbuf_.resize(ch.plen + 1024);
       break;
     }
-    ++t_->stats.pdus_in;
+    ++t_->counters().pdus_in;
     ++pdus;
     if (!handle_pdu(rbuf_.data() + pos, ch.plen)) break;
     pos += ch.plen;
@@ -307,9 +309,9 @@ bool TcpConnection::on_icreq(const uint8_t* p, uint32_t plen) {
   r.pfv = 0;
   r.cpda = 0;
   r.dgst = req.dgst & (kDigestHeader | kDigestData);
-  r.maxh2cdata = t_->opts.max_h2c_data;
+  r.maxh2cdata = t_->transport_options().max_h2c_data;
   std::memcpy(out(sizeof r), &r, sizeof r);
-  ++t_->stats.pdus_out;
+  ++t_->counters().pdus_out;
   ready_ = true;
   return true;
 }
@@ -319,7 +321,8 @@ bool TcpConnection::setup_queue(uint16_t depth) {
   slots_.assign(depth, Slot{});
   free_slots_.clear();
   for (uint32_t i = depth; i-- > 0;) free_slots_.push_back(static_cast<uint16_t>(i));
-  uint32_t per = std::max(t_->opts.max_io_size, t_->opts.in_capsule_data_size);
+  uint32_t per =
+      std::max(t_->transport_options().max_io_size, t_->transport_options().in_capsule_data_size);
   per = std::max<uint32_t>(per, 8192);  // admin in-capsule data and log pages
   data_area_len_ = size_t{per} * depth;
   void* m =
@@ -340,7 +343,7 @@ void TcpConnection::send_resp(uint16_t cid, uint16_t status, uint32_t dw0, uint3
   c.status = cqe_status(status, false);
   put_header(kCapsuleResp, hdgst_ ? kFlagHdgst : 0, sizeof(CapsuleResp), 0,
              sizeof(CapsuleResp) + (hdgst_ ? kDigestLen : 0), &c, sizeof c);
-  if (status != kSuccess) ++t_->stats.errors;
+  if (status != kSuccess) ++t_->counters().errors;
 }
 
 void TcpConnection::send_r2t(uint16_t cid, uint16_t ttag, uint32_t len) {
@@ -391,7 +394,7 @@ void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dle
   // Invalid-parameter answers name the field: bits 15:0 its byte offset, bit 16
   // set when it is in the connect data rather than the command.
   auto reject = [&](uint16_t status, uint32_t dw0) {
-    ++t_->stats.connect_rejects;
+    ++t_->counters().connect_rejects;
     send_resp(sqe.cid, status, dw0, 0);
   };
   if (recfmt != 0) return reject(kConnectIncompatibleFormat, 0);
@@ -412,7 +415,7 @@ void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dle
     LOG_WARN("nvme-tcp: host %s is not allowed on %s", hostnqn.c_str(), subnqn.c_str());
     return reject(kConnectInvalidHost, 0);
   }
-  uint32_t max_depth = qid == 0 ? 128u : t_->opts.max_queue_depth;
+  uint32_t max_depth = qid == 0 ? 128u : t_->transport_options().max_queue_depth;
   if (sqsize == 0 || sqsize + 1u > max_depth || (qid == 0 && sqsize < 31))
     return reject(kConnectInvalidParameters, kConnectSqsize);
   sq_flow_control_ = !(cattr & kCattrDisableSqFlowControl);
@@ -425,18 +428,19 @@ void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dle
     cc.model = s->cfg.model;
     cc.subnqn = s->cfg.nqn;
     cc.cntlid = s->next_cntlid;
-    cc.max_io_queues = t_->opts.max_io_queues;
-    cc.mqes = static_cast<uint16_t>(t_->opts.max_queue_depth - 1);
+    cc.max_io_queues = t_->transport_options().max_io_queues;
+    cc.mqes = static_cast<uint16_t>(t_->transport_options().max_queue_depth - 1);
     cc.mdts = static_cast<uint8_t>(
-        std::countr_zero(std::max<uint32_t>(t_->opts.max_io_size, 4096) / 4096));
-    cc.in_capsule_bytes = t_->opts.in_capsule_data_size;
+        std::countr_zero(std::max<uint32_t>(t_->transport_options().max_io_size, 4096) / 4096));
+    cc.in_capsule_bytes = t_->transport_options().in_capsule_data_size;
     s->next_cntlid = s->next_cntlid >= 0xffef ? 1 : static_cast<uint16_t>(s->next_cntlid + 1);
-    uint32_t pool = 128u + uint32_t{t_->opts.max_io_queues} * t_->opts.max_queue_depth;
+    uint32_t pool = 128u + uint32_t{t_->transport_options().max_io_queues} *
+                               t_->transport_options().max_queue_depth;
     if (s->discovery) pool = 128;  // the admin queue only
     auto c = std::make_unique<FabricsController>(cc, s->ns, pool, s, hostnqn);
     c->target = t_;
     c->set_connect_kato(kato);
-    c->queues.assign(s->discovery ? 1u : t_->opts.max_io_queues + 1u, nullptr);
+    c->queues.assign(s->discovery ? 1u : t_->transport_options().max_io_queues + 1u, nullptr);
     if (!setup_queue(static_cast<uint16_t>(sqsize + 1))) return reject(kConnectControllerBusy, 0);
     ctrl_ = c.get();
     c->queues[0] = this;
@@ -466,7 +470,7 @@ bool TcpConnection::on_capsule(const uint8_t* p, uint32_t plen, const uint8_t* d
   (void)plen;
   Sqe sqe;
   std::memcpy(&sqe, p + sizeof(CommonHeader), sizeof sqe);
-  ++t_->stats.commands;
+  ++t_->counters().commands;
   if (sq_flow_control_ && depth_ > 0) sqhd_ = static_cast<uint16_t>((sqhd_ + 1) % depth_);
   bool fabrics = sqe.opc == kFabricsOpcode;
   const uint8_t fctype = fabrics_type(sqe);
@@ -520,7 +524,7 @@ bool TcpConnection::on_capsule(const uint8_t* p, uint32_t plen, const uint8_t* d
   r->iovcnt = len > 0 ? 1 : 0;
   if (st == kSuccess && len > 0) {
     const SglDescriptor sgl = sgl1(sqe);
-    uint32_t icd_limit = qid_ == 0 ? 8192u : t_->opts.in_capsule_data_size;
+    uint32_t icd_limit = qid_ == 0 ? 8192u : t_->transport_options().in_capsule_data_size;
     if (((sqe.flags >> 6) & 3) != 1) {
       st = kInvalidField;
     } else if (sgl.length < len) {
@@ -559,9 +563,10 @@ bool TcpConnection::on_h2c_data(const uint8_t* p, const uint8_t* data, uint32_t 
     return false;
   }
   Slot& s = slots_[h.ttag];
-  if (h.datal != dlen || h.datal > t_->opts.max_h2c_data) {
-    fatal(h.datal > t_->opts.max_h2c_data ? kFesDataLimitExceeded : kFesInvalidHeader, 16, p,
-          sizeof h);
+  if (h.datal != dlen || h.datal > t_->transport_options().max_h2c_data) {
+    fatal(
+        h.datal > t_->transport_options().max_h2c_data ? kFesDataLimitExceeded : kFesInvalidHeader,
+        16, p, sizeof h);
     return false;
   }
   if (h.datao != s.received || h.datal > s.len - s.received) {
@@ -591,7 +596,7 @@ void TcpConnection::req_complete(ControllerCore::Request* r, uint16_t status) {
   uint32_t dw0 = r->dw0, dw1 = r->dw1;
   if (!closing_) {
     bool data_out = status == kSuccess && s.to_host && s.len > 0;
-    bool success_flag = data_out && t_->opts.c2h_success && !sq_flow_control_;
+    bool success_flag = data_out && t_->transport_options().c2h_success && !sq_flow_control_;
     if (data_out) send_c2h(cid, slot, s.len, success_flag);
     if (!success_flag) send_resp(cid, status, dw0, dw1);
   }

@@ -21,7 +21,7 @@ namespace dpukv::nvme {
 
 class TcpConnection final : public ControllerCore::QueueTransport {
  public:
-  TcpConnection(NvmfTarget::Impl* t, int fd, std::string listener)
+  TcpConnection(TargetSide* t, int fd, std::string listener)
       : t_(t), fd_(fd), listener_(std::move(listener)), opened_ms_(monotonic_ms()) {
     // Grown as PDUs need (on_readable): a connection that sends nothing costs little.
     rbuf_.resize(8 * 1024);
@@ -117,7 +117,7 @@ class TcpConnection final : public ControllerCore::QueueTransport {
   void put_header(uint8_t type, uint8_t flags, uint8_t hlen, uint8_t pdo, uint32_t plen,
                   const void* rest, size_t rest_len);
 
-  NvmfTarget::Impl* t_;
+  TargetSide* t_;  // the target that owns this connection
   int fd_;
   std::string listener_;
   uint64_t opened_ms_;
