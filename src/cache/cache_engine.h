@@ -182,7 +182,9 @@ class CacheEngine final : public Context {
 
  private:
   struct Request;
-  // What a request waits for (Request in cache_requests.h).
+  // What a request does (Request in cache_requests.h).
+  enum class RequestKind : uint8_t { kStore, kRetrieve, kPrefetch, kSpill };
+  // What a request waits for.
   enum class RequestState : uint8_t {
     kFree,
     kWaitRoom,   // waiting for a spill to free memory
@@ -222,7 +224,8 @@ class CacheEngine final : public Context {
   void set_state(Request* r, RequestState state);  // bytes: memory it needs (0: none)
   void disk_failed(const char* what, int err);
   Request* new_request();
-  Status accept(int kind, const ChunkKey& key, Buf* user, DoneCb cb, void* arg, Request** out);
+  Status accept(RequestKind kind, const ChunkKey& key, Buf* user, DoneCb cb, void* arg,
+                Request** out);
   void finish(Request* r, Status st);
   Status start_dma(Request* r, Buf* src, Buf* dst);
   Status start_device_copy(Request* r, bool to_device);

@@ -89,7 +89,7 @@ void CacheEngine::dma_done(DmaMemcpyTask* t, UserData task_ud, UserData ctx_ud) 
 
 // Takes a request for an operation; the engine holds a reference on the user's
 // buffer (if any) until the request finishes.
-Status CacheEngine::accept(int kind, const ChunkKey& key, Buf* user, DoneCb cb, void* arg,
+Status CacheEngine::accept(RequestKind kind, const ChunkKey& key, Buf* user, DoneCb cb, void* arg,
                            Request** out) {
   if (state() != CtxState::kRunning) return Code::kBadState;
   if (user != nullptr && !user->inc_refcount().ok()) return Code::kInvalidValue;
@@ -98,7 +98,7 @@ Status CacheEngine::accept(int kind, const ChunkKey& key, Buf* user, DoneCb cb, 
     if (user != nullptr) (void)user->dec_refcount();
     return Code::kAgain;
   }
-  r->kind = static_cast<Request::Kind>(kind);
+  r->kind = kind;
   r->key = key;
   r->user = user;
   r->cb = cb;
@@ -111,7 +111,7 @@ Status CacheEngine::store(const ChunkKey& key, Buf* src, DoneCb cb, void* arg) {
   if (src == nullptr || src->data_len() == 0) return Code::kInvalidValue;
   if (src->data_len() > opts_.max_chunk_bytes) return Code::kTooBig;
   Request* r;
-  DPUKV_RETURN_IF_ERROR(accept(static_cast<int>(Request::Kind::kStore), key, src, cb, arg, &r));
+  DPUKV_RETURN_IF_ERROR(accept(Request::Kind::kStore, key, src, cb, arg, &r));
   return begin_store_request(r, src->data_len());
 }
 
@@ -121,7 +121,7 @@ Status CacheEngine::store_device(const ChunkKey& key, const DeviceRange& src, Do
   if (src.bytes == 0) return Code::kInvalidValue;
   if (src.bytes > opts_.max_chunk_bytes) return Code::kTooBig;
   Request* r;
-  DPUKV_RETURN_IF_ERROR(accept(static_cast<int>(Request::Kind::kStore), key, nullptr, cb, arg, &r));
+  DPUKV_RETURN_IF_ERROR(accept(Request::Kind::kStore, key, nullptr, cb, arg, &r));
   r->device = true;
   r->dev = src;
   return begin_store_request(r, src.bytes);
@@ -282,7 +282,7 @@ void CacheEngine::complete_store(Request* r, uint64_t cs) {
 Status CacheEngine::retrieve(const ChunkKey& key, Buf* dst, DoneCb cb, void* arg) {
   if (dst == nullptr) return Code::kInvalidValue;
   Request* r;
-  DPUKV_RETURN_IF_ERROR(accept(static_cast<int>(Request::Kind::kRetrieve), key, dst, cb, arg, &r));
+  DPUKV_RETURN_IF_ERROR(accept(Request::Kind::kRetrieve, key, dst, cb, arg, &r));
   begin_retrieve_request(r, dst->tail_room());
   return Code::kSuccess;
 }
@@ -292,8 +292,7 @@ Status CacheEngine::retrieve_device(const ChunkKey& key, const DeviceRange& dst,
   if (device_ == nullptr) return Code::kNotSupported;
   if (dst.bytes == 0) return Code::kInvalidValue;
   Request* r;
-  DPUKV_RETURN_IF_ERROR(
-      accept(static_cast<int>(Request::Kind::kRetrieve), key, nullptr, cb, arg, &r));
+  DPUKV_RETURN_IF_ERROR(accept(Request::Kind::kRetrieve, key, nullptr, cb, arg, &r));
   r->device = true;
   r->dev = dst;
   begin_retrieve_request(r, dst.bytes);
@@ -377,8 +376,7 @@ void CacheEngine::begin_read(Request* r) {
 
 Status CacheEngine::prefetch(const ChunkKey& key, DoneCb cb, void* arg) {
   Request* r;
-  DPUKV_RETURN_IF_ERROR(
-      accept(static_cast<int>(Request::Kind::kPrefetch), key, nullptr, cb, arg, &r));
+  DPUKV_RETURN_IF_ERROR(accept(Request::Kind::kPrefetch, key, nullptr, cb, arg, &r));
   const int32_t e = table_.find(key);
   if (e < 0 || !(table_.at(e).mem_ready() || table_.at(e).on_disk())) {
     finish(r, Code::kNotFound);

@@ -15,7 +15,7 @@ namespace dpukv {
 
 // One store, retrieve, prefetch or spill in flight: an explicit state machine.
 struct CacheEngine::Request {
-  enum class Kind : uint8_t { kStore, kRetrieve, kPrefetch, kSpill };
+  using Kind = RequestKind;
   using State = RequestState;
   static_assert(static_cast<size_t>(State::kDecode) - static_cast<size_t>(State::kWaitRoom) + 1 ==
                     kRequestStates,
