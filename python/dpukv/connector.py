@@ -148,6 +148,10 @@ class DpukvConnector:
         self.requests = {}
         self.saves = []  # (Pending, chunks) of stores not yet waited for
         self.saving_chunks = 0
+        # Every layer's keys of a request's tokens, hashed once for a step's saves
+        # (by request, token count and salt: a request's tokens only grow); dropped
+        # when the step's saves are collected.
+        self._step_keys = {}
         self.counters = {"lookup_hit_tokens": 0, "loaded_chunks": 0, "saved_chunks": 0,
                          "save_failures": 0}
         # Host seconds per phase of a load (lookup round trip, waiting for the agent's
@@ -636,7 +640,14 @@ class DpukvConnector:
             raise ValueError(f"layer {layer} is not in [0, {len(self.kv)})")
         if skip_chunks < 0:
             raise ValueError(f"skip_chunks must be >= 0, not {skip_chunks}")
-        all_keys = self._keys(tokens, layer, salt=salt)
+        step = (request_id, len(tokens), salt)
+        layers_keys = self._step_keys.get(step)
+        if layers_keys is None:
+            layers_keys = native.chunk_keys_layers(self.model, list(tokens), self.chunk_tokens,
+                                                   False, self.world_size, self.rank,
+                                                   [lay ^ salt for lay in self.layouts])
+            self._step_keys[step] = layers_keys
+        all_keys = layers_keys[layer]
         block_ids = self._check_blocks(block_ids, len(all_keys), f"save of {request_id!r}")
         keys = all_keys[skip_chunks:]
         kv = self.kv[layer]
@@ -682,6 +693,7 @@ class DpukvConnector:
         """Counts the stores that have finished, oldest first; without block, only
         those finished already (an engine's step need not wait for the agent: the
         gathers copied the blocks out). Their save slots go back as they are counted."""
+        self._step_keys.clear()  # the step's saves are all submitted
         while self.saves:
             pending, n = self.saves[0]
             try:
