@@ -65,7 +65,7 @@ void NvmfTarget::Impl::accept_on(Listener* l) {
     // a busy pass instead of waiting for autotuning.
     int sndbuf = 4 << 20;
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
-    auto c = std::make_unique<TcpConnection>(this, fd, l->key);
+    auto c = std::make_unique<TcpConnection>(this, epfd, fd, l->key);
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.ptr = c.get();
@@ -97,10 +97,6 @@ void NvmfTarget::Impl::check_deadlines(uint64_t now_ms) {
     ++stats.icreq_timeouts;
     c->close("no ICReq in time");
   }
-}
-
-void NvmfTarget::Impl::unwatch(int fd) {
-  epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
 }
 
 void NvmfTarget::Impl::close_controller(FabricsController* c, const char* why) {

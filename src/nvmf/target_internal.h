@@ -45,8 +45,7 @@ struct Listener {
 
 // What the target's queues and controllers need of the target that owns them (the
 // poll group, NvmfTarget::Impl): its transport's options and figures, the subsystem
-// a Connect names, the discovery log, and leave of the poll set. They hold this,
-// not the target's internals.
+// a Connect names, the discovery log. They hold this, not the target's internals.
 class TargetSide {
  public:
   virtual const TcpTransportOptions& transport_options() const = 0;
@@ -55,7 +54,6 @@ class TargetSide {
   virtual Subsystem* connect_target(const std::string& nqn) = 0;
   // The discovery log for a host: one entry per listener of each subsystem it may use.
   virtual std::vector<uint8_t> discovery_log(const std::string& hostnqn) const = 0;
-  virtual void unwatch(int fd) = 0;  // a connection's socket leaves the poll set
 
  protected:
   ~TargetSide() = default;
@@ -102,7 +100,6 @@ struct NvmfTarget::Impl final : TargetSide {
   }
   const TcpTransportOptions& transport_options() const override { return opts; }
   TargetStats& counters() override { return stats; }
-  void unwatch(int fd) override;
   template <class F>
   void each_subsystem(F f) {
     f(discovery);

@@ -40,7 +40,7 @@ void TcpConnection::close(const char* why) {
   ::shutdown(fd_, SHUT_RDWR);
   // A shut-down socket is readable forever (EOF): out of the poll set now, or the
   // poll group would wake on it in every pass until the connection is reaped.
-  t_->unwatch(fd_);
+  epoll_ctl(poll_fd_, EPOLL_CTL_DEL, fd_, nullptr);
   // Commands waiting for data will never get it; those on a block device finish
   // and are dropped in req_complete().
   for (uint16_t i = 0; i < slots_.size(); ++i) {

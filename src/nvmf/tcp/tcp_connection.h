@@ -21,8 +21,14 @@ namespace dpukv::nvme {
 
 class TcpConnection final : public ControllerCore::QueueTransport {
  public:
-  TcpConnection(TargetSide* t, int fd, std::string listener)
-      : t_(t), fd_(fd), listener_(std::move(listener)), opened_ms_(monotonic_ms()) {
+  // poll_fd: the poll group's epoll set, which fd is in (close() takes it out: a
+  // plain call, as close runs when the process may be out of descriptors).
+  TcpConnection(TargetSide* t, int poll_fd, int fd, std::string listener)
+      : t_(t),
+        poll_fd_(poll_fd),
+        fd_(fd),
+        listener_(std::move(listener)),
+        opened_ms_(monotonic_ms()) {
     // Grown as PDUs need (on_readable): a connection that sends nothing costs little.
     rbuf_.resize(8 * 1024);
   }
@@ -118,6 +124,7 @@ class TcpConnection final : public ControllerCore::QueueTransport {
                   const void* rest, size_t rest_len);
 
   TargetSide* t_;  // the target that owns this connection
+  int poll_fd_;
   int fd_;
   std::string listener_;
   uint64_t opened_ms_;
