@@ -96,24 +96,26 @@ Status CudaEngine::do_start() {
   return hashers_.start(wo, &CudaEngine::hash, this, pe());
 }
 
-CUresult CudaEngine::launch_hash(CUdeviceptr p, uint64_t len, CUdeviceptr out, CUstream s) {
-  dpukv_xxh3::HashJobs jobs{};
-  jobs.n = 1;
-  jobs.job[0] = {p, len, out};
-  void* params[] = {&jobs};
-  return drv_->launch_kernel(hash_fn_, 1, 1, 1, kHashKernelThreads, 1, 1, 0, s, params, nullptr);
+// One block per job; the jobs travel as the launch's parameter (the driver copies it).
+CUresult CudaEngine::launch_hash(dpukv_xxh3::HashJobs* jobs, CUstream s) {
+  void* params[] = {jobs};
+  return drv_->launch_kernel(hash_fn_, jobs->n, 1, 1, kHashKernelThreads, 1, 1, 0, s, params,
+                             nullptr);
 }
 
 // At start, not at a first request: the JIT, the results' pinned memory, and one
 // hash of known bytes that must equal the host's xxh3 (a driver that compiled the
 // kernel differently, or a kernel that does not run, leaves checksums on the host).
 bool CudaEngine::load_hash_kernel(std::string* why) {
-  auto failed = [&](const char* what, CUresult r) {
-    *why = std::string(what) + ": " + drv_->error_name(r);
+  auto unusable = [&](std::string text) {
+    *why = std::move(text);
     if (module_ != nullptr) (void)drv_->module_unload(module_);
     module_ = nullptr;
     hash_fn_ = nullptr;
     return false;
+  };
+  auto failed = [&](const char* what, CUresult r) {
+    return unusable(std::string(what) + ": " + drv_->error_name(r));
   };
   CUresult r = drv_->module_load_data(&module_, kHashKernelPtx);
   if (r != kCudaSuccess) {
@@ -144,9 +146,10 @@ bool CudaEngine::load_hash_kernel(std::string* why) {
     if (r == kCudaSuccess) r = drv_->stream_synchronize(s.s);
     if (r != kCudaSuccess) break;
   }
-  if (r == kCudaSuccess)
-    r = launch_hash(dev, probe.size(), results_dev_ + sizeof(uint64_t) * opts_.max_inflight,
-                    streams_[0].s);
+  dpukv_xxh3::HashJobs check{};
+  check.n = 1;
+  check.job[0] = {dev, probe.size(), results_dev_ + sizeof(uint64_t) * opts_.max_inflight};
+  if (r == kCudaSuccess) r = launch_hash(&check, streams_[0].s);
   if (r == kCudaSuccess) r = drv_->stream_synchronize(streams_[0].s);
   (void)drv_->mem_free(dev);
   if (r != kCudaSuccess) return failed("the checksum kernel's check did not run", r);
@@ -156,11 +159,7 @@ bool CudaEngine::load_hash_kernel(std::string* why) {
     std::snprintf(msg, sizeof(msg),
                   "the checksum kernel gave %016llx for bytes whose xxh3 is %016llx",
                   static_cast<unsigned long long>(got), static_cast<unsigned long long>(want));
-    *why = msg;
-    (void)drv_->module_unload(module_);
-    module_ = nullptr;
-    hash_fn_ = nullptr;
-    return false;
+    return unusable(msg);
   }
   return true;
 }
@@ -405,9 +404,7 @@ void CudaEngine::issue_group(Stream& s, Copy* const* g, size_t n) {
           g[k]->dev, g[k]->bytes,
           results_dev_ + sizeof(uint64_t) * static_cast<uint64_t>(g[k] - copies_.data())};
   if (jobs.n != 0) {
-    void* params[] = {&jobs};
-    const CUresult k = drv_->launch_kernel(hash_fn_, jobs.n, 1, 1, kHashKernelThreads, 1, 1, 0, s.s,
-                                           params, nullptr);
+    const CUresult k = launch_hash(&jobs, s.s);
     if (k != kCudaSuccess)  // fails the copies it was to hash, not the group's others
       for (size_t x = 0; x < n; ++x)
         if (g[x]->gpu_hash) g[x]->status = Driver::to_status(k);

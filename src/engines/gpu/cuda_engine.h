@@ -27,7 +27,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +35,10 @@
 #include "runtime/context.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/engine_workers.h"
+
+namespace dpukv_xxh3 {
+struct HashJobs;  // verify_kernel_abi.h
+}  // namespace dpukv_xxh3
 
 namespace dpukv {
 
@@ -165,8 +168,7 @@ class CudaEngine final : public Context, public DeviceCopier {
   // Loads the checksum kernel and checks it against the host's xxh3 (and makes
   // every stream's first copy): false with *why when it cannot be used.
   bool load_hash_kernel(std::string* why);
-  cuda::CUresult launch_hash(cuda::CUdeviceptr p, uint64_t len, cuda::CUdeviceptr out,
-                             cuda::CUstream s);
+  cuda::CUresult launch_hash(dpukv_xxh3::HashJobs* jobs, cuda::CUstream s);
 
   CudaEngineOptions opts_;
   std::unique_ptr<cuda::Driver> drv_;
