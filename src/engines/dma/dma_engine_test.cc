@@ -375,8 +375,12 @@ TEST_F(DmaTest, QueueFullGivesAgainAndTasksCanBeResubmitted) {
       tasks.push_back(t);
     }
   }
+  // The ring's two slots plus what the worker has taken but not yet handed back: no
+  // fixed bound below 16 holds on a busy machine. What must hold is that every task
+  // accepted stays in flight until progress reaps it, and that a refused one is not.
   EXPECT_GT(again, 0);
-  EXPECT_LE(eng_->inflight(), 3u);
+  EXPECT_EQ(eng_->inflight(), tasks.size());
+  EXPECT_EQ(tasks.size() + static_cast<size_t>(again), 16u);
   wait_for(tasks.size());
   for (auto& [t, st] : comp_.done) EXPECT_TRUE(st.ok());
   // Resubmit a completed task with fresh buffers.
