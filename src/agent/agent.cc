@@ -44,11 +44,11 @@ struct Agent::Batch {
   uint32_t remaining = 0;
   uint64_t start_ns = 0;
   std::vector<uint8_t> status;  // one Code per entry
-  // Entries [next, count) are not yet submitted. While the cache has no request
-  // free the batch waits in stalled_, its unsubmitted entries copied here (the
-  // message they came in is gone by then): entry i is waiting[i - first].
-  uint32_t next = 0, first = 0;
-  std::vector<IoEntry> waiting;
+  // The request's entries, copied once out of the message (which is gone by the
+  // time a batch that waited for cache requests goes on). [next, count) are not yet
+  // submitted.
+  std::vector<IoEntry> entries;
+  uint32_t next = 0;
   struct Slot {
     Batch* batch;
     uint32_t index;
@@ -118,6 +118,7 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
     Batch* b = a->batches_.back().get();
     b->agent = a.get();
     b->status.resize(max_entries);
+    b->entries.reserve(max_entries);
     b->slots.resize(max_entries);
     for (uint32_t k = 0; k < max_entries; ++k) b->slots[k] = {b, k};
     a->free_batches_.push_back(b);
@@ -255,20 +256,29 @@ void Agent::on_recv(ComchConnection* c, const uint8_t* d, uint32_t n, UserData u
   static_cast<Agent*>(ud.ptr)->handle(static_cast<Session*>(c->user_data().ptr), d, n);
 }
 
+// The answer is written straight into the send task's buffer: one copy of the body.
+// A body over the connection's message bound is not cut short (a client would read
+// a count its bytes do not hold): it is refused as TOO_BIG, said and counted.
 void Agent::reply(Session* s, const AgentHeader& req, Status st, const void* body, uint32_t len) {
   if (s->gone) return;
-  uint8_t buf[65536];
   AgentHeader h = req;
   h.op = static_cast<uint16_t>(req.op | agent::kResponse);
   h.status = static_cast<uint8_t>(st.code());
   h.count = len;
-  std::memcpy(buf, &h, sizeof(h));
-  if (len > sizeof(buf) - sizeof(h)) len = sizeof(buf) - sizeof(h);
-  if (len) std::memcpy(buf + sizeof(h), body, len);
-  ComchSendTask* t;
-  Status ss = server_->send_alloc_init(s->conn, buf, static_cast<uint32_t>(sizeof(h) + len),
-                                       UserData{}, &t);
+  ComchSendTask* t = nullptr;
+  uint8_t* out = nullptr;
+  Status ss = server_->send_alloc_payload(s->conn, static_cast<uint32_t>(sizeof(h)) + len,
+                                          UserData{}, &t, &out);
+  if (ss == Code::kTooBig && len > 0) {
+    ++counters_.oversized_replies;
+    LOG_ERR("agent: answer to op %u is %u bytes, over the message bound of %u: sent TOO_BIG",
+            req.op, len, s->conn->max_msg());
+    reply(s, req, Code::kTooBig, nullptr, 0);
+    return;
+  }
   if (ss.ok()) {
+    std::memcpy(out, &h, sizeof(h));
+    if (len) std::memcpy(out + sizeof(h), body, len);
     ss = server_->submit(t);
     if (!ss.ok()) (void)server_->free(t);
   }
@@ -301,37 +311,29 @@ void Agent::resume_stalled() {
   while (!stalled_.empty() && cache_->requests_free() > 0) {
     Batch* b = stalled_.front();
     stalled_.pop_front();
-    submit_entries(b, nullptr);
+    submit_entries(b, /*fresh=*/false);
   }
   resuming_ = false;
 }
 
-// Submits a store or retrieve batch's entries from b->next on; body holds them
-// from entry 0 when the batch is new (null: they wait in b->waiting). A burst
-// beyond the cache's request pool (a 32k-token prefix is 4,096 chunks) waits for
-// requests to finish rather than failing entries with AGAIN: backpressure, as a
-// DOCA task pool gives it.
-void Agent::submit_entries(Batch* b, const uint8_t* body) {
+// Submits a store or retrieve batch's entries from b->next on (fresh: the batch
+// just arrived). A burst beyond the cache's request pool (a 32k-token prefix is
+// 4,096 chunks) waits for requests to finish rather than failing entries with
+// AGAIN: backpressure, as a DOCA task pool gives it.
+void Agent::submit_entries(Batch* b, bool fresh) {
   Session* s = b->session;
   const Op op = static_cast<Op>(b->hdr.op);
   for (; b->next < b->hdr.count; ++b->next) {
     const uint32_t i = b->next;
-    IoEntry e;
-    if (body != nullptr)
-      std::memcpy(&e, body + i * sizeof(e), sizeof(e));
-    else
-      e = b->waiting[i - b->first];
+    const IoEntry& e = b->entries[i];
     if (s->gone) {  // its GPU memory is closed and nobody reads the answer
       b->status[i] = static_cast<uint8_t>(Code::kConnectionReset);
       --b->remaining;
       continue;
     }
     // A new batch also waits behind batches already waiting: first come, first served.
-    if (cache_->requests_free() == 0 || (body != nullptr && !stalled_.empty())) {
-      if (body != nullptr) {
-        b->waiting.resize(b->hdr.count - i);
-        std::memcpy(b->waiting.data(), body + i * sizeof(e), (b->hdr.count - i) * sizeof(e));
-        b->first = i;
+    if (cache_->requests_free() == 0 || (fresh && !stalled_.empty())) {
+      if (fresh) {
         ++counters_.stalled_batches;
         stalled_.push_back(b);
       } else {
@@ -507,8 +509,10 @@ void Agent::on_io(Session* s, const AgentHeader& h, const uint8_t* body, uint32_
   b->remaining = h.count + 1;  // +1 until every entry is submitted
   b->next = 0;
   b->start_ns = monotonic_ns();
+  b->entries.resize(h.count);  // within the capacity reserved at start: no allocation
+  std::memcpy(b->entries.data(), body, h.count * sizeof(IoEntry));
   ++s->pending;
-  submit_entries(b, body);
+  submit_entries(b, /*fresh=*/true);
 }
 
 void Agent::on_lookup(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t) {

@@ -108,7 +108,7 @@ class Agent {
   void on_stats(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   void reply(Session* s, const agent::AgentHeader& req, Status st, const void* body, uint32_t len);
   void finish_batch(Batch* b);
-  void submit_entries(Batch* b, const uint8_t* body);
+  void submit_entries(Batch* b, bool fresh);
   Status submit_entry(Session* s, agent::Op op, const agent::IoEntry& e, void* slot);
   void resume_stalled();
   void release_session(Session* s);

@@ -28,7 +28,8 @@ struct AgentCounters {
   uint64_t lookups = 0, lookup_keys = 0, lookup_hits = 0;
   uint64_t lookup_remote_hits = 0;  // leading keys a lookup found on other agents
   uint64_t sessions_opened = 0, sessions_closed = 0;
-  uint64_t stalled_batches = 0;  // batches that waited for cache requests
+  uint64_t stalled_batches = 0;    // batches that waited for cache requests
+  uint64_t oversized_replies = 0;  // answers over the message bound, refused as TOO_BIG
 };
 
 // Request latencies in Prometheus buckets (upper bounds in seconds, then +Inf).

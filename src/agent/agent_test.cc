@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/agent.h"
 #include "agent/agent_settings.h"
 #include "client/client.h"
 #include "protocol/agent_wire.h"
@@ -591,6 +592,45 @@ TEST_F(AgentTest, BatchesBeyondTheRequestPoolWaitInsteadOfFailing) {
   std::string stats;
   ASSERT_TRUE(c->stats_json(&stats).ok());
   EXPECT_EQ(stats.find("\"stalled_batches\":0"), std::string::npos) << stats;
+}
+
+// Issue 37.4: an answer over the message bound was cut to fit a 64 KiB buffer on
+// the stack while its header kept the whole length. Now it is refused as TOO_BIG,
+// said and counted, and the session goes on. The agent runs in this process here,
+// with a 1 KiB bound its own JSON statistics exceed.
+TEST_F(AgentTest, AnAnswerOverTheMessageBoundIsRefusedNotCut) {
+  AgentSettings st = default_agent_settings();
+  st.at("socket").value = socket_;
+  st.at("memory_bytes").value = "64M";
+  st.at("metrics_port").value = "0";
+  std::ostringstream why;
+  AgentOptions o;
+  ASSERT_TRUE(agent_options_from_settings(&st, &o, why)) << why.str();
+  o.max_msg = 1024;
+  std::unique_ptr<Agent> agent;
+  ASSERT_TRUE(Agent::create(o, &agent).ok());
+  ASSERT_GT(agent->stats_json().size(), o.max_msg);  // else this test proves nothing
+  std::atomic<bool> stop{false};
+  std::thread serve([&] { EXPECT_TRUE(agent->run(&stop).ok()); });
+  {
+    auto c = client();
+    ASSERT_NE(c, nullptr);
+    std::string json;
+    EXPECT_EQ(c->stats_json(&json), Code::kTooBig);
+    // The session is intact: a store and a lookup after it are served.
+    Staging s;
+    ASSERT_TRUE(c->alloc_staging(1 << 20, &s).ok());
+    std::memset(s.data, 0x5a, 4096);
+    const ChunkKey k = key_from_block_id({model_id("oversized"), 1, 0, 0}, 1);
+    const uint64_t off = 0, len = 4096;
+    Status r;
+    ASSERT_TRUE(c->store(s, &k, &off, &len, 1, &r).ok());
+    EXPECT_TRUE(r.ok());
+    EXPECT_EQ(c->lookup(&k, 1, false), 1u);
+  }
+  stop = true;
+  serve.join();
+  EXPECT_NE(agent->stats_json().find("\"oversized_replies\":1"), std::string::npos);
 }
 
 // An inference process may not touch the cache for a while: its session must

@@ -97,14 +97,22 @@ Status ComchBase::set_send_conf(uint32_t num_tasks) {
 
 Status ComchBase::send_alloc_init(ComchConnection* c, const void* data, uint32_t len, UserData ud,
                                   ComchSendTask** out) {
-  if (c == nullptr || out == nullptr || (data == nullptr && len != 0)) return Code::kInvalidValue;
+  if (data == nullptr && len != 0) return Code::kInvalidValue;
+  uint8_t* payload = nullptr;
+  DPUKV_RETURN_IF_ERROR(send_alloc_payload(c, len, ud, out, &payload));
+  if (len) std::memcpy(payload, data, len);
+  return Code::kSuccess;
+}
+
+Status ComchBase::send_alloc_payload(ComchConnection* c, uint32_t len, UserData ud,
+                                     ComchSendTask** out, uint8_t** payload) {
+  if (c == nullptr || out == nullptr || payload == nullptr) return Code::kInvalidValue;
   if (!c->open()) return Code::kBadState;
   if (len > c->max_msg_) return Code::kTooBig;
   ComchSendTask* t = pool_.alloc();
   if (t == nullptr) return Code::kNoMemory;
   MsgHeader h{comch::kMagic, comch::kVersion, static_cast<uint16_t>(MsgType::kData), len, 0};
   std::memcpy(t->buf_.get(), &h, sizeof(h));
-  if (len) std::memcpy(t->buf_.get() + sizeof(h), data, len);
   t->len_ = static_cast<uint32_t>(sizeof(h)) + len;
   t->fd_ = -1;
   t->conn_ = c;
@@ -113,6 +121,7 @@ Status ComchBase::send_alloc_init(ComchConnection* c, const void* data, uint32_t
   t->state_ = ComchSendTask::State::kAllocated;
   ++c->task_refs_;
   *out = t;
+  *payload = t->buf_.get() + sizeof(h);
   return Code::kSuccess;
 }
 

@@ -184,6 +184,10 @@ class ComchBase : public Context {
   // max message size; NO_MEMORY if the pool is empty; BAD_STATE if not open.
   Status send_alloc_init(ComchConnection* c, const void* data, uint32_t len, UserData ud,
                          ComchSendTask** out);
+  // The same, but the caller writes the len bytes at *payload before submitting: a
+  // message assembled in place instead of in a buffer of its own and copied.
+  Status send_alloc_payload(ComchConnection* c, uint32_t len, UserData ud, ComchSendTask** out,
+                            uint8_t** payload);
   // Exports map to the peer (its fd travels with the message). The map must stay
   // started until the task completes.
   Status export_alloc_init(ComchConnection* c, const Mmap& map, uint64_t cookie, UserData ud,
