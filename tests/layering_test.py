@@ -46,6 +46,16 @@ LIB_FOLDER = {"dpukv_crc32c": "runtime", "dpukv_client_shared": "client", "dpukv
 # Include roots that are not src/ folders: the folder whose library exports them.
 EXPORTED = {"dpukv": "client"}
 
+# Parts: inside a folder, its files in layers, lowest first. A listed file may
+# include only listed files of its own layer or below (a .cc its own header), so
+# an arrow back up (placement calling the request pipeline) fails here.
+PARTS = {
+    "cache": ["cache_options", "chunk_index", "chunk_table", "eviction_policy", "placement",
+              "request_pipeline", "cache_engine"],
+    "cluster": ["cluster_options", "peer_wire", "lent_pins", "remote_tier", "peer_links",
+                "chunk_reader", "chunk_holder", "cluster_node"],
+}
+
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_/]+)/[^/"]+"')
 
 
@@ -103,6 +113,32 @@ def link_graph(cmakelists):
     return closure
 
 
+def part_includes(src):
+    """(folder, file stem, included stem) for includes between listed parts."""
+    out = []
+    for folder, order in PARTS.items():
+        top = os.path.join(src, folder)
+        for f in sorted(os.listdir(top)):
+            stem, ext = os.path.splitext(f)
+            if ext not in (".h", ".cc") or stem.endswith("_test") or stem not in order:
+                continue
+            with open(os.path.join(top, f), encoding="utf-8") as fh:
+                for line in fh:
+                    m = re.match(r'^\s*#\s*include\s+"' + re.escape(folder) + r'/([a-z_]+)\.h"', line)
+                    if m and m.group(1) in order:
+                        out.append((folder, stem, m.group(1)))
+    return out
+
+
+def part_problems(edges):
+    out = []
+    for folder, stem, inc in edges:
+        order = PARTS[folder]
+        if order.index(inc) > order.index(stem):
+            out.append(f"src/{folder}/{stem} includes {inc}.h, a part above it in PARTS")
+    return out
+
+
 def problems(deps, linked):
     out = []
     for folder in sorted(deps):
@@ -141,9 +177,13 @@ def main():
                 {"cluster/directory": {"cluster/ucx"}},
                 {"engines": {"runtime"}, "runtime": {"engines"}}):
         assert problems(bad, linked), f"layering check misses {bad}"
+    assert part_problems([("cache", "placement", "request_pipeline")]), "parts check misses"
+    assert not part_problems([("cache", "request_pipeline", "placement")])
     for folder in sorted(deps):
         print(f"{folder:10s} -> {', '.join(sorted(deps[folder])) or '-'}")
-    found = problems(deps, linked)
+    found = problems(deps, linked) + part_problems(part_includes(src))
+    for folder, order in PARTS.items():
+        print(f"{folder} parts: {' < '.join(order)}")
     for p in found:
         print("layering: " + p, file=sys.stderr)
     if found:

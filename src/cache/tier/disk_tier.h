@@ -55,6 +55,7 @@ class DiskTier {
   DiskTier& operator=(const DiskTier&) = delete;
 
   SlabAllocator& allocator() { return alloc_; }
+  const SlabAllocator& allocator() const { return alloc_; }
   int event_fd() const { return store_->event_fd(); }
 
   // Asynchronous I/O of len bytes between buf and the store at offset. AGAIN if

@@ -1,0 +1,496 @@
+#include "cache/placement.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "engines/compress/kv_codec.h"
+#include "runtime/chunk_checksum.h"
+#include "runtime/clock.h"
+#include "runtime/log.h"
+
+namespace dpukv {
+
+uint64_t Placement::slot_bytes(const CacheOptions& o) {
+  if (!o.compress) return o.max_chunk_bytes;
+  return std::max<uint64_t>(
+      o.max_chunk_bytes,
+      kv_encode_bound(KvCodecParams{KvCodec::kLossless, KvDtype::kBf16, {1, 1, 0}, 0},
+                      o.max_chunk_bytes));
+}
+
+Placement::Placement(const CacheOptions& o, CacheStats* st) : opts_(o), st_(st) {
+  for (uint32_t i = 0; i < kMaxSpills; ++i) free_spills_[i] = kMaxSpills - 1 - i;
+}
+
+Placement::~Placement() {
+  if (arena_map_) (void)arena_map_->stop();
+}
+
+Status Placement::init() {
+  MemRegionOptions mo;
+  mo.name = "dpukv-memory-tier";
+  DPUKV_RETURN_IF_ERROR(MemRegion::create(opts_.memory_bytes, mo, &arena_));
+  DPUKV_RETURN_IF_ERROR(Mmap::create(arena_->data(), arena_->size(),
+                                     kAccessLocalReadWrite | kAccessExportReadWrite, arena_->fd(),
+                                     0, &arena_map_));
+  DPUKV_RETURN_IF_ERROR(arena_map_->start());
+  // With compression a chunk first takes a slot of the codec's worst case, which is a
+  // little above its raw size: pages must hold that.
+  page_bytes_ = slot_bytes(opts_);
+  DPUKV_RETURN_IF_ERROR(mem_alloc_.init(arena_->size(), page_bytes_));
+  table_.init(opts_.max_chunks);
+  policy_ = find_eviction_policy(opts_.policy)
+                ->make({table_.capacity(), mem_alloc_.capacity(), page_bytes_});
+  st_->memory_capacity = mem_alloc_.capacity();
+  if (opts_.disk_dir.empty()) return Code::kSuccess;
+
+  DiskTierOptions dopts;
+  dopts.dir = opts_.disk_dir;
+  dopts.capacity = opts_.disk_bytes;
+  dopts.nvme_address = opts_.nvme_address;
+  dopts.nvme_nqn = opts_.nvme_nqn;
+  dopts.page_size = page_bytes_;
+  std::vector<DiskTier::Recovered> rec;
+  DPUKV_RETURN_IF_ERROR(DiskTier::open(dopts, {{arena_->data(), arena_->size()}}, &rec, &disk_));
+  for (const auto& r : rec) {
+    int32_t e = table_.insert(r.key);
+    if (e < 0) break;
+    ChunkEntry& en = table_.at(e);
+    en.size = r.raw_len;
+    en.stored = r.len;
+    en.encoded = r.encoded;
+    en.checksum = r.checksum;
+    en.disk_off = r.offset;
+    en.disk = ChunkEntry::Disk::kReady;
+    table_.disk_push_front(e);  // log order: later records are more recent
+  }
+  st_->recovered = rec.size();
+  st_->disk_capacity = disk_->allocator().capacity();
+  return Code::kSuccess;
+}
+
+void Placement::arena(void** base, uint64_t* len) const {
+  *base = arena_->data();
+  *len = arena_->size();
+}
+
+// ---------------------------------------------------------------- chunks leaving and coming
+
+void Placement::touch(int32_t e) {
+  ChunkEntry& en = table_.at(e);
+  if (!en.mem_ready()) {
+    if (en.on_disk() && !en.has_memory()) {  // used again while only on disk
+      table_.disk_unlink(e);
+      table_.disk_push_front(e);
+    }
+    return;
+  }
+  policy_->access(e);
+}
+
+int32_t Placement::pick_victim() {
+  return policy_->victim(
+      [](const void* self, int32_t v) { return static_cast<const Placement*>(self)->evictable(v); },
+      this);
+}
+
+// With a disk tier the least valuable chunk of the whole cache is the disk queue's
+// last disk-only chunk; memory's victim only when the disk holds none.
+int32_t Placement::pick_index_victim() {
+  const uint64_t now = monotonic_ns();
+  for (int32_t v = table_.disk_coldest(); v >= 0; v = table_.disk_warmer(v)) {
+    const ChunkEntry& en = table_.at(v);
+    if (en.memory == ChunkEntry::Memory::kNone && !en.pinned(now)) return v;
+  }
+  return pick_victim();
+}
+
+// A full index is a capacity like any other: evict (from every tier) to make room.
+int32_t Placement::insert_entry(const ChunkKey& key, uint64_t hash) {
+  int32_t e = table_.insert(key, hash);
+  while (e < 0) {
+    const int32_t v = disk_ ? pick_index_victim() : pick_victim();
+    if (v < 0) return -1;
+    ++st_->evictions;
+    drop_entry(v);
+    e = table_.insert(key, hash);
+  }
+  return e;
+}
+
+bool Placement::evictable(int32_t e) const {
+  const ChunkEntry& en = table_.at(e);
+  return en.has_memory() && en.mem_ready() && !en.pinned(monotonic_ns()) && en.readers == 0 &&
+         !en.writing() && !en.filling();
+}
+
+void Placement::drop_memory(int32_t e) {
+  ChunkEntry& en = table_.at(e);
+  if (en.has_memory()) {
+    if (en.on_disk() && en.mem_ready()) mem_clean_bytes_ -= en.stored;
+    mem_alloc_.free(en.mem_off);
+    policy_->remove(e);
+    en.memory = ChunkEntry::Memory::kNone;
+  }
+  if (!en.on_disk()) {
+    table_.erase(e);
+    return;
+  }
+  // Now only on disk, and more recent than every other disk-only chunk.
+  table_.disk_unlink(e);
+  table_.disk_push_front(e);
+}
+
+void Placement::drop_entry(int32_t e) {
+  ChunkEntry& en = table_.at(e);
+  drop_disk_copy(e);
+  if (en.has_memory()) {
+    drop_memory(e);
+  } else {
+    table_.erase(e);
+  }
+}
+
+void Placement::drop_disk_copy(int32_t e) {
+  ChunkEntry& en = table_.at(e);
+  if (!en.on_disk()) return;
+  if (en.has_memory() && en.mem_ready()) mem_clean_bytes_ -= en.stored;
+  table_.disk_unlink(e);
+  disk_->allocator().free(en.disk_off);
+  (void)disk_->log_del(en.key);  // a lost tombstone only costs a checksum miss after restart
+  en.disk = ChunkEntry::Disk::kNone;
+}
+
+// Frees memory for `size` bytes. A victim without a disk copy is written back
+// first (its memory goes when the write lands); while writes already under way
+// will free enough, or kMaxSpills are in flight, no more start: false, and the
+// caller waits for a completion. A victim the disk cannot take (tier full of
+// pinned chunks, writes stopped after errors) is evicted outright, as it would be
+// without a disk tier.
+bool Placement::make_room(uint64_t size, uint64_t queued, uint64_t* off) {
+  for (;;) {
+    if (mem_alloc_.alloc(size, off)) return true;
+    // Room already coming covers the requests queued before this one first: each
+    // waiter has its own write-back under way, so N waiters keep N writes in flight.
+    if (evict_pending_bytes_ >= queued + size) return false;
+    const int32_t v = pick_victim();
+    if (v < 0) return false;
+    ChunkEntry& en = table_.at(v);
+    if (disk_ && !en.on_disk() && en.hits >= opts_.disk_admit_hits) {
+      if (spills_in_flight_ >= kMaxSpills) return false;
+      const SpillStart r = start_spill(v);
+      if (r == SpillStart::kStarted) {
+        en.evict_after_write = true;
+        evict_pending_bytes_ += en.stored;
+        continue;
+      }
+      if (r == SpillStart::kBusy) return false;
+    }
+    ++st_->evictions;
+    drop_memory(v);
+  }
+}
+
+void Placement::store_landed(int32_t e, uint64_t checksum) {
+  ChunkEntry& en = table_.at(e);
+  en.checksum = checksum;
+  en.memory = ChunkEntry::Memory::kReady;
+  policy_->insert(e, en.key_hash, en.stored);
+  table_.announce(e);
+}
+
+void Placement::reload_landed(int32_t e) {
+  ChunkEntry& en = table_.at(e);
+  en.memory = ChunkEntry::Memory::kReady;
+  policy_->insert(e, en.key_hash, en.stored);
+  // The disk copy is now redundant: first to go when the disk tier needs room.
+  mem_clean_bytes_ += en.stored;
+  table_.disk_unlink(e);
+  table_.disk_push_back(e);
+}
+
+void Placement::fill_failed(int32_t e) {
+  ChunkEntry& en = table_.at(e);
+  mem_alloc_.free(en.mem_off);
+  en.memory = ChunkEntry::Memory::kNone;
+}
+
+// ---------------------------------------------------------------- write-back
+
+bool Placement::spilling_allowed() const {
+  return spill_off_until_ns_ == 0 || monotonic_ns() >= spill_off_until_ns_;
+}
+
+// Frees disk space for `size` bytes by dropping copies from the back of the disk
+// queue: a copy whose chunk is also in memory loses only that copy; a disk-only
+// chunk leaves the cache. Chunks being read from disk, and pinned disk-only chunks,
+// stay. False if nothing more can go.
+bool Placement::make_disk_room(uint64_t size, uint64_t* off) {
+  const uint64_t now = monotonic_ns();
+  int32_t v = table_.disk_coldest();
+  while (!disk_->allocator().alloc(size, off)) {
+    while (v >= 0) {
+      const ChunkEntry& en = table_.at(v);
+      if (!en.filling() && !(en.pinned(now) && !en.mem_ready())) break;
+      v = table_.disk_warmer(v);
+    }
+    if (v < 0) return false;
+    const int32_t victim = v;
+    v = table_.disk_warmer(v);
+    if (table_.at(victim).mem_ready()) {
+      drop_disk_copy(victim);
+    } else {
+      ++st_->disk_evictions;
+      drop_entry(victim);
+    }
+  }
+  return true;
+}
+
+Placement::SpillStart Placement::start_spill(int32_t e) {
+  ChunkEntry& en = table_.at(e);
+  if (!disk_ || en.on_disk() || en.writing() || !en.mem_ready() || !spilling_allowed())
+    return SpillStart::kRefused;
+  if (spills_in_flight_ == kMaxSpills) return SpillStart::kBusy;
+  uint64_t off;
+  if (!make_disk_room(en.stored, &off)) return SpillStart::kRefused;  // only pinned or busy
+  const uint32_t slot = free_spills_[kMaxSpills - 1 - spills_in_flight_];
+  Status st = disk_->write(off, arena_at(en.mem_off), en.stored, kSpillTag | slot);
+  if (!st.ok()) {
+    disk_->allocator().free(off);
+    if (st == Code::kAgain) return SpillStart::kBusy;
+    disk_failed("write could not be submitted", EIO);
+    return SpillStart::kRefused;
+  }
+  ++spills_in_flight_;
+  spills_[slot] = {e, off};
+  en.disk = ChunkEntry::Disk::kWriting;
+  ++en.readers;
+  spill_bytes_ += en.stored;
+  return SpillStart::kStarted;
+}
+
+// Write-back is paced by a watermark: clean memory (chunks with a disk copy, which
+// eviction drops at once) plus free memory is kept at about an eighth of the tier
+// (at most 8 of the largest chunks), with at most kMaxSpills writes in flight. So
+// a store rarely waits for a write, the memory tier stays full of hot chunks, and
+// few chunks hold a slot in both tiers. Below the watermark nothing is written
+// ahead of need.
+void Placement::clean_ahead() {
+  if (!disk_ || !spilling_allowed()) return;
+  const uint64_t cap = mem_alloc_.capacity();
+  const uint64_t target = std::min<uint64_t>(cap / 8, 8 * page_bytes_);
+  uint64_t reserve = cap - mem_alloc_.used_bytes() + mem_clean_bytes_ + spill_bytes_;
+  for (int32_t v = policy_->coldest(); v >= 0 && reserve < target && spills_in_flight_ < kMaxSpills;
+       v = policy_->warmer(v)) {
+    ChunkEntry& en = table_.at(v);
+    if (en.on_disk() || en.writing() || !en.mem_ready() || en.hits < opts_.disk_admit_hits)
+      continue;
+    if (start_spill(v) != SpillStart::kStarted) break;
+    reserve += en.stored;
+  }
+}
+
+// A write-back landed (or failed): log it and keep the disk copy, or keep the
+// chunk in memory only; drop its memory if a store was waiting for it.
+void Placement::spill_done(uint64_t tag, Status st, int err) {
+  const uint32_t slot = static_cast<uint32_t>(tag & ~kSpillTag);
+  const Spill s = spills_[slot];
+  free_spills_[kMaxSpills - spills_in_flight_] = slot;
+  --spills_in_flight_;
+  const int32_t e = s.entry;
+  ChunkEntry& en = table_.at(e);
+  en.disk = ChunkEntry::Disk::kNone;  // Ready below once the write is logged
+  --en.readers;
+  spill_bytes_ -= en.stored;
+  const bool wrote = st.ok();
+  if (!wrote) disk_failed("write failed", err ? err : EIO);
+  if (wrote && disk_->log_put(en.key, s.disk_off, en.stored, en.checksum, en.size, en.encoded)) {
+    en.disk = ChunkEntry::Disk::kReady;
+    en.disk_off = s.disk_off;
+    mem_clean_bytes_ += en.stored;
+    table_.disk_push_front(e);
+    ++st_->spills;
+  } else {
+    if (wrote) disk_failed("index log cannot grow", disk_->last_log_errno());
+    disk_->allocator().free(s.disk_off);
+  }
+  if (en.evict_after_write) {
+    en.evict_after_write = false;
+    evict_pending_bytes_ -= en.stored;
+    // Without a disk copy (the write failed) the chunk stays: memory is not
+    // drained by a disk that cannot take data.
+    if (en.on_disk() && evictable(e)) {
+      ++st_->evictions;
+      drop_memory(e);
+    }
+  }
+  room_freed();
+}
+
+// A failed spill keeps the chunk in memory and stops writing back for a while, so
+// that a disk that cannot take data (full, log cannot grow, device errors) leaves
+// the memory tier exactly as full as it would be without a disk tier. Logged at
+// most once a second, with the cause and how many were not logged.
+void Placement::disk_failed(const char* what, int err) {
+  ++st_->io_errors;
+  spill_off_until_ns_ = monotonic_ns() + kSpillBackoffNs;
+  const uint64_t now = monotonic_ns();
+  if (now - last_disk_log_ns_ >= 1000000000ull || last_disk_log_ns_ == 0) {
+    LOG_ERR(
+        "cache: disk tier %s: %s (%llu more since the last message); writing back stops "
+        "for 1 s, chunks stay in memory",
+        what, std::strerror(err), static_cast<unsigned long long>(disk_errors_unlogged_));
+    last_disk_log_ns_ = now;
+    disk_errors_unlogged_ = 0;
+  } else {
+    ++disk_errors_unlogged_;
+  }
+}
+
+// ---------------------------------------------------------------- queries
+
+uint32_t Placement::lookup(const ChunkKey* keys, uint32_t n, bool pin) {
+  uint32_t i = 0;
+  const uint64_t now = monotonic_ns();
+  const uint64_t deadline = now + static_cast<uint64_t>(opts_.pin_timeout_ms) * 1000000ull;
+  for (; i < n; ++i) {
+    const int32_t e = table_.find(keys[i]);
+    if (e < 0) break;
+    ChunkEntry& en = table_.at(e);
+    if (!en.mem_ready() && !en.on_disk()) break;
+    if (pin) {
+      if (!en.pinned(now)) en.pins = 0;
+      ++en.pins;
+      en.pin_deadline = deadline;
+    }
+  }
+  return i;
+}
+
+void Placement::unpin(const ChunkKey* keys, uint32_t n) {
+  for (uint32_t i = 0; i < n; ++i) {
+    const int32_t e = table_.find(keys[i]);
+    if (e >= 0 && table_.at(e).pins > 0) --table_.at(e).pins;
+  }
+}
+
+bool Placement::contains(const ChunkKey& key) const {
+  const int32_t e = table_.find(key);
+  return e >= 0 && (table_.at(e).mem_ready() || table_.at(e).on_disk());
+}
+
+uint64_t Placement::chunk_size(const ChunkKey& key) const {
+  const int32_t e = table_.find(key);
+  return e >= 0 ? table_.at(e).size : 0;
+}
+
+Status Placement::remove(const ChunkKey& key) {
+  const int32_t e = table_.find(key);
+  if (e < 0) return Code::kNotFound;
+  const ChunkEntry& en = table_.at(e);
+  if (en.busy(monotonic_ns())) return Code::kBadState;
+  drop_entry(e);
+  return Code::kSuccess;
+}
+
+uint64_t Placement::clear(uint64_t model) {
+  uint64_t removed = 0;
+  const uint64_t now = monotonic_ns();
+  for (int32_t e = 0; e < static_cast<int32_t>(table_.capacity()); ++e) {
+    const ChunkEntry& en = table_.at(e);
+    if (!en.used || (model != 0 && en.key.model != model)) continue;
+    if (en.busy(now)) continue;
+    drop_entry(e);
+    ++removed;
+  }
+  return removed;
+}
+
+uint64_t Placement::index_bytes_per_chunk() const {
+  return table_.bytes_per_chunk() + policy_->bytes_per_chunk();
+}
+
+// ---------------------------------------------------------------- sharing
+//
+// The cache's side of sharing chunks between agents: showing a chunk in place
+// (locate) and taking in a chunk another party wrote into the arena (ingest). How
+// bytes travel between agents (UCX, a PD push) lives in src/cluster; the cache
+// never includes it.
+
+Status Placement::locate(const ChunkKey& key, ChunkPlacement* out) {
+  const int32_t e = table_.find(key);
+  if (e < 0) return Code::kNotFound;
+  ChunkEntry& en = table_.at(e);
+  if (!en.mem_ready()) return en.on_disk() ? Status(Code::kAgain) : Status(Code::kNotFound);
+  const uint64_t now = monotonic_ns();
+  if (!en.pinned(now)) en.pins = 0;
+  ++en.pins;
+  en.pin_deadline = now + static_cast<uint64_t>(opts_.pin_timeout_ms) * 1000000ull;
+  ++en.hits;
+  touch(e);
+  out->offset = en.mem_off;
+  out->stored = en.stored;
+  out->size = en.size;
+  out->checksum = en.checksum;
+  out->encoded = en.encoded;
+  ++st_->located;
+  return Code::kSuccess;
+}
+
+Status Placement::begin_ingest(const ChunkKey& key, const ChunkPlacement& p, bool encoded,
+                               uint64_t queued, uint8_t** dst) {
+  if (p.stored == 0 || p.size == 0 || dst == nullptr) return Code::kInvalidValue;
+  if (p.stored > page_bytes_ || p.size > opts_.max_chunk_bytes) return Code::kTooBig;
+  if (p.encoded != encoded) return Code::kNotSupported;  // stored as this cache stores
+  if (!p.encoded && p.stored != p.size) return Code::kInvalidValue;
+  if (table_.find(key) >= 0) return Code::kBadState;
+  int32_t e = insert_entry(key, key.hash());
+  uint64_t off = 0;
+  if (e >= 0 && !make_room(p.stored, queued, &off)) {
+    table_.erase(e);
+    e = -1;
+  }
+  if (e < 0) {
+    ++st_->ingest_rejects;
+    return Code::kNoMemory;
+  }
+  ChunkEntry& en = table_.at(e);
+  en.size = p.size;
+  en.stored = p.stored;
+  en.encoded = p.encoded;
+  en.checksum = p.checksum;
+  en.mem_off = off;
+  en.memory = ChunkEntry::Memory::kIngesting;  // not evictable, not yet present
+  *dst = arena_at(off);
+  return Code::kSuccess;
+}
+
+Status Placement::end_ingest(const ChunkKey& key, bool bytes_ok) {
+  const int32_t e = table_.find(key);
+  if (e < 0 || table_.at(e).memory != ChunkEntry::Memory::kIngesting) return Code::kBadState;
+  ChunkEntry& en = table_.at(e);
+  const bool same = bytes_ok && chunk_checksum(arena_at(en.mem_off), en.stored) == en.checksum;
+  if (!same) {
+    if (bytes_ok) {
+      ++st_->checksum_failures;
+      LOG_WARN("cache: ingested chunk %s (%llu bytes) does not match its checksum; dropped",
+               key_text(en.key).c_str(), static_cast<unsigned long long>(en.stored));
+    }
+    ++st_->ingest_rejects;
+    fill_failed(e);
+    table_.erase(e);
+    room_freed();  // the room it held may be what a waiting store needs
+    return bytes_ok ? Status(Code::kCorrupted) : Status(Code::kIoFailed);
+  }
+  en.memory = ChunkEntry::Memory::kReady;
+  en.replica_unread = true;
+  policy_->insert_cold(e, en.key_hash, en.stored);
+  ++st_->ingests;
+  st_->ingest_bytes += en.size;
+  table_.announce(e);
+  return Code::kSuccess;
+}
+
+}  // namespace dpukv

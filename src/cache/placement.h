@@ -1,0 +1,149 @@
+// Where the cache's chunks are: the chunk table (one entry per chunk and the
+// states of its copies), the memory tier (one exportable arena carved by a slab
+// allocator) with its eviction policy, and the optional disk tier with the
+// write-backs that fill it. Placement decides which chunk leaves a tier, finds
+// room in each, and moves bytes only between its own tiers (write-back); a
+// client's bytes are the request pipeline's to move (request_pipeline.h).
+//
+// Contract:
+// - The memory tier never holds more than its capacity; pinned chunks and chunks
+//   with a copy under way (filling, read, written back) are never evicted.
+// - make_room() either hands out room or says to wait: write-backs it started (or
+//   that are under way) will free memory, and the room listener is told when one
+//   lands, as when a failed ingest gives its room back.
+// - Write-backs are paced (clean_ahead) and at most kMaxSpills are in flight; a
+//   disk that fails stops them for a second and the chunks stay in memory.
+// - Disk completions for write-backs come back through spill_done() (their tags
+//   have kSpillTag set; other tags are the pipeline's reloads).
+//
+// Threading: the owner's progress thread only (CacheEngine's).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "cache/cache_options.h"
+#include "cache/chunk_table.h"
+#include "cache/eviction_policy.h"
+#include "cache/tier/disk_tier.h"
+#include "cache/tier/slab_allocator.h"
+#include "protocol/chunk_key.h"
+#include "runtime/mem_region.h"
+#include "runtime/mmap.h"
+
+namespace dpukv {
+
+class Placement {
+ public:
+  static constexpr uint32_t kMaxSpills = 16;            // write-backs in flight
+  static constexpr uint64_t kSpillTag = 1ull << 63;     // a disk tag that is a write-back's
+  enum class SpillStart { kStarted, kBusy, kRefused };  // kBusy: retry after a completion
+
+  // The memory tier's slot size for these options: max_chunk_bytes, or with
+  // compress the codec's worst case for it (a little more).
+  static uint64_t slot_bytes(const CacheOptions& o);
+  // st: the counters this part adds to (owned by the cache engine, which shows them).
+  Placement(const CacheOptions& o, CacheStats* st);
+  ~Placement();
+  Placement(const Placement&) = delete;
+  Placement& operator=(const Placement&) = delete;
+  // The arena, its allocator and policy, the disk tier and the chunks it recovered.
+  Status init();
+
+  // Told (on the owner's thread) when memory may have been freed for waiters.
+  void set_room_listener(void (*cb)(void* arg), void* arg) {
+    room_cb_ = cb;
+    room_arg_ = arg;
+  }
+
+  ChunkTable& table() { return table_; }
+  const ChunkTable& table() const { return table_; }
+  SlabAllocator& memory() { return mem_alloc_; }
+  const SlabAllocator& memory() const { return mem_alloc_; }
+  DiskTier* disk() { return disk_.get(); }
+  const DiskTier* disk() const { return disk_.get(); }
+  Mmap* arena_map() { return arena_map_.get(); }
+  uint8_t* arena_at(uint64_t off) { return static_cast<uint8_t*>(arena_->data()) + off; }
+  void arena(void** base, uint64_t* len) const;
+  // The allocator's page: the largest slot a chunk may need.
+  uint64_t page_bytes() const { return page_bytes_; }
+
+  // ---- chunks leaving and coming
+  void touch(int32_t e);  // a chunk was used
+  // An entry for a new chunk, evicting from every tier while the index is full;
+  // -1 if nothing can go.
+  int32_t insert_entry(const ChunkKey& key, uint64_t hash);
+  bool evictable(int32_t e) const;
+  void drop_memory(int32_t e);  // its memory copy goes; a disk-only chunk stays
+  void drop_entry(int32_t e);   // the chunk leaves every tier
+  // Memory for size bytes, evicting (or writing back first) as needed. queued:
+  // what requests waiting before this one need of the room already coming. False:
+  // no room now (it may come: wait for the room listener, or give up).
+  bool make_room(uint64_t size, uint64_t queued, uint64_t* off);
+  // A copy into the arena landed: the chunk is present, with this checksum.
+  void store_landed(int32_t e, uint64_t checksum);
+  // A reload from disk landed: the chunk is in memory again.
+  void reload_landed(int32_t e);
+  // A copy into the arena failed or was abandoned: its room goes back.
+  void fill_failed(int32_t e);
+
+  // ---- write-back
+  SpillStart start_spill(int32_t e);
+  void clean_ahead();  // write back cold chunks ahead of need (a watermark)
+  void spill_done(uint64_t tag, Status st, int err);
+  uint32_t spills_in_flight() const { return spills_in_flight_; }
+  void disk_failed(const char* what, int err);
+
+  // ---- queries (CacheEngine's)
+  uint32_t lookup(const ChunkKey* keys, uint32_t n, bool pin);
+  void unpin(const ChunkKey* keys, uint32_t n);
+  bool contains(const ChunkKey& key) const;
+  uint64_t chunk_size(const ChunkKey& key) const;
+  Status remove(const ChunkKey& key);
+  uint64_t clear(uint64_t model);
+  uint64_t index_bytes_per_chunk() const;
+
+  // ---- sharing (CacheEngine's)
+  Status locate(const ChunkKey& key, ChunkPlacement* out);
+  // encoded: how this cache stores chunks; queued: as for make_room.
+  Status begin_ingest(const ChunkKey& key, const ChunkPlacement& p, bool encoded, uint64_t queued,
+                      uint8_t** dst);
+  Status end_ingest(const ChunkKey& key, bool bytes_ok);
+
+ private:
+  struct Spill {
+    int32_t entry = -1;
+    uint64_t disk_off = 0;
+  };
+  int32_t pick_victim();
+  int32_t pick_index_victim();
+  bool make_disk_room(uint64_t size, uint64_t* off);
+  void drop_disk_copy(int32_t e);
+  bool spilling_allowed() const;
+  void room_freed() {
+    if (room_cb_ != nullptr) room_cb_(room_arg_);
+  }
+
+  static constexpr uint64_t kSpillBackoffNs = 1000000000ull;
+  CacheOptions opts_;
+  CacheStats* st_;
+  uint64_t page_bytes_ = 0;
+  std::unique_ptr<MemRegion> arena_;
+  std::unique_ptr<Mmap> arena_map_;
+  SlabAllocator mem_alloc_;
+  std::unique_ptr<DiskTier> disk_;
+  ChunkTable table_;                        // every chunk, its copies' states, the disk queue
+  std::unique_ptr<EvictionPolicy> policy_;  // memory-resident chunks
+  Spill spills_[kMaxSpills];
+  uint32_t free_spills_[kMaxSpills] = {};
+  uint32_t spills_in_flight_ = 0;
+  uint64_t mem_clean_bytes_ = 0;      // memory held by chunks that also have a disk copy
+  uint64_t spill_bytes_ = 0;          // memory being written back
+  uint64_t evict_pending_bytes_ = 0;  // memory freed when the writes under way land
+  uint64_t spill_off_until_ns_ = 0;   // writing back stopped until then (after an error)
+  uint64_t last_disk_log_ns_ = 0, disk_errors_unlogged_ = 0;
+  void (*room_cb_)(void*) = nullptr;
+  void* room_arg_ = nullptr;
+};
+
+}  // namespace dpukv
