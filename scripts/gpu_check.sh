@@ -49,7 +49,9 @@ if [ "${1:-}" = "--bundle" ]; then
   done
   # Without debug information the bundle fits what a device run may carry (64 MiB).
   strip --strip-debug "$out"/bin/* "$out/lib/libdpukv_client.so.0"
+  mkdir -p "$out/python/dpukv/connector"
   cp "$here"/python/dpukv/*.py "$out/python/dpukv/"
+  cp "$here"/python/dpukv/connector/*.py "$out/python/dpukv/connector/"
   cp "$here/python/tests/test_connector.py" "$here/python/tests/reference_model.py" \
     "$out/python/tests/"
   cp "$here/python/benchmarks/bench_connector.py" "$out/python/benchmarks/"

@@ -56,6 +56,14 @@ PARTS = {
                 "chunk_reader", "chunk_holder", "cluster_node"],
 }
 
+# The Python package's modules in layers, lowest first (paths under python/dpukv,
+# without .py; a package by its folder). A module may import only modules before it:
+# the connector's parts never import the vLLM adapter, staging never the worker.
+# "_native" is the client the package root picks (compiled, or ctypes).
+PY_PARTS = ["_native", "_ctypes_client", "device", "connector/layout", "connector/staging",
+            "connector/worker", "connector/scheduler", "connector/core", "connector", "vllm"]
+PY_IMPORT = re.compile(r"^\s*from\s+(\.+)([a-z_.]*)\s+import\s+([A-Za-z0-9_, ]+?)(?:\s+as\s+\w+)?\s*(?:#.*)?$")
+
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_/]+)/[^/"]+"')
 
 
@@ -139,6 +147,52 @@ def part_problems(edges):
     return out
 
 
+def py_module(pkg_dir, path):
+    """A module's name in PY_PARTS terms: connector/worker, vllm, connector (its __init__)."""
+    rel = os.path.relpath(path, pkg_dir)[:-len(".py")]
+    return rel[:-len("/__init__")] if rel.endswith("/__init__") else rel
+
+
+def py_imports(pkg_dir):
+    """(module, imported module) for the package's relative imports."""
+    out = []
+    for root, _, files in os.walk(pkg_dir):
+        for f in sorted(files):
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(root, f)
+            me = py_module(pkg_dir, path)
+            if me == "__init__":
+                continue  # the package root picks the client; it sits below everything
+            # The package a relative import starts from: a module's folder.
+            here = os.path.relpath(root, pkg_dir)
+            here = [] if here == "." else here.split("/")
+            with open(path, encoding="utf-8") as fh:
+                for line in fh:
+                    m = PY_IMPORT.match(line)
+                    if not m:
+                        continue
+                    base = here[:len(here) - (len(m.group(1)) - 1)]
+                    if m.group(2):
+                        out.append((me, "/".join(base + m.group(2).split("."))))
+                    else:  # from . import a, b: modules of that package
+                        for name in m.group(3).split(","):
+                            out.append((me, "/".join(base + [name.strip()])))
+    return out
+
+
+def py_problems(edges):
+    out = []
+    for me, dep in edges:
+        if me not in PY_PARTS:
+            out.append(f"python/dpukv/{me} is not in PY_PARTS: say where it sits")
+        elif dep not in PY_PARTS:
+            out.append(f"python/dpukv/{me} imports {dep}, which is not in PY_PARTS")
+        elif PY_PARTS.index(dep) >= PY_PARTS.index(me):
+            out.append(f"python/dpukv/{me} imports {dep}, a module above it in PY_PARTS")
+    return out
+
+
 def problems(deps, linked):
     out = []
     for folder in sorted(deps):
@@ -179,9 +233,17 @@ def main():
         assert problems(bad, linked), f"layering check misses {bad}"
     assert part_problems([("cache", "placement", "request_pipeline")]), "parts check misses"
     assert not part_problems([("cache", "request_pipeline", "placement")])
+    assert py_problems([("connector/staging", "connector/worker")]), "python check misses"
+    assert py_problems([("connector/worker", "vllm")]), "python check misses"
     for folder in sorted(deps):
         print(f"{folder:10s} -> {', '.join(sorted(deps[folder])) or '-'}")
     found = problems(deps, linked) + part_problems(part_includes(src))
+    pkg = os.path.join(src, "..", "python", "dpukv")
+    if os.path.isdir(pkg):
+        edges = py_imports(pkg)
+        assert edges, "no relative imports found in python/dpukv: the parser is broken"
+        found += py_problems(edges)
+        print(f"python/dpukv: {' < '.join(PY_PARTS)}")
     for folder, order in PARTS.items():
         print(f"{folder} parts: {' < '.join(order)}")
     for p in found:

@@ -80,7 +80,7 @@ def agent_copy_rows(client, conn, prompt, hit_tokens, cfg, shape, n):
         return dpukv.chunk_keys(conn.model, prompt[:hit_tokens], conn.chunk_tokens, False,
                                 conn.world_size, conn.rank, conn.layouts[l] ^ salt)
 
-    t_get = timed(client.submit_retrieve, lambda l, rep: conn._keys(prompt[:hit_tokens], l))
+    t_get = timed(client.submit_retrieve, lambda l, rep: conn.keys(prompt[:hit_tokens], l))
     t_put = timed(client.submit_store, fresh)
     host = torch.empty(total, dtype=torch.uint8).pin_memory()
     dev = torch.empty(total, dtype=torch.uint8, device="cuda")

@@ -9,7 +9,9 @@ on every backend; only these calls differ.
               through ctypes. Its device memory is a memfd mapping in this
               process, so torch (CPU) reads and writes it through a tensor view;
               events are the double's. It does not make the GPU path verified.
-  (none)      host staging (shared memory the agent maps), as before.
+  HostDevice  host tensors and host staging (shared memory the agent maps):
+              nothing is asynchronous, so its streams, events and waits do
+              nothing, and the connector's code has no "no device" branch.
 
 When the agent has no GPU path (no driver there, or not this GPU) the staging
 falls back to host memory, registered with the driver (pinned) where there is
@@ -97,6 +99,43 @@ class CudaDouble:
         pass  # CPU torch: the compute work is done when its call returns
 
 
+class HostDevice:
+    """Host memory on both sides of every copy: copies are synchronous, so there
+    is no side stream to order and no event to wait for."""
+
+    name = "host"
+
+    def pin(self, staging):
+        return False
+
+    def unpin(self, staging):
+        pass
+
+    def stream(self):
+        return None
+
+    def use(self, stream):
+        return _NoStream()
+
+    def record(self, stream=None):
+        return None
+
+    def done(self, event):
+        return True
+
+    def host_wait(self, event):
+        pass
+
+    def compute_wait(self, event):
+        pass
+
+    def compute_done_first(self, stream):
+        pass
+
+
+HOST = HostDevice()
+
+
 class _DoubleEvent:
     def __init__(self, lib, ev):
         self.lib, self.ev = lib, ev
@@ -178,11 +217,11 @@ class TorchCuda:
 
 def for_tensors(kv_caches):
     """The backend for KV caches on this device: TorchCuda for CUDA tensors, else
-    none (host staging)."""
+    HostDevice (host staging)."""
     t = kv_caches[0]
     if t.is_cuda:
         return TorchCuda(t.device)
-    return None
+    return HOST
 
 
 def export_staging(client, device, nbytes):

@@ -77,7 +77,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from . import _native as native
-from .connector import DpukvConnector, LoadMiss, layer_layouts, release_pins
+from .connector import DpukvConnector, LoadMiss, layer_layouts, lookup, release_pins
 
 logger = logging.getLogger("dpukv.vllm")
 
@@ -419,22 +419,15 @@ class DpukvConnectorV1(KVConnectorBase_V1):
         if self.save_policy == "seen_twice":
             # Asked again about the same request: it is not seen a second time.
             st.savable = old.savable if old is not None else self._count_seen(st.keys0)
-        hits = [0] * len(keys)  # a prompt shorter than a chunk has nothing to find
-        if keys and keys[0]:
-            try:
-                hits = self.client.lookup_layers(keys, pin=True)
-            except native.AgentUnavailable:
-                pass  # the cache is away: recompute
-            except RuntimeError as e:  # refused: a miss, never an engine that stops
-                logger.warning("dpukv: lookup of request %s refused (%s): a miss",
-                               request.request_id, e)
-        st.pinned = [k[:n] for k, n in zip(keys, hits)]
-        hit = min(hits) if hits else 0
-        if hit * self.chunk_tokens >= len(tokens):
-            hit -= 1  # vLLM computes at least one token of the prompt
-        # No more than a worker's load staging carries: the rest is recomputed.
-        st.hit_chunks = max(min(hit, self.max_load_chunks), 0)
-        self._remember(st, 0, min(hits) if hits else 0)  # present: removals name them
+        # No more than a worker's load staging carries: the rest is recomputed. A
+        # refused lookup is a miss, never an engine that stops.
+        found = lookup(self.client, keys, len(tokens), self.chunk_tokens, self.max_load_chunks,
+                       on_refused=lambda e: logger.warning(
+                           "dpukv: lookup of request %s refused (%s): a miss",
+                           request.request_id, e))
+        st.pinned = found.pinned
+        st.hit_chunks = found.chunks
+        self._remember(st, 0, found.leading)  # present: removals name them
         new = st.hit_chunks * self.chunk_tokens - num_computed_tokens
         if new <= 0:  # vLLM's own prefix cache has it all
             self._unpin(st)

@@ -176,7 +176,7 @@ def test_loads_whose_agent_went_miss_and_never_return_stale_or_unfilled_blocks()
     # The agent goes while loads are in flight: whatever the timing, each layer
     # either holds the saved bytes or raises LoadMiss.
     agent = start_agent()
-    eventually(lambda: conn.client.lookup(conn._keys(prompt, 0)), "connector lookup")
+    eventually(lambda: conn.client.lookup(conn.keys(prompt, 0)), "connector lookup")
     for layer in range(cfg.layers):
         conn.save_kv_layer("save2", layer, prompt, src)
     conn.wait_for_save()
@@ -218,7 +218,7 @@ def test_saves_refused_by_an_absent_agent_give_their_staging_slots_back():
     # The agent is back: saves are stored again, and the step's collect does not
     # have to wait for anything but them.
     agent = start_agent()
-    eventually(lambda: conn.client.lookup(conn._keys(prompt, 0)), "connector lookup")
+    eventually(lambda: conn.client.lookup(conn.keys(prompt, 0)), "connector lookup")
     for layer in range(cfg.layers):
         conn.save_kv_layer("back", layer, prompt, src)
     assert conn.saving_chunks == 3 * cfg.layers

@@ -208,7 +208,7 @@ def test_a_lease_that_expires_before_the_load_is_a_miss_not_stale_bytes():
     save_prompt(conn, cache, "saved", tokens)
     hit = conn.get_num_new_matched_tokens("c", tokens, 0)
     assert hit == 96, hit
-    keys = conn._keys(tokens[:96], 0)
+    keys = conn.keys(tokens[:96], 0)
     assert client.remove(keys[:1]) == ["BAD_STATE"]  # pinned: the lease holds
     # The agent's pin timeout is 1 s: the lease runs out, the chunk can go.
     deadline = time.monotonic() + 60
