@@ -964,8 +964,8 @@ def test_the_seen_twice_policy_saves_a_prompt_on_its_second_request():
     # 6d. The seen-twice save policy: a prompt's first request saves nothing, the
     # second (same prefix) saves it, the third hits it; asking again about the same
     # request does not count as seeing it twice.
-    st_eng = Engine(cfg, model, "contract-seen")
-    st_eng.sched.save_policy = "seen_twice"
+    st_eng = Engine(cfg, model, "contract-seen", extra={"dpukv.save": "seen_twice"})
+    assert st_eng.sched.save_policy == "seen_twice"
     p1 = torch.randint(0, cfg.vocab_size, (70,)).tolist()
     saved0 = st_eng.worker.core.counters["saved_chunks"]
     r1 = Request("s1", p1)

@@ -1,4 +1,4 @@
-"""STAND-INS for the parts of vLLM that dpukv's adapter (python/dpukv/vllm.py) and
+"""STAND-INS for the parts of vLLM that dpukv's adapter (python/dpukv/vllm/) and
 its contract test (python/tests/test_vllm_contract.py) touch, for machines where vLLM
 cannot be installed. Written from vLLM's source (vllm-project/vllm: base.py at
 13f4ad0f55b08ca1d37d1459f50ce950feaeb547, v1/core/sched/output.py at
