@@ -54,6 +54,7 @@ PARTS = {
               "request_pipeline", "cache_engine"],
     "cluster": ["cluster_options", "peer_wire", "lent_pins", "remote_tier", "peer_links",
                 "chunk_reader", "chunk_holder", "cluster_node"],
+    "comch": ["wire", "connection", "fast_path", "channel", "server", "client"],
 }
 
 # The Python package's modules in layers, lowest first (paths under python/dpukv,

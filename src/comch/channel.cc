@@ -68,7 +68,32 @@ Status ComchConnection::release_import(Mmap* map) {
   return Code::kNotFound;
 }
 
-ComchBase::ComchBase(ProgressEngine* pe, const ComchOptions& opts) : Context(pe), opts_(opts) {
+FastPathOps ComchBase::fast_path_ops(ComchBase* self) {
+  FastPathOps ops;
+  ops.channel = self;
+  ops.send_ctrl = [](void* ch, ComchConnection* c, MsgType type, const void* payload, uint32_t len,
+                     const int* fds, int nfds) {
+    return static_cast<ComchBase*>(ch)->send_ctrl(c, type, payload, len, fds, nfds);
+  };
+  ops.close_connection = [](void* ch, ComchConnection* c, Status reason, const char* why) {
+    static_cast<ComchBase*>(ch)->close_connection(c, reason, why);
+  };
+  ops.received = [](void* ch, FastPathConsumer* fc, Buf* buf, const uint8_t* imm, uint32_t imm_len,
+                    Status st, UserData ud) {
+    auto* base = static_cast<ComchBase*>(ch);
+    if (base->cb_.on_fp_recv)
+      base->cb_.on_fp_recv(fc, buf, imm, imm_len, st, ud, base->user_data());
+  };
+  ops.peer_consumer = [](void* ch, ComchConnection* c, uint64_t id, bool created) {
+    auto* base = static_cast<ComchBase*>(ch);
+    auto cb = created ? base->cb_.on_consumer_new : base->cb_.on_consumer_expired;
+    if (cb) cb(c, id, base->user_data());
+  };
+  return ops;
+}
+
+ComchBase::ComchBase(ProgressEngine* pe, const ComchOptions& opts)
+    : Context(pe), opts_(opts), fp_(fast_path_ops(this), pe, opts.max_imports_per_connection) {
   rx_.reset(new uint8_t[sizeof(MsgHeader) + comch::kMaxMsgLimit]);
   timer_.owner = this;
 }
@@ -77,6 +102,28 @@ ComchBase::~ComchBase() {
   stop_timer();
   reap();
   for (ComchConnection* c : graveyard_) delete c;  // only if the user never drained
+}
+
+ComchBase::Counters ComchBase::counters() const {
+  Counters c = counters_;
+  c.fp_sent = fp_.counters().sent;
+  c.fp_received = fp_.counters().received;
+  c.fp_doorbells = fp_.counters().doorbells;
+  return c;
+}
+
+Status ComchBase::create_consumer(ComchConnection* c, Mmap* map, uint32_t queue_size,
+                                  FastPathConsumer** out) {
+  return fp_.create_consumer(c, map, queue_size, out);
+}
+
+Status ComchBase::destroy_consumer(FastPathConsumer* consumer) {
+  return fp_.destroy_consumer(consumer);
+}
+
+Status ComchBase::producer_send(ComchConnection* c, uint64_t consumer_id, const Buf* src,
+                                const void* imm, uint32_t imm_len) {
+  return fp_.producer_send(c, consumer_id, src, imm, imm_len);
 }
 
 Status ComchBase::set_callbacks(const ComchCallbacks& cb) {
@@ -283,21 +330,17 @@ void ComchBase::close_connection(ComchConnection* c, Status reason, const char* 
   c->fd_ = -1;
   ComchSendTask* t;
   while (c->pending_.pop(&t)) finish_task(t, Code::kConnectionReset);
-  for (auto& fc : consumers_)
-    if (fc->conn_ == c) flush_consumer(fc.get(), Code::kConnectionReset);
+  fp_.flush_consumers_of(c);
   if (was_open) {
     --num_open_;
     if (cb_.on_disconnect) cb_.on_disconnect(c, reason, user_data());
   }
-  for (auto& pc : c->consumers_)
-    if (pc->doorbell_fd >= 0) ::close(pc->doorbell_fd);
-  c->consumers_.clear();
+  fp_.forget(c);  // before the imports its peer consumers' maps are
   for (auto& m : c->imports_) {
     ++counters_.imports_released;
     if (m->live_buffers() != 0) dead_maps_.push_back(std::move(m));
   }
   c->imports_.clear();
-  drop_consumers_of(c, Code::kConnectionReset);
   on_connection_closed(c);
   graveyard_.push_back(c);
 }
@@ -389,58 +432,12 @@ void ComchBase::handle_record(ComchConnection* c, size_t n, int* fds, int nfds) 
       if (cb_.on_export) cb_.on_export(c, raw, p.cookie, user_data());
       return;
     }
-    case MsgType::kConsumerNew: {
-      comch::ConsumerNewPayload p;
-      std::memcpy(&p, payload, sizeof(p));
-      auto pc = std::make_unique<ComchConnection::PeerConsumer>();
-      pc->id = p.consumer_id;
-      pc->data_map = c->imported_map(p.data_map_id);
-      Status is = pc->data_map == nullptr ? Status(Code::kNotFound)
-                  : !pc->data_map->writable()
-                      ? Status(Code::kNotPermitted)
-                      : Mmap::import(&p.ring, sizeof(p.ring), fds[0], &pc->ring_map);
-      if (is.ok()) is = pc->ring_map->start();
-      if (is.ok()) {
-        // Read the geometry once; later reads of the peer's header are not trusted.
-        pc->ring = reinterpret_cast<fastpath::RingShared*>(pc->ring_map->addr());
-        const uint32_t magic = pc->ring->magic;
-        pc->q = pc->ring->queue_size;
-        if (pc->ring_map->length() < sizeof(fastpath::RingShared) ||
-            magic != fastpath::RingShared::kMagic || pc->q == 0 || pc->q > 65536 ||
-            (pc->q & (pc->q - 1)) != 0 || pc->ring_map->length() < fastpath::ring_bytes(pc->q) ||
-            !pc->ring_map->writable())
-          is = Code::kInvalidValue;
-      }
-      if (is.ok() && (c->find_peer_consumer(p.consumer_id) != nullptr ||
-                      c->consumers_.size() >= opts_.max_imports_per_connection))
-        is = Code::kInvalidValue;
-      if (!is.ok()) {
-        close_fds(fds, nfds);
-        close_connection(c, Code::kInvalidValue, "bad consumer announcement");
-        return;
-      }
-      ::close(fds[0]);
-      pc->doorbell_fd = fds[1];
-      pc->post_head = pc->ring->post_head.load(std::memory_order_acquire);
-      pc->comp_tail = pc->ring->comp_tail.load(std::memory_order_acquire);
-      c->consumers_.push_back(std::move(pc));
-      if (cb_.on_consumer_new) cb_.on_consumer_new(c, p.consumer_id, user_data());
+    case MsgType::kConsumerNew:
+      fp_.on_consumer_new(c, payload, fds, nfds);
       return;
-    }
-    case MsgType::kConsumerExpired: {
-      comch::ConsumerExpiredPayload p;
-      std::memcpy(&p, payload, sizeof(p));
-      auto it = std::find_if(c->consumers_.begin(), c->consumers_.end(),
-                             [&](const auto& pc) { return pc->id == p.consumer_id; });
-      if (it == c->consumers_.end()) {
-        close_connection(c, Code::kInvalidValue, "unknown consumer expired");
-        return;
-      }
-      ::close((*it)->doorbell_fd);
-      c->consumers_.erase(it);
-      if (cb_.on_consumer_expired) cb_.on_consumer_expired(c, p.consumer_id, user_data());
+    case MsgType::kConsumerExpired:
+      fp_.on_consumer_expired(c, payload);
       return;
-    }
     case MsgType::kHello:
     case MsgType::kHelloAck:
       close_connection(c, Code::kInvalidValue, "handshake message after handshake");
@@ -519,8 +516,7 @@ void ComchBase::reap() {
 }
 
 size_t ComchBase::poll() {
-  size_t events = 0;
-  for (size_t i = 0; i < consumers_.size(); ++i) events += consumers_[i]->poll();
+  size_t events = fp_.poll();
   ComchSendTask* batch[64];
   if (done_) {
     size_t n;
@@ -543,12 +539,12 @@ size_t ComchBase::poll() {
 }
 
 void ComchBase::disarm_notification() {
-  for (auto& fc : consumers_) fc->disarm();
+  fp_.disarm();
 }
 
 bool ComchBase::arm_notification() {
   bool pending = done_ && !done_->empty();
-  for (auto& fc : consumers_) pending |= fc->arm();
+  pending |= fp_.arm();
   return pending;
 }
 

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "comch/connection.h"
 #include "comch/fast_path.h"
 #include "comch/wire.h"
 #include "runtime/clock.h"  // monotonic_ns, used by every comch user
@@ -31,12 +32,6 @@ namespace dpukv {
 class ComchBase;
 class ComchConnection;
 class FastPathConsumer;
-
-struct PeerCred {
-  pid_t pid = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-};
 
 // Options shared by both ends. Defaults live here and only here.
 struct ComchOptions {
@@ -106,72 +101,6 @@ struct ComchCallbacks {
                      UserData buf_ud, UserData ctx_ud) = nullptr;
 };
 
-// One peer. Owned by its channel; valid from on_connect until on_disconnect returns.
-class ComchConnection final : public FdWatcher {
- public:
-  uint64_t id() const { return id_; }
-  const PeerCred& peer() const { return peer_; }
-  UserData user_data() const { return ud_; }
-  void set_user_data(UserData ud) { ud_ = ud; }
-  bool open() const { return state_ == State::kOpen; }
-  uint32_t max_msg() const { return max_msg_; }
-  // A map the peer exported, by the peer's map id; nullptr if none.
-  Mmap* imported_map(uint64_t peer_map_id) const;
-  // Bytes of every map the peer exported on this connection.
-  uint64_t imported_bytes() const;
-  // Memory the peer shares outside comch's exports (GPU memory the agent opened
-  // for it), counted against the import limits with the maps.
-  void set_other_import_bytes(uint64_t n) { other_import_bytes_ = n; }
-  uint64_t other_import_bytes() const { return other_import_bytes_; }
-  // Drops an imported map early (the peer unregistered it). The map must have no
-  // live buffers. NOT_FOUND if the connection does not hold it.
-  Status release_import(Mmap* map);
-  int fd() const { return fd_; }
-
-  void on_fd_ready(uint32_t events) override;
-
- private:
-  friend class ComchBase;
-  friend class ComchServer;
-  friend class ComchClient;
-  friend class FastPathProducer;
-  enum class State : uint8_t { kHandshake, kOpen, kClosed };
-  ComchConnection(ComchBase* owner, int fd, uint64_t id, uint32_t queue_depth);
-  ~ComchConnection() = default;
-
-  ComchBase* owner_;
-  int fd_;
-  uint64_t id_;
-  PeerCred peer_;
-  UserData ud_{};
-  State state_ = State::kHandshake;
-  uint32_t send_seq_ = 0;
-  uint32_t recv_seq_ = 0;
-  uint32_t max_msg_;
-  uint32_t peer_heartbeat_ms_;
-  uint64_t opened_ns_ = 0;
-  uint64_t last_send_ns_ = 0;
-  uint64_t last_recv_ns_ = 0;
-  bool want_out_ = false;
-  uint32_t task_refs_ = 0;            // tasks naming this connection; freed only at 0
-  SpscRing<ComchSendTask*> pending_;  // single-threaded FIFO of unsent tasks
-  std::vector<std::unique_ptr<Mmap>> imports_;
-  uint64_t other_import_bytes_ = 0;
-  // A fast-path consumer of the peer, as this side's producer sees it.
-  struct PeerConsumer {
-    uint64_t id = 0;
-    std::unique_ptr<Mmap> ring_map;
-    fastpath::RingShared* ring = nullptr;
-    uint32_t q = 0;
-    Mmap* data_map = nullptr;
-    int doorbell_fd = -1;
-    uint64_t post_head = 0;  // private copies of the indices the producer owns
-    uint64_t comp_tail = 0;
-  };
-  PeerConsumer* find_peer_consumer(uint64_t id);
-  std::vector<std::unique_ptr<PeerConsumer>> consumers_;
-};
-
 class ComchBase : public Context {
  public:
   ~ComchBase() override;
@@ -227,7 +156,7 @@ class ComchBase : public Context {
     uint64_t imports = 0, imports_released = 0;
     uint64_t fp_sent = 0, fp_received = 0, fp_doorbells = 0;
   };
-  const Counters& counters() const { return counters_; }
+  Counters counters() const;
 
  protected:
   ComchBase(ProgressEngine* pe, const ComchOptions& opts);
@@ -260,8 +189,6 @@ class ComchBase : public Context {
 
  private:
   friend class ComchConnection;
-  friend class FastPathConsumer;
-  friend class FastPathProducer;
   void on_conn_ready(ComchConnection* c, uint32_t events);
   void handle_record(ComchConnection* c, size_t n, int* fds, int nfds);
   void flush_pending(ComchConnection* c);
@@ -278,10 +205,8 @@ class ComchBase : public Context {
   std::unique_ptr<uint8_t[]> rx_;                   // one record
   std::vector<ComchConnection*> graveyard_;
   std::vector<std::unique_ptr<Mmap>> dead_maps_;  // released with live buffers
-  std::vector<std::unique_ptr<FastPathConsumer>> consumers_;
-  uint64_t next_consumer_id_ = 1;
-  void flush_consumer(FastPathConsumer* fc, Status why);
-  void drop_consumers_of(ComchConnection* c, Status why);
+  static FastPathOps fast_path_ops(ComchBase* self);
+  FastPath fp_;  // the fast path's consumers and the peer's
 };
 
 }  // namespace dpukv

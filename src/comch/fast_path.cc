@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "comch/channel.h"
 #include "runtime/copy_routines.h"
+#include "runtime/fd_passing.h"
 #include "runtime/log.h"
 
 namespace dpukv {
@@ -16,12 +16,6 @@ namespace dpukv {
 using fastpath::CompEntry;
 using fastpath::PostEntry;
 using fastpath::RingShared;
-
-ComchConnection::PeerConsumer* ComchConnection::find_peer_consumer(uint64_t id) {
-  for (auto& pc : consumers_)
-    if (pc->id == id) return pc.get();
-  return nullptr;
-}
 
 void FastPathConsumer::on_fd_ready(uint32_t) {
   uint64_t v;
@@ -73,10 +67,9 @@ size_t FastPathConsumer::poll() {
     --posted_;
     (void)buf->set_data_len(buf->data_len() + e.len);
     ring_->comp_head.store(++comp_head_, std::memory_order_release);
-    ++owner_->counters_.fp_received;
+    ++owner_->counters_.received;
     ++n;
-    if (owner_->cb_.on_fp_recv)
-      owner_->cb_.on_fp_recv(this, buf, e.imm, e.imm_len, Code::kSuccess, ud, owner_->user_data());
+    owner_->ops_.received(owner_->ops_.channel, this, buf, e.imm, e.imm_len, Code::kSuccess, ud);
     if (!conn_->open()) break;  // the callback may have closed things
   }
   return n;
@@ -95,8 +88,8 @@ bool FastPathConsumer::arm() {
   return ring_->comp_tail.load(std::memory_order_acquire) != comp_head_;
 }
 
-Status ComchBase::create_consumer(ComchConnection* c, Mmap* map, uint32_t queue_size,
-                                  FastPathConsumer** out) {
+Status FastPath::create_consumer(ComchConnection* c, Mmap* map, uint32_t queue_size,
+                                 FastPathConsumer** out) {
   if (c == nullptr || map == nullptr || out == nullptr) return Code::kInvalidValue;
   if (queue_size == 0 || queue_size > 65536 || (queue_size & (queue_size - 1)) != 0)
     return Code::kInvalidValue;
@@ -128,15 +121,17 @@ Status ComchBase::create_consumer(ComchConnection* c, Mmap* map, uint32_t queue_
   comch::ExportPayload ep{};
   int map_fd = -1;
   Status st = map->export_to(&ep.desc, &map_fd);
-  if (st.ok()) st = send_ctrl(c, comch::MsgType::kExport, &ep, sizeof(ep), &map_fd, 1);
+  if (st.ok())
+    st = ops_.send_ctrl(ops_.channel, c, comch::MsgType::kExport, &ep, sizeof(ep), &map_fd, 1);
   comch::ConsumerNewPayload np{};
   np.consumer_id = fc->id_;
   np.data_map_id = map->id();
   int ring_fd = -1;
   if (st.ok()) st = fc->ring_map_->export_to(&np.ring, &ring_fd);
   int fds[2] = {ring_fd, fc->doorbell_};
-  if (st.ok()) st = send_ctrl(c, comch::MsgType::kConsumerNew, &np, sizeof(np), fds, 2);
-  if (st.ok()) st = pe()->watch_fd(fc->doorbell_, EPOLLIN, fc.get());
+  if (st.ok())
+    st = ops_.send_ctrl(ops_.channel, c, comch::MsgType::kConsumerNew, &np, sizeof(np), fds, 2);
+  if (st.ok()) st = pe_->watch_fd(fc->doorbell_, EPOLLIN, fc.get());
   if (!st.ok()) {
     ::close(fc->doorbell_);
     if (st == Code::kConnectionReset) close_connection(c, st, "peer closed the connection");
@@ -147,7 +142,7 @@ Status ComchBase::create_consumer(ComchConnection* c, Mmap* map, uint32_t queue_
   return Code::kSuccess;
 }
 
-void ComchBase::flush_consumer(FastPathConsumer* fc, Status why) {
+void FastPath::flush(FastPathConsumer* fc, Status why) {
   for (uint32_t i = 0; i < fc->q_; ++i) {
     FastPathConsumer::Slot& s = fc->slots_[i];
     if (s.buf == nullptr) continue;
@@ -156,47 +151,61 @@ void ComchBase::flush_consumer(FastPathConsumer* fc, Status why) {
     s.buf = nullptr;
     fc->free_slots_.push_back(i);
     --fc->posted_;
-    if (cb_.on_fp_recv) cb_.on_fp_recv(fc, buf, nullptr, 0, why, ud, user_data());
+    ops_.received(ops_.channel, fc, buf, nullptr, 0, why, ud);
   }
 }
 
-void ComchBase::drop_consumers_of(ComchConnection* c, Status why) {
+void FastPath::flush_consumers_of(ComchConnection* c) {
+  for (auto& fc : consumers_)
+    if (fc->conn_ == c) flush(fc.get(), Code::kConnectionReset);
+}
+
+void FastPath::forget(ComchConnection* c) {
+  for (auto it = peer_consumers_.begin(); it != peer_consumers_.end();) {
+    if ((*it)->conn != c) {
+      ++it;
+      continue;
+    }
+    if ((*it)->doorbell_fd >= 0) ::close((*it)->doorbell_fd);
+    it = peer_consumers_.erase(it);
+  }
   for (auto it = consumers_.begin(); it != consumers_.end();) {
     FastPathConsumer* fc = it->get();
     if (fc->conn_ != c) {
       ++it;
       continue;
     }
-    flush_consumer(fc, why);
-    pe()->unwatch_fd(fc->doorbell_, fc);
+    flush(fc, Code::kConnectionReset);
+    pe_->unwatch_fd(fc->doorbell_, fc);
     ::close(fc->doorbell_);
     it = consumers_.erase(it);
   }
 }
 
-Status ComchBase::destroy_consumer(FastPathConsumer* fc) {
+Status FastPath::destroy_consumer(FastPathConsumer* fc) {
   auto it = std::find_if(consumers_.begin(), consumers_.end(),
                          [&](const auto& p) { return p.get() == fc; });
   if (it == consumers_.end()) return Code::kNotFound;
   ComchConnection* c = fc->conn_;
   if (c->open()) {
     comch::ConsumerExpiredPayload p{fc->id_};
-    (void)send_ctrl(c, comch::MsgType::kConsumerExpired, &p, sizeof(p));
+    (void)ops_.send_ctrl(ops_.channel, c, comch::MsgType::kConsumerExpired, &p, sizeof(p), nullptr,
+                         0);
   }
-  flush_consumer(fc, Code::kShutdown);
-  pe()->unwatch_fd(fc->doorbell_, fc);
+  flush(fc, Code::kShutdown);
+  pe_->unwatch_fd(fc->doorbell_, fc);
   ::close(fc->doorbell_);
   consumers_.erase(it);
   return Code::kSuccess;
 }
 
-Status ComchBase::producer_send(ComchConnection* c, uint64_t consumer_id, const Buf* src,
-                                const void* imm, uint32_t imm_len) {
+Status FastPath::producer_send(ComchConnection* c, uint64_t consumer_id, const Buf* src,
+                               const void* imm, uint32_t imm_len) {
   if (c == nullptr || src == nullptr || (imm == nullptr && imm_len != 0))
     return Code::kInvalidValue;
   if (imm_len > kMaxImmData) return Code::kTooBig;
   if (!c->open()) return Code::kConnectionReset;
-  ComchConnection::PeerConsumer* pc = c->find_peer_consumer(consumer_id);
+  fastpath::PeerConsumer* pc = find_peer_consumer(c, consumer_id);
   if (pc == nullptr) return Code::kNotFound;
   RingShared* r = pc->ring;
   const uint32_t q = pc->q;
@@ -238,7 +247,7 @@ Status ComchBase::producer_send(ComchConnection* c, uint64_t consumer_id, const 
   std::memcpy(&fastpath::comps(r, q)[pc->comp_tail & (q - 1)], &ce, sizeof(ce));
   r->post_head.store(++pc->post_head, std::memory_order_release);
   r->comp_tail.store(++pc->comp_tail, std::memory_order_release);
-  ++counters_.fp_sent;
+  ++counters_.sent;
   // Ring the doorbell only for a consumer that announced it is going to sleep.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (r->consumer_sleeping.load(std::memory_order_relaxed) != 0) {
@@ -246,9 +255,85 @@ Status ComchBase::producer_send(ComchConnection* c, uint64_t consumer_id, const 
     const uint64_t one = 1;
     ssize_t w = ::write(pc->doorbell_fd, &one, sizeof(one));
     (void)w;
-    ++counters_.fp_doorbells;
+    ++counters_.doorbells;
   }
   return Code::kSuccess;
+}
+
+void FastPath::on_consumer_new(ComchConnection* c, const uint8_t* payload, int* fds, int nfds) {
+  comch::ConsumerNewPayload p;
+  std::memcpy(&p, payload, sizeof(p));
+  auto pc = std::make_unique<fastpath::PeerConsumer>();
+  pc->conn = c;
+  pc->id = p.consumer_id;
+  pc->data_map = c->imported_map(p.data_map_id);
+  Status is = pc->data_map == nullptr ? Status(Code::kNotFound)
+              : !pc->data_map->writable()
+                  ? Status(Code::kNotPermitted)
+                  : Mmap::import(&p.ring, sizeof(p.ring), fds[0], &pc->ring_map);
+  if (is.ok()) is = pc->ring_map->start();
+  if (is.ok()) {
+    // Read the geometry once; later reads of the peer's header are not trusted.
+    pc->ring = reinterpret_cast<RingShared*>(pc->ring_map->addr());
+    const uint32_t magic = pc->ring->magic;
+    pc->q = pc->ring->queue_size;
+    if (pc->ring_map->length() < sizeof(RingShared) || magic != RingShared::kMagic || pc->q == 0 ||
+        pc->q > 65536 || (pc->q & (pc->q - 1)) != 0 ||
+        pc->ring_map->length() < fastpath::ring_bytes(pc->q) || !pc->ring_map->writable())
+      is = Code::kInvalidValue;
+  }
+  const auto of_c = std::count_if(peer_consumers_.begin(), peer_consumers_.end(),
+                                  [&](const auto& x) { return x->conn == c; });
+  if (is.ok() && (find_peer_consumer(c, p.consumer_id) != nullptr ||
+                  static_cast<uint64_t>(of_c) >= max_peer_consumers_))
+    is = Code::kInvalidValue;
+  if (!is.ok()) {
+    close_fds(fds, nfds);
+    close_connection(c, Code::kInvalidValue, "bad consumer announcement");
+    return;
+  }
+  ::close(fds[0]);
+  pc->doorbell_fd = fds[1];
+  pc->post_head = pc->ring->post_head.load(std::memory_order_acquire);
+  pc->comp_tail = pc->ring->comp_tail.load(std::memory_order_acquire);
+  peer_consumers_.push_back(std::move(pc));
+  ops_.peer_consumer(ops_.channel, c, p.consumer_id, true);
+}
+
+void FastPath::on_consumer_expired(ComchConnection* c, const uint8_t* payload) {
+  comch::ConsumerExpiredPayload p;
+  std::memcpy(&p, payload, sizeof(p));
+  auto it = std::find_if(peer_consumers_.begin(), peer_consumers_.end(),
+                         [&](const auto& pc) { return pc->conn == c && pc->id == p.consumer_id; });
+  if (it == peer_consumers_.end()) {
+    close_connection(c, Code::kInvalidValue, "unknown consumer expired");
+    return;
+  }
+  ::close((*it)->doorbell_fd);
+  peer_consumers_.erase(it);
+  ops_.peer_consumer(ops_.channel, c, p.consumer_id, false);
+}
+
+size_t FastPath::poll() {
+  size_t events = 0;
+  for (size_t i = 0; i < consumers_.size(); ++i) events += consumers_[i]->poll();
+  return events;
+}
+
+bool FastPath::arm() {
+  bool pending = false;
+  for (auto& fc : consumers_) pending |= fc->arm();
+  return pending;
+}
+
+void FastPath::disarm() {
+  for (auto& fc : consumers_) fc->disarm();
+}
+
+fastpath::PeerConsumer* FastPath::find_peer_consumer(const ComchConnection* c, uint64_t id) {
+  for (auto& pc : peer_consumers_)
+    if (pc->conn == c && pc->id == id) return pc.get();
+  return nullptr;
 }
 
 }  // namespace dpukv

@@ -12,6 +12,10 @@
 // Trust: each side keeps its own copy of the indices it owns and checks every
 // index, offset, length and post id the other side wrote before using it. A peer
 // that writes nonsense into the ring gets its connection closed.
+//
+// FastPath is the channel's part for all of this: its consumers, the producer side
+// of the peer's consumers, their announcements. It reaches its channel only
+// through FastPathOps (as an SPDK transport is reached through its ops table).
 #pragma once
 
 #include <atomic>
@@ -19,6 +23,8 @@
 #include <memory>
 #include <vector>
 
+#include "comch/connection.h"
+#include "comch/wire.h"
 #include "runtime/buf.h"
 #include "runtime/context.h"
 #include "runtime/mem_region.h"
@@ -71,10 +77,38 @@ inline CompEntry* comps(RingShared* r, uint32_t q) {
   return reinterpret_cast<CompEntry*>(r->entries + static_cast<size_t>(q) * sizeof(PostEntry));
 }
 
+// A consumer of the peer, as this side's producer sees it (one per announcement).
+struct PeerConsumer {
+  ComchConnection* conn = nullptr;
+  uint64_t id = 0;
+  std::unique_ptr<Mmap> ring_map;
+  RingShared* ring = nullptr;
+  uint32_t q = 0;
+  Mmap* data_map = nullptr;
+  int doorbell_fd = -1;
+  uint64_t post_head = 0;  // private copies of the indices the producer owns
+  uint64_t comp_tail = 0;
+};
+
 }  // namespace fastpath
 
-class ComchBase;
-class ComchConnection;
+class FastPath;
+class FastPathConsumer;
+
+// What the fast path needs of the channel it belongs to.
+struct FastPathOps {
+  void* channel = nullptr;
+  // A control message now (with fds), or AGAIN.
+  Status (*send_ctrl)(void* channel, ComchConnection* c, comch::MsgType type, const void* payload,
+                      uint32_t len, const int* fds, int nfds) = nullptr;
+  void (*close_connection)(void* channel, ComchConnection* c, Status reason,
+                           const char* why) = nullptr;
+  // A posted buffer came back (the user's on_fp_recv).
+  void (*received)(void* channel, FastPathConsumer* fc, Buf* buf, const uint8_t* imm,
+                   uint32_t imm_len, Status st, UserData ud) = nullptr;
+  // A consumer of the peer appeared or expired (the user's callbacks).
+  void (*peer_consumer)(void* channel, ComchConnection* c, uint64_t id, bool created) = nullptr;
+};
 
 class FastPathConsumer final : public FdWatcher {
  public:
@@ -91,13 +125,13 @@ class FastPathConsumer final : public FdWatcher {
   void on_fd_ready(uint32_t) override;
 
  private:
-  friend class ComchBase;
+  friend class FastPath;
   FastPathConsumer() = default;
   size_t poll();
   bool arm();
   void disarm();
 
-  ComchBase* owner_ = nullptr;
+  FastPath* owner_ = nullptr;
   ComchConnection* conn_ = nullptr;
   uint64_t id_ = 0;
   uint32_t q_ = 0;
@@ -117,6 +151,55 @@ class FastPathConsumer final : public FdWatcher {
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_slots_;
   bool sleeping_ = false;
+};
+
+class FastPath {
+ public:
+  struct Counters {
+    uint64_t sent = 0, received = 0, doorbells = 0;
+  };
+  // max_peer_consumers: how many consumers a peer may announce on a connection.
+  FastPath(const FastPathOps& ops, ProgressEngine* pe, uint32_t max_peer_consumers)
+      : ops_(ops), pe_(pe), max_peer_consumers_(max_peer_consumers) {}
+  FastPath(const FastPath&) = delete;
+  FastPath& operator=(const FastPath&) = delete;
+
+  // As ComchBase's create_consumer, destroy_consumer and producer_send.
+  Status create_consumer(ComchConnection* c, Mmap* map, uint32_t queue_size,
+                         FastPathConsumer** out);
+  Status destroy_consumer(FastPathConsumer* fc);
+  Status producer_send(ComchConnection* c, uint64_t consumer_id, const Buf* src, const void* imm,
+                       uint32_t imm_len);
+
+  // The peer's control messages about its consumers, their payloads of the size
+  // their type has (the channel checked). A bad one closes the connection.
+  void on_consumer_new(ComchConnection* c, const uint8_t* payload, int* fds, int nfds);
+  void on_consumer_expired(ComchConnection* c, const uint8_t* payload);
+  // c is closing: its consumers' posted buffers come back (CONNECTION_RESET) now,
+  // before the user hears of the disconnect; the rest goes with forget().
+  void flush_consumers_of(ComchConnection* c);
+  void forget(ComchConnection* c);
+
+  size_t poll();
+  bool arm();  // true: completions arrived meanwhile
+  void disarm();
+  const Counters& counters() const { return counters_; }
+
+ private:
+  friend class FastPathConsumer;
+  void flush(FastPathConsumer* fc, Status why);
+  fastpath::PeerConsumer* find_peer_consumer(const ComchConnection* c, uint64_t id);
+  void close_connection(ComchConnection* c, Status reason, const char* why) {
+    ops_.close_connection(ops_.channel, c, reason, why);
+  }
+
+  FastPathOps ops_;
+  ProgressEngine* pe_;
+  uint32_t max_peer_consumers_;
+  std::vector<std::unique_ptr<FastPathConsumer>> consumers_;
+  std::vector<std::unique_ptr<fastpath::PeerConsumer>> peer_consumers_;
+  uint64_t next_consumer_id_ = 1;
+  Counters counters_;
 };
 
 }  // namespace dpukv
