@@ -20,6 +20,7 @@
 
 #include "nvme/tcp_wire.h"
 #include "nvmf/nvmf_target.h"
+#include "nvmf/target_internal.h"
 #include "nvmf/tcp/tcp_connection.h"
 #include "runtime/call_queue.h"
 #include "runtime/clock.h"

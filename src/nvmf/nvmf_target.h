@@ -18,36 +18,11 @@
 #include <vector>
 
 #include "nvmf/bdev/bdev.h"
-#include "nvmf/controller_core.h"
+#include "nvmf/core/controller_core.h"
+#include "nvmf/core/target_side.h"
 #include "nvmf/vfio_user/emulation_manager.h"
 
 namespace dpukv::nvme {
-
-struct TcpTransportOptions {
-  uint32_t in_capsule_data_size = 8192;
-  uint32_t max_io_size = 128 * 1024;  // MDTS (4 KiB pages): 2^5
-  uint32_t max_h2c_data = 128 * 1024;
-  uint16_t max_queue_depth = 128;
-  uint16_t max_io_queues = 8;
-  uint32_t keep_alive_grace_ms = 1000;  // beyond the host's KATO before a controller is torn down
-  bool c2h_success = true;              // C2HData with SUCCESS instead of a response capsule
-  int cpu = -1;                         // pin the poll-group thread
-  // A connection that has not sent its ICReq by then is closed: a silent peer holds
-  // a socket and a receive buffer, and nothing else ever times it out.
-  uint32_t icreq_timeout_ms = 10000;
-  // Connections one listener keeps at once; more are accepted and closed at once.
-  // A host opens one per queue (an admin queue and up to max_io_queues).
-  uint32_t max_connections_per_listener = 1024;
-};
-
-struct SubsystemConfig {
-  std::string nqn;
-  std::string serial = "DPUKV00000001";
-  std::string model = "dpukv NVMe-oF target";
-  bool allow_any_host = true;
-  std::vector<std::string> hosts;
-  uint16_t max_namespaces = ControllerCore::kMaxNamespaces;
-};
 
 struct SubsystemInfo {
   std::string nqn, serial, model;
@@ -56,15 +31,6 @@ struct SubsystemInfo {
   std::vector<std::string> listeners;                        // "tcp:ADDR:PORT"
   std::vector<std::pair<uint32_t, std::string>> namespaces;  // nsid, bdev name
   uint32_t controllers;
-};
-
-struct TargetStats {
-  uint64_t connections = 0, active_connections = 0, pdus_in = 0, pdus_out = 0;
-  uint64_t commands = 0, errors = 0, term_reqs_sent = 0, connect_rejects = 0,
-           keep_alive_expiries = 0;
-  // Connections closed for no ICReq in time; refused over a listener's cap; accepts
-  // the system refused (EMFILE, ENFILE, ENOBUFS, ENOMEM: the listener pauses).
-  uint64_t icreq_timeouts = 0, connections_refused = 0, accept_errors = 0;
 };
 
 class NvmfTarget {

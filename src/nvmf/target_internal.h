@@ -1,6 +1,6 @@
-// What the target's parts share: subsystems, listeners, the controllers hosts
-// create with Connect, and the poll group (NvmfTarget::Impl) that owns them and
-// every TCP connection. Internal to src/nvmf; users include nvmf_target.h.
+// The target's poll group (NvmfTarget::Impl): its subsystems, listeners and every
+// TCP connection. Internal to src/nvmf; users include nvmf_target.h. What the
+// parts below it share (Subsystem, TargetSide) is in core/target_side.h.
 #pragma once
 
 #include <algorithm>
@@ -12,28 +12,14 @@
 #include <vector>
 
 #include "nvme/tcp_wire.h"
-#include "nvmf/fabrics_controller.h"
+#include "nvmf/core/target_side.h"
 #include "nvmf/nvmf_target.h"
 #include "runtime/call_queue.h"
 #include "runtime/clock.h"
 
 namespace dpukv::nvme {
 
-struct Subsystem;
 class TcpConnection;
-
-struct Subsystem {
-  SubsystemConfig cfg;
-  bool discovery = false;  // the discovery subsystem: reached through every listener
-  std::shared_ptr<NamespaceSet> ns = std::make_shared<NamespaceSet>();
-  std::vector<std::string> listeners;
-  uint16_t next_cntlid = 1;
-  std::vector<std::unique_ptr<FabricsController>> controllers;
-  bool host_allowed(const std::string& h) const {
-    return cfg.allow_any_host ||
-           std::find(cfg.hosts.begin(), cfg.hosts.end(), h) != cfg.hosts.end();
-  }
-};
 
 struct Listener {
   std::string key;  // "tcp:ADDR:PORT"
@@ -42,26 +28,6 @@ struct Listener {
   uint32_t connections = 0;      // open connections it accepted
   uint64_t paused_until_ms = 0;  // out of descriptors: not watched until then (0: watched)
 };
-
-// What the target's queues and controllers need of the target that owns them (the
-// poll group, NvmfTarget::Impl): its transport's options and figures, the subsystem
-// a Connect names, the discovery log. They hold this, not the target's internals.
-class TargetSide {
- public:
-  virtual const TcpTransportOptions& transport_options() const = 0;
-  virtual TargetStats& counters() = 0;
-  // What a Connect to nqn reaches: a subsystem, the discovery subsystem, or nothing.
-  virtual Subsystem* connect_target(const std::string& nqn) = 0;
-  // The discovery log for a host: one entry per listener of each subsystem it may use.
-  virtual std::vector<uint8_t> discovery_log(const std::string& hostnqn) const = 0;
-
- protected:
-  ~TargetSide() = default;
-};
-
-}  // namespace dpukv::nvme
-
-namespace dpukv::nvme {
 
 struct NvmfTarget::Impl final : TargetSide {
   TcpTransportOptions opts;

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "nvmf/target_internal.h"
+#include "nvmf/core/target_side.h"
 #include "runtime/clock.h"
 
 namespace dpukv::nvme {

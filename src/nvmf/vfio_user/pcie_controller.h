@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "nvmf/controller_core.h"
+#include "nvmf/core/controller_core.h"
 #include "nvmf/vfio_user/dma_map_table.h"
 
 namespace dpukv::nvme {

@@ -1,10 +1,10 @@
-#include "nvmf/controller_core.h"
+#include "nvmf/core/controller_core.h"
 
 #include <algorithm>
 #include <bit>
 #include <cstring>
 
-#include "nvmf/identify.h"
+#include "nvmf/core/identify.h"
 #include "runtime/log.h"
 
 namespace dpukv::nvme {

@@ -1,6 +1,6 @@
 // The core's own log pages (NVMe Base 2.0, 5.16), field by field, without a
 // controller.
-#include "nvmf/log_pages.h"
+#include "nvmf/core/log_pages.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "nvme/nvme_spec.h"
-#include "nvmf/spec_bytes_for_tests.h"
+#include "nvmf/core/spec_bytes_for_tests.h"
 
 namespace dpukv::nvme {
 namespace {

@@ -9,8 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "nvmf/controller_core.h"
-#include "nvmf/nvmf_target.h"
+#include "nvmf/core/controller_core.h"
 #include "runtime/clock.h"
 
 namespace dpukv::nvme {

@@ -1,7 +1,7 @@
 // The Get/Set Features state alone: what is set reads back as current, the
 // default stays the default, reset() restores every default but Connect's keep
 // alive, and values the specification does not define are refused unchanged.
-#include "nvmf/features.h"
+#include "nvmf/core/features.h"
 
 #include <gtest/gtest.h>
 

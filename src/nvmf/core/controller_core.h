@@ -23,9 +23,9 @@
 
 #include "nvme/nvme_spec.h"
 #include "nvmf/bdev/bdev.h"
-#include "nvmf/controller_config.h"
-#include "nvmf/features.h"
-#include "nvmf/log_pages.h"
+#include "nvmf/core/controller_config.h"
+#include "nvmf/core/features.h"
+#include "nvmf/core/log_pages.h"
 
 namespace dpukv::nvme {
 

@@ -1,4 +1,4 @@
-#include "nvmf/log_pages.h"
+#include "nvmf/core/log_pages.h"
 
 #include <algorithm>
 #include <cstring>

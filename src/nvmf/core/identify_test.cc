@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "nvme/nvme_spec.h"
-#include "nvmf/identify.h"
-#include "nvmf/spec_bytes_for_tests.h"
+#include "nvmf/core/identify.h"
+#include "nvmf/core/spec_bytes_for_tests.h"
 
 namespace dpukv::nvme {
 namespace {

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "nvmf/controller_config.h"
+#include "nvmf/core/controller_config.h"
 
 namespace dpukv::nvme {
 

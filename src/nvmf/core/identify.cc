@@ -1,4 +1,4 @@
-#include "nvmf/identify.h"
+#include "nvmf/core/identify.h"
 
 #include <algorithm>
 #include <bit>

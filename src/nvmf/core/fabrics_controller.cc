@@ -1,9 +1,9 @@
-#include "nvmf/fabrics_controller.h"
+#include "nvmf/core/fabrics_controller.h"
 
 #include <cstring>
 
 #include "nvme/tcp_wire.h"
-#include "nvmf/target_internal.h"
+#include "nvmf/core/target_side.h"
 
 namespace dpukv::nvme {
 

@@ -1,4 +1,4 @@
-#include "nvmf/features.h"
+#include "nvmf/core/features.h"
 
 #include "nvme/nvme_spec.h"
 
