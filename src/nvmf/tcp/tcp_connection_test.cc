@@ -71,10 +71,14 @@ class TcpConnectionTest : public ::testing::Test {
     if (got.size() < sizeof(TermReq)) return {};
     TermReq tr;
     std::memcpy(&tr, got.data(), sizeof tr);
-    EXPECT_EQ(tr.ch.type, kC2HTermReq);
-    EXPECT_EQ(tr.ch.plen, got.size());
-    EXPECT_EQ(tr.fes, fes);
-    EXPECT_EQ(tr.fei, fei);
+    // Packed fields are copied out: gtest binds references, which must be aligned.
+    const uint8_t type = tr.ch.type;
+    const uint32_t plen = tr.ch.plen, got_fei = tr.fei;
+    const uint16_t got_fes = tr.fes;
+    EXPECT_EQ(type, kC2HTermReq);
+    EXPECT_EQ(plen, got.size());
+    EXPECT_EQ(got_fes, fes);
+    EXPECT_EQ(got_fei, fei);
     EXPECT_TRUE(conn_->closed());
     EXPECT_EQ(target_.stats.term_reqs_sent, 1u);
     return {got.begin() + sizeof tr, got.end()};
@@ -93,11 +97,14 @@ TEST_F(TcpConnectionTest, AnIcReqIsAnsweredWithTheTransportsLimits) {
   ASSERT_EQ(got.size(), sizeof(IcResp));
   IcResp resp;
   std::memcpy(&resp, got.data(), sizeof resp);
-  EXPECT_EQ(resp.ch.type, kIcResp);
-  EXPECT_EQ(resp.ch.plen, sizeof(IcResp));
-  EXPECT_EQ(resp.pfv, 0);
-  EXPECT_EQ(resp.dgst, kDigestHeader) << "the digests the host asked for";
-  EXPECT_EQ(resp.maxh2cdata, 64u * 1024);
+  const uint8_t type = resp.ch.type, dgst = resp.dgst;
+  const uint32_t plen = resp.ch.plen, maxh2cdata = resp.maxh2cdata;
+  const uint16_t pfv = resp.pfv;
+  EXPECT_EQ(type, kIcResp);
+  EXPECT_EQ(plen, sizeof(IcResp));
+  EXPECT_EQ(pfv, 0);
+  EXPECT_EQ(dgst, kDigestHeader) << "the digests the host asked for";
+  EXPECT_EQ(maxh2cdata, 64u * 1024);
   EXPECT_TRUE(conn_->ready());
   EXPECT_FALSE(conn_->closed());
 }
