@@ -143,7 +143,6 @@ class FastPathConsumer final : public FdWatcher {
   uint64_t post_tail_ = 0;  // private copies of the indices this side owns
   uint64_t comp_head_ = 0;
   uint32_t posted_ = 0;
-  uint32_t next_slot_ = 0;
   struct Slot {
     Buf* buf = nullptr;
     UserData ud{};
