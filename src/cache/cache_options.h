@@ -66,6 +66,7 @@ struct CacheStats {
   uint64_t ingest_rejects = 0;                           // ingests refused (no room) or failed
   uint64_t located = 0;                                  // chunks shown in place to another agent
   uint64_t landed_mismatches = 0;  // device reads whose landed bytes differed; chunk intact
+  uint64_t engine_waits = 0;       // copies that waited for a slot in a full DMA or codec ring
 };
 
 // Where a memory-resident chunk lies in the arena, and what a copy of it must be

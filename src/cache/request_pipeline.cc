@@ -148,6 +148,23 @@ void RequestPipeline::wait_for_room(Request* r, uint64_t bytes) {
   room_wanted_bytes_ += bytes;
 }
 
+// The DMA and compress engines answer AGAIN while their rings are full: a batch
+// longer than a ring (the chunks of one long prompt) waits, as for room, until a
+// copy in flight completes and retries the waiters, instead of failing entries
+// the caller would have to send again.
+bool RequestPipeline::wait_for_engine(Request* r, Status st) {
+  if (st != Code::kAgain || engine_ops_ == 0) return false;
+  for (Buf** b : {&r->arena_buf, &r->arena_buf2}) {
+    if (*b != nullptr) {
+      (void)(*b)->dec_refcount();
+      *b = nullptr;
+    }
+  }
+  ++st_->engine_waits;
+  wait_for_room(r, 0);
+  return true;
+}
+
 bool RequestPipeline::room_may_come() const {
   return placement_->spills_in_flight() > 0 || disk_reads_ > 0 || engine_ops_ > 0;
 }
@@ -328,6 +345,10 @@ void RequestPipeline::begin_store(Request* r) {
   }
   if (!st.ok()) {
     placement_->fill_failed(r->entry);
+    if (wait_for_engine(r, st)) {
+      table_.at(r->entry).memory = ChunkEntry::Memory::kAwaitingRoom;  // held, as for room
+      return;
+    }
     table_.erase(r->entry);
     finish(r, st);
   }
@@ -447,6 +468,7 @@ void RequestPipeline::begin_read(Request* r) {
   }
   if (!st.ok()) {
     --en.readers;
+    if (wait_for_engine(r, st)) return;
     finish(r, st);
   }
 }
