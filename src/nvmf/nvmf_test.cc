@@ -698,12 +698,20 @@ TEST_F(NvmfTest, HostKilledMidWrite) {
       if (i >= 7) {
         Cqe e;
         if (!h->wait_one(0, &e, 5000).ok()) _exit(5);
-        if (status_of_cqe(e.status) == kSuccess)
+        if (status_of_cqe(e.status) == kSuccess) {
           __atomic_store_n(&acked[e.cid], 1u, __ATOMIC_RELEASE);
+          __atomic_add_fetch(&acked[16], 1u, __ATOMIC_RELEASE);  // acknowledged so far
+        }
       }
     }
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Killed mid-stream: once 64 writes are acknowledged (a condition, not a time:
+  // a busy machine only makes it come later), with 8 more in flight.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (__atomic_load_n(&acked[16], __ATOMIC_ACQUIRE) < 64 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_GE(__atomic_load_n(&acked[16], __ATOMIC_ACQUIRE), 64u) << "the host acknowledged too few";
   ASSERT_TRUE(signal_child(child, SIGKILL));
   reap_child(child, nullptr);
   ASSERT_TRUE(NvmeTcpHost::connect(opts(), &host_).ok());
