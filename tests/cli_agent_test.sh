@@ -21,7 +21,7 @@ for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 "$bin" replay "$trace" --agent "$sock" --max-requests 400 --capacity-blocks 100000 --scale 16384 --json > "$tmp/r.json"
-"$bin" replay "$trace" --max-requests 800 --capacity-blocks 1000 --json > "$tmp/own.json"
+"$bin" replay "$trace" --max-requests 800 --capacity-blocks 1000 --eviction lru --json > "$tmp/own.json"
 "$py" - "$tmp/r.json" "$tmp/own.json" <<'PY'
 import json, sys
 for path in sys.argv[1:]:
@@ -33,6 +33,13 @@ for path in sys.argv[1:]:
     assert d["block_hit_ratio"] > 0 and d["verified_bytes"] > 0, d
 own = json.load(open(sys.argv[2]))
 assert abs(own["block_hit_ratio"] - own["lru_sim_block_hit_ratio"]) <= 0.001, own
+# The optimum of the same trace and capacity bounds both, and the ratios are to it.
+opt = own["optimum_block_hit_ratio"]
+assert opt >= own["lru_sim_block_hit_ratio"] and opt >= own["block_hit_ratio"] and opt < 1, own
+assert abs(own["ratio_to_optimum"] - own["block_hit_ratio"] / opt) < 1e-9, own
+(mem,) = own["tiers"]
+assert mem["tier"] == "memory" and mem["capacity_blocks"] == 1000, mem
+assert mem["optimum_prefix_hit_ratio"] <= mem["optimum_block_hit_ratio"] == opt, mem
 assert own["agent_peak_rss_bytes"] > 0
 PY
 # A trace that is not one is refused with a clear message and exit 2.

@@ -21,7 +21,13 @@ for op in ("store", "retrieve", "spill", "reload"):
         assert r["gbps"] > 0 and r["baseline_gbps"] > 0, r
         assert abs(r["ratio"] - r["gbps"] / r["baseline_gbps"]) < 1e-9, r
 assert ops["lookup"][0]["keys_per_s"] > 0 and ops["lookup"][0]["baseline_keys_per_s"] > 0
-assert ops["index"][0]["bytes_per_chunk"] > 0
+# The index is measured under every policy, against LRU, and one is the default.
+policies = {r["policy"]: r for r in ops["index"]}
+assert {"lru", "s3fifo", "arc"} <= set(policies), policies
+for r in ops["index"]:
+    assert r["bytes_per_chunk"] > 0 and r["baseline_bytes_per_chunk"] == policies["lru"]["bytes_per_chunk"], r
+    assert abs(r["ratio"] - r["bytes_per_chunk"] / r["baseline_bytes_per_chunk"]) < 1e-9, r
+assert sum(1 for r in ops["index"] if r["default"]) == 1
 # The disk tier is measured at every size asked for.
 for op in ("spill", "reload"):
     assert sorted(r["size_bytes"] for r in ops[op]) == [256 << 10, 1 << 20], ops[op]

@@ -131,7 +131,7 @@ wait "$agent"
 
 # Replay with a disk tier: at the LRU simulation of memory + disk (-0.1 pt), and
 # with two clients, no failure and exit 0.
-"$bin" replay "$trace" --max-requests 3000 --capacity-blocks 500 --disk-blocks 1500 --json \
+"$bin" replay "$trace" --max-requests 3000 --capacity-blocks 500 --disk-blocks 1500 --eviction lru --json \
   > "$tmp/disk.json"
 "$bin" replay "$trace" --max-requests 3000 --capacity-blocks 500 --disk-blocks 500 --clients 2 \
   --json > "$tmp/two.json"
@@ -141,6 +141,11 @@ d = json.load(open(sys.argv[1]))
 assert d["block_hit_ratio"] >= d["hierarchy_lru_sim_block_hit_ratio"] - 0.001, d
 assert d["hierarchy_lru_sim_block_hit_ratio"] > d["lru_sim_block_hit_ratio"], d
 assert d["agent"]["disk_evictions"] > 0, d["agent"]
+# Each tier has its bound; the hierarchy's is the one the agent is measured against.
+mem, both = d["tiers"]
+assert (mem["tier"], both["tier"]) == ("memory", "memory+disk"), d["tiers"]
+assert both["capacity_blocks"] == 2000 and both["optimum_block_hit_ratio"] > mem["optimum_block_hit_ratio"]
+assert d["optimum_block_hit_ratio"] == both["optimum_block_hit_ratio"] >= d["block_hit_ratio"], d
 for path in sys.argv[1:]:
     r = json.load(open(path))
     assert r["failures"] == {} and r["errors"] == 0 and r["verify_failures"] == 0, r

@@ -61,8 +61,9 @@ EXPORTED = {"dpukv": "client"}
 # include only listed files of its own layer or below (a .cc its own header), so
 # an arrow back up (placement calling the request pipeline) fails here.
 PARTS = {
-    "cache": ["cache_options", "chunk_index", "chunk_table", "eviction_policy", "placement",
-              "request_pipeline", "cache_engine"],
+    "cache": ["cache_options", "chunk_index", "chunk_table", "eviction_policy", "policy_links",
+              "ghost_window", "arc_policy", "eviction_policies", "placement", "request_pipeline",
+              "cache_engine"],
     "cluster": ["cluster_options", "peer_wire", "lent_pins", "remote_tier", "peer_links",
                 "chunk_reader", "chunk_holder", "cluster_node"],
     "comch": ["wire", "connection", "fast_path", "channel", "server", "client"],

@@ -16,7 +16,7 @@
 #include <fstream>
 #include <ostream>
 
-#include "cache/eviction_policy.h"
+#include "cache/eviction_policies.h"
 #include "runtime/arg_parse.h"
 #include "runtime/host_port.h"
 #include "runtime/log.h"

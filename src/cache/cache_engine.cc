@@ -1,4 +1,5 @@
 #include "cache/cache_engine.h"
+#include "cache/eviction_policies.h"
 
 #include <sys/epoll.h>
 

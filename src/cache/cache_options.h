@@ -30,10 +30,10 @@ struct CacheOptions {
   // enter the memory tier (decoded on retrieve). Chunks are taken as bf16 values.
   bool compress = false;
   uint32_t compress_threads = 1;
-  // Eviction: LRU, or S3-FIFO (a small FIFO for new chunks, a main FIFO with
-  // reinsertion for chunks hit again, and a ghost list of recent small-queue
-  // evictions; Yang et al., SOSP 2023).
-  std::string policy = "lru";  // a name of eviction_policies()
+  // Eviction: ARC with long ghost windows (cache/arc_policy.h), LRU, or S3-FIFO
+  // (Yang et al., SOSP 2023); docs/cache_policy.md measures each against the
+  // offline optimum.
+  std::string policy = "arc";  // a name of eviction_policies() (the first is the default)
 };
 
 // The cache's work in flight by what it waits for, as named in stat and in

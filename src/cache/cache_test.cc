@@ -1,4 +1,5 @@
 #include "cache/cache_engine.h"
+#include "cache/eviction_policies.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -214,7 +215,8 @@ TEST(CacheEngine, ABatchLongerThanTheDmaRingWaitsForSlotsInsteadOfFailing) {
 }
 
 TEST(CacheEngine, EvictionPoliciesAreChosenByNameFromOneTable) {
-  EXPECT_EQ(eviction_policy_names("|"), "lru|s3fifo");
+  EXPECT_EQ(eviction_policy_names("|"), "arc|lru|s3fifo");
+  EXPECT_STREQ(eviction_policies().front().name, CacheOptions{}.policy.c_str());  // the default
   std::unique_ptr<ProgressEngine> pe;
   ASSERT_TRUE(ProgressEngine::create(&pe).ok());
   for (const EvictionPolicyInfo& p : eviction_policies()) {
@@ -225,10 +227,10 @@ TEST(CacheEngine, EvictionPoliciesAreChosenByNameFromOneTable) {
     EXPECT_EQ(find_eviction_policy(p.name), &p);
   }
   CacheOptions o = small_memory(4, 64 << 10);
-  o.policy = "arc";
+  o.policy = "lfu";
   std::unique_ptr<CacheEngine> c;
   EXPECT_EQ(CacheEngine::create(pe.get(), o, &c), Code::kInvalidValue);
-  EXPECT_EQ(find_eviction_policy("arc"), nullptr);
+  EXPECT_EQ(find_eviction_policy("lfu"), nullptr);
 }
 
 TEST(CacheEngine, S3FifoMatchesReferenceAndKeepsCapacity) {

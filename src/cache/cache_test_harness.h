@@ -151,6 +151,7 @@ inline CacheOptions small_memory(uint64_t chunks, uint64_t chunk_bytes) {
   o.max_chunk_bytes = chunk_bytes;
   o.max_chunks = 4096;
   o.max_requests = 64;
+  o.policy = "lru";  // the engine's mechanics are checked with the simplest order
   return o;
 }
 

@@ -1,72 +1,18 @@
-#include "cache/eviction_policy.h"
+#include "cache/eviction_policies.h"
 
 #include <algorithm>
 #include <vector>
 
+#include "cache/arc_policy.h"
+#include "cache/ghost_window.h"
+#include "cache/policy_links.h"
+
 namespace dpukv {
 namespace {
 
-// Intrusive doubly linked queues over entry ids, most recent at the head.
-struct Node {
-  int32_t prev = -1, next = -1;
-  uint64_t bytes = 0;
-  bool small = false;  // S3-FIFO: in the small queue
-  uint8_t freq = 0;    // S3-FIFO: hits since entering its queue (at most 3)
-};
-
-struct Queue {
-  int32_t head = -1, tail = -1;
-  uint64_t bytes = 0;
-};
-
-class Links {
- public:
-  explicit Links(uint32_t n) : nodes_(n) {}
-  Node& operator[](int32_t e) { return nodes_[static_cast<size_t>(e)]; }
-  const Node& operator[](int32_t e) const { return nodes_[static_cast<size_t>(e)]; }
-  void push_front(Queue& q, int32_t e) {
-    Node& n = (*this)[e];
-    n.prev = -1;
-    n.next = q.head;
-    if (q.head >= 0) (*this)[q.head].prev = e;
-    q.head = e;
-    if (q.tail < 0) q.tail = e;
-    q.bytes += n.bytes;
-  }
-  void push_back(Queue& q, int32_t e) {
-    Node& n = (*this)[e];
-    n.next = -1;
-    n.prev = q.tail;
-    if (q.tail >= 0) (*this)[q.tail].next = e;
-    q.tail = e;
-    if (q.head < 0) q.head = e;
-    q.bytes += n.bytes;
-  }
-  void unlink(Queue& q, int32_t e) {
-    Node& n = (*this)[e];
-    if (n.prev >= 0)
-      (*this)[n.prev].next = n.next;
-    else if (q.head == e)
-      q.head = n.next;
-    else
-      return;  // not linked
-    if (n.next >= 0)
-      (*this)[n.next].prev = n.prev;
-    else
-      q.tail = n.prev;
-    n.prev = n.next = -1;
-    q.bytes -= n.bytes;
-  }
-  // The coldest chunk of q that may go, or -1.
-  int32_t scan(const Queue& q, EvictionPolicy::MayEvict may, const void* ctx) const {
-    int32_t v = q.tail;
-    while (v >= 0 && !may(ctx, v)) v = (*this)[v].prev;
-    return v;
-  }
-
- private:
-  std::vector<Node> nodes_;
-};
+using policy::Links;
+using policy::Node;
+using policy::Queue;
 
 class LruPolicy final : public EvictionPolicy {
  public:
@@ -233,7 +179,15 @@ std::unique_ptr<EvictionPolicy> s3fifo_from(const EvictionPolicySizing& s) {
   return make_s3fifo_policy(s.max_chunks, s.capacity_bytes, std::max<uint64_t>(fit, 1024));
 }
 
+std::unique_ptr<EvictionPolicy> arc_from(const EvictionPolicySizing& s) {
+  const uint64_t fit = s.largest_chunk == 0 ? 0 : s.capacity_bytes / s.largest_chunk;
+  return make_arc_policy(s.max_chunks,
+                         std::min<uint64_t>(std::max<uint64_t>(fit, 1), s.max_chunks));
+}
+
 constexpr EvictionPolicyInfo kPolicies[] = {
+    {"arc", "ARC: chunks used once and chunks used again, balanced by what left each lately",
+     &arc_from},
     {"lru", "least recently used leaves first", &lru_from},
     {"s3fifo", "S3-FIFO: one-time chunks leave before the working set", &s3fifo_from},
 };
@@ -266,6 +220,10 @@ std::unique_ptr<EvictionPolicy> make_lru_policy(uint32_t max_chunks) {
 std::unique_ptr<EvictionPolicy> make_s3fifo_policy(uint32_t max_chunks, uint64_t capacity_bytes,
                                                    size_t ghosts) {
   return std::make_unique<S3FifoPolicy>(max_chunks, capacity_bytes, ghosts);
+}
+
+std::unique_ptr<EvictionPolicy> make_arc_policy(uint32_t max_chunks, size_t chunks) {
+  return std::make_unique<ArcPolicy<GhostWindow>>(max_chunks, chunks, kArcGhostFactor * chunks);
 }
 
 }  // namespace dpukv

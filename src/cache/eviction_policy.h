@@ -4,17 +4,14 @@
 // being copied). Chunks are the engine's entry ids, 0..max_chunks-1; a policy
 // keeps its own links for them, sized once (no allocation on the data path).
 //
-// Policies: LRU, and S3-FIFO (Yang et al., SOSP '23: a small FIFO for new chunks,
-// a main FIFO with reinsertion, a ghost list of recent small-queue evictions),
-// which keeps a scan of one-time chunks from flushing the working set. ARC or a
-// policy fed by the inference engine's own hints would be a third implementation.
+// Policies: LRU; S3-FIFO (Yang et al., SOSP '23: a small FIFO for new chunks, a
+// main FIFO with reinsertion, a ghost list of recent small-queue evictions), which
+// keeps a scan of one-time chunks from flushing the working set; and ARC (Megiddo
+// and Modha, FAST '03), which balances recency against reuse by what it lately
+// dropped. How each compares with the offline optimum: docs/cache_policy.md.
 #pragma once
 
 #include <cstdint>
-#include <memory>
-#include <span>
-#include <string>
-#include <string_view>
 
 namespace dpukv {
 
@@ -46,32 +43,5 @@ class EvictionPolicy {
   virtual int32_t warmer(int32_t e) const = 0;
   virtual uint64_t bytes_per_chunk() const = 0;  // the policy's own index memory
 };
-
-// What a policy is sized by, once, when the cache starts.
-struct EvictionPolicySizing {
-  uint32_t max_chunks = 0;      // entry ids are 0..max_chunks-1
-  uint64_t capacity_bytes = 0;  // the memory tier
-  uint64_t largest_chunk = 0;   // a memory-tier slot: capacity / largest_chunk chunks fit
-};
-
-// The policies, by name: the cache, the agent's settings and the CLI's choices and
-// help all come from this table (a third policy is one row). The first row is
-// the default.
-struct EvictionPolicyInfo {
-  const char* name;
-  const char* summary;
-  std::unique_ptr<EvictionPolicy> (*make)(const EvictionPolicySizing&);
-};
-std::span<const EvictionPolicyInfo> eviction_policies();
-// The row of that name, or null.
-const EvictionPolicyInfo* find_eviction_policy(std::string_view name);
-// The names joined by sep ("lru|s3fifo"), for choices and help.
-std::string eviction_policy_names(std::string_view sep);
-
-std::unique_ptr<EvictionPolicy> make_lru_policy(uint32_t max_chunks);
-// capacity_bytes: the memory tier (the small queue holds up to a tenth of it);
-// ghosts: how many evicted hashes are remembered.
-std::unique_ptr<EvictionPolicy> make_s3fifo_policy(uint32_t max_chunks, uint64_t capacity_bytes,
-                                                   size_t ghosts);
 
 }  // namespace dpukv

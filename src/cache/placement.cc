@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "cache/eviction_policies.h"
 #include "engines/compress/kv_codec.h"
 #include "runtime/chunk_checksum.h"
 #include "runtime/clock.h"

@@ -9,10 +9,13 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <string>
+#include <string_view>
 #include <unordered_set>
 #include <vector>
 
 #include "cache/cache_engine.h"
+#include "cache/eviction_policies.h"
 #include "runtime/log.h"
 #include "tools/bench_common.h"
 
@@ -174,8 +177,11 @@ int run(const Config& c) {
                   r["keys_per_s"].get<double>(), r["baseline"].get<std::string>().c_str(),
                   r["baseline_keys_per_s"].get<double>(), r["ratio"].get<double>());
     else
-      std::printf("%-10s %lu bytes per chunk in the index\n", r["op"].get<std::string>().c_str(),
-                  static_cast<unsigned long>(r["bytes_per_chunk"].get<uint64_t>()));
+      std::printf("%-10s %-7s %9lu bytes/chunk  %-22s %9lu bytes/chunk ratio %5.2f%s\n",
+                  r["op"].get<std::string>().c_str(), r["policy"].get<std::string>().c_str(),
+                  static_cast<unsigned long>(r["bytes_per_chunk"].get<uint64_t>()), "lru",
+                  static_cast<unsigned long>(r["baseline_bytes_per_chunk"].get<uint64_t>()),
+                  r["ratio"].get<double>(), r["default"].get<bool>() ? "  (default)" : "");
     std::fflush(stdout);
   };
 
@@ -282,9 +288,32 @@ int run(const Config& c) {
       emit(bench::compared(
           {{"op", "lookup"}, {"size_bytes", size}, {"keys", nk}, {"keys_per_s", lk}},
           "std::unordered_set", "keys_per_s", lk, lb));
-      emit({{"op", "index"},
-            {"size_bytes", size},
-            {"bytes_per_chunk", cache->index_bytes_per_chunk()}});
+      // The index's memory per chunk under each eviction policy, against LRU's
+      // (the policy's links and ghost lists on top of the chunk table).
+      auto index_bytes = [&](const char* policy, uint64_t* out) {
+        CacheOptions po = o;
+        po.policy = policy;
+        std::unique_ptr<CacheEngine> pc;
+        if (!CacheEngine::create(pe.get(), po, &pc).ok()) return false;
+        *out = pc->index_bytes_per_chunk();
+        return true;
+      };
+      uint64_t lru_bytes = 0;
+      for (const EvictionPolicyInfo& p : eviction_policies()) {
+        uint64_t b = 0;
+        if (!index_bytes("lru", &lru_bytes) || !index_bytes(p.name, &b)) {
+          std::cerr << "dpukv bench cache: no cache with eviction " << p.name << "\n";
+          return 1;
+        }
+        emit({{"op", "index"},
+              {"policy", p.name},
+              {"default", &p == &eviction_policies().front()},
+              {"size_bytes", size},
+              {"bytes_per_chunk", b},
+              {"baseline", "lru"},
+              {"baseline_bytes_per_chunk", lru_bytes},
+              {"ratio", static_cast<double>(b) / static_cast<double>(lru_bytes)}});
+      }
     }
     (void)cache->stop();
     while (cache->state() != CtxState::kIdle) pe->progress();

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/eviction_policy.h"
+#include "cache/eviction_policies.h"
 #include "tools/bench_common.h"
 #include "tools/replay_agents.h"
 #include "tools/replay_clients.h"

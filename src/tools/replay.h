@@ -29,7 +29,7 @@ struct Config {
   bool json = false;
   bool no_verify = false;
   std::string plot;
-  std::string eviction = "lru";
+  std::string eviction = "arc";
   uint32_t nodes = 1;  // agents in a cluster (a Redis directory the replay starts)
   bool no_netns = false;
 };

@@ -167,6 +167,8 @@ int drive_clients(const Config& c, const std::vector<Request>& reqs, const Agent
     t.sim_hits += sim.access(r.ids);
     if (c.disk_blocks) t.hier_sim_hits += hier_sim.access(r.ids);
   }
+  t.optimum = belady_optimum(reqs, c.capacity_blocks * nodes);
+  if (c.disk_blocks) t.hier_optimum = belady_optimum(reqs, c.capacity_blocks + c.disk_blocks);
   if (tty) std::fprintf(stderr, "\n");
 
   (void)clients[0]->stats_json(&t.agent_json);

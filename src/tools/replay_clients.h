@@ -1,8 +1,8 @@
 // The replay's clients: nclients threads, each with its own client and staging,
 // spread over the agents (request i goes to agent i mod N, as a load balancer
 // without prefix affinity would); each request is a lookup, a retrieve of the hits
-// (checked byte for byte), and a store of the misses. The LRU simulations see the
-// trace in its own order.
+// (checked byte for byte), and a store of the misses. The LRU simulations and the
+// offline optimum see the trace in its own order.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,7 @@
 #include "tools/bench_common.h"
 #include "tools/replay.h"
 #include "tools/replay_agents.h"
+#include "tools/replay_optimum.h"
 #include "tools/replay_trace.h"
 
 namespace dpukv::replay {
@@ -23,6 +24,7 @@ struct Totals {
   uint64_t requests = 0, blocks = 0, hit_blocks = 0, tokens = 0, hit_tokens = 0, sim_hits = 0;
   uint64_t stored_bytes = 0, retrieved_bytes = 0, verified_bytes = 0, verify_failures = 0;
   uint64_t store_ns = 0, retrieve_ns = 0, lost_hits = 0, hier_sim_hits = 0, retries = 0;
+  OptimumHits optimum, hier_optimum;         // Belady over memory, and over memory + disk
   std::map<std::string, uint64_t> failures;  // "store NO_MEMORY" -> entries
   bench::LatencyRecorder lookup_lat{1u << 18}, retrieve_lat{1u << 18};
   struct Bucket {

@@ -29,6 +29,32 @@ int report(const Config& c, const RunShape& s, Totals& t) {
   out["block_hit_ratio"] = t.blocks ? static_cast<double>(t.hit_blocks) / t.blocks : 0.0;
   out["token_hit_ratio"] = t.tokens ? static_cast<double>(t.hit_tokens) / t.tokens : 0.0;
   out["lru_sim_block_hit_ratio"] = t.blocks ? static_cast<double>(t.sim_hits) / t.blocks : 0.0;
+  // The bound beside every figure: per tier, the capacity, its same-run LRU and its
+  // offline optimum; the agent's hit ratio against the deepest tier's optimum.
+  const auto ratio = [&](uint64_t hits) {
+    return t.blocks ? static_cast<double>(hits) / t.blocks : 0.0;
+  };
+  const auto share = [](uint64_t hits, uint64_t bound) {
+    return bound ? static_cast<double>(hits) / bound : 0.0;
+  };
+  const OptimumHits& bound = c.disk_blocks ? t.hier_optimum : t.optimum;
+  out["optimum_block_hit_ratio"] = ratio(bound.block_hits);
+  out["ratio_to_optimum"] = share(t.hit_blocks, bound.block_hits);
+  Json tiers = Json::array();
+  tiers.push_back({{"tier", "memory"},
+                   {"capacity_blocks", c.capacity_blocks * s.nodes},
+                   {"lru_sim_block_hit_ratio", ratio(t.sim_hits)},
+                   {"optimum_block_hit_ratio", ratio(t.optimum.block_hits)},
+                   {"optimum_prefix_hit_ratio", ratio(t.optimum.prefix_hits)},
+                   {"lru_ratio_to_optimum", share(t.sim_hits, t.optimum.block_hits)}});
+  if (c.disk_blocks)
+    tiers.push_back({{"tier", "memory+disk"},
+                     {"capacity_blocks", c.capacity_blocks + c.disk_blocks},
+                     {"lru_sim_block_hit_ratio", ratio(t.hier_sim_hits)},
+                     {"optimum_block_hit_ratio", ratio(t.hier_optimum.block_hits)},
+                     {"optimum_prefix_hit_ratio", ratio(t.hier_optimum.prefix_hits)},
+                     {"lru_ratio_to_optimum", share(t.hier_sim_hits, t.hier_optimum.block_hits)}});
+  out["tiers"] = tiers;
   if (s.nodes > 1) {
     // Remote hits are counted by the agents at lookup; a few may be lost before
     // the retrieve (hits_lost_after_lookup), so local = hits - remote, at least 0.
@@ -126,6 +152,21 @@ int report(const Config& c, const RunShape& s, Totals& t) {
       std::printf("  with disk tier      %llu blocks; LRU simulation of memory + disk: %.2f%%\n",
                   static_cast<unsigned long long>(c.disk_blocks),
                   100 * out["hierarchy_lru_sim_block_hit_ratio"].get<double>());
+    // Each tier's bound: Belady's optimum for its capacity, with LRU's share of it
+    // and, on the deepest tier, the agent's policy's.
+    for (size_t i = 0; i < tiers.size(); ++i) {
+      const Json& tj = tiers[i];
+      char mine[48] = "";
+      if (i + 1 == tiers.size())
+        std::snprintf(mine, sizeof mine, "   %s %.2fx",
+                      c.agent_socket.empty() ? c.eviction.c_str() : "agent",
+                      out["ratio_to_optimum"].get<double>());
+      std::printf("  %-19s %-11s %6llu blocks %6.2f%%   LRU %.2fx%s\n",
+                  i == 0 ? "optimum (Belady)" : "", tj["tier"].get<std::string>().c_str(),
+                  static_cast<unsigned long long>(tj["capacity_blocks"].get<uint64_t>()),
+                  100 * tj["optimum_block_hit_ratio"].get<double>(),
+                  tj["lru_ratio_to_optimum"].get<double>(), mine);
+    }
     std::printf("  token hit ratio     %.2f%%\n", 100 * out["token_hit_ratio"].get<double>());
     std::printf("  stored / retrieved  %.2f / %.2f GiB at %.2f / %.2f GB/s\n",
                 t.stored_bytes / 1073741824.0, t.retrieved_bytes / 1073741824.0,
