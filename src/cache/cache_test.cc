@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -18,9 +19,11 @@
 #include <random>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cache/cache_test_harness.h"
+#include "cache/cache_test_trace.h"
 #include "cache/chunk_index.h"
 #include "cache/tier/slab_allocator.h"
 #include "engines/compress/kv_synth.h"
@@ -184,6 +187,60 @@ struct RefS3Fifo {
     where.erase(id);
   }
 };
+
+// LRU and S3-FIFO, driven directly with the conversation trace's references (a
+// miss inserts after the victim leaves; a hit is an access), keep what their
+// reference models keep, at a capacity far below the working set.
+TEST(EvictionPolicies, LruAndS3FifoMatchTheirModelsOnTheConversationTrace) {
+  const std::vector<uint64_t> ids = conversation_trace_refs(1500);
+  ASSERT_GT(ids.size(), 10000u);
+  uint64_t max_id = 0;
+  for (uint64_t id : ids) max_id = std::max(max_id, id);
+  const size_t slots = 300;
+  auto all = [](const void*, int32_t) { return true; };
+  auto hash_of = [](uint64_t id) { return (id + 1) * 0x9E3779B97F4A7C15ull; };
+  for (const char* name : {"lru", "s3fifo"}) {
+    auto pol = std::string(name) == "lru"
+                   ? make_lru_policy(static_cast<uint32_t>(max_id + 1))
+                   : make_s3fifo_policy(static_cast<uint32_t>(max_id + 1), slots, 1024);
+    std::list<uint64_t> lru;  // front = most recent
+    RefS3Fifo s3{slots, 1024, {}, {}, {}, {}};
+    std::unordered_set<uint64_t> cached;
+    uint64_t hits = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const uint64_t id = ids[i];
+      const bool ref_has =
+          name[0] == 'l' ? std::find(lru.begin(), lru.end(), id) != lru.end() : s3.present(id);
+      ASSERT_EQ(cached.count(id) != 0, ref_has) << name << ", reference " << i;
+      if (ref_has) {
+        pol->access(static_cast<int32_t>(id));
+        ++hits;
+        if (name[0] == 'l')
+          lru.splice(lru.begin(), lru, std::find(lru.begin(), lru.end(), id));
+        else
+          s3.touch(id);
+        continue;
+      }
+      if (cached.size() >= slots) {
+        const int32_t v = pol->victim(all, nullptr);
+        ASSERT_GE(v, 0);
+        pol->remove(v);
+        cached.erase(static_cast<uint64_t>(v));
+        if (name[0] == 'l') {
+          ASSERT_EQ(static_cast<uint64_t>(v), lru.back()) << "reference " << i;
+          lru.pop_back();
+        }
+      }
+      pol->insert(static_cast<int32_t>(id), hash_of(id), 1);  // one byte a chunk: slots bytes
+      cached.insert(id);
+      if (name[0] == 'l')
+        lru.push_front(id);
+      else
+        s3.insert(id);
+    }
+    EXPECT_GT(hits, 0u) << name;
+  }
+}
 
 // Every policy is a row of one table; the cache takes any row's name and refuses
 // a name that is not one.

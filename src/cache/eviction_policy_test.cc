@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <fstream>
 #include <list>
 #include <random>
 #include <set>
@@ -13,10 +12,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "cache/arc_policy.h"
 #include "cache/cache_test_harness.h"
+#include "cache/cache_test_trace.h"
 
 namespace dpukv {
 namespace {
@@ -121,8 +119,9 @@ uint64_t hash_of(uint64_t id) {
 // Drives the policy and the model with one sequence of ids (a miss inserts, after
 // the victim leaves when c chunks are in; a hit is an access) and checks that every
 // victim is the same. `pinned` ids may not be evicted while pinned.
+// *max_p: the largest target size of T1 seen (0: the ghost lists never taught it).
 void drive_arc(const std::vector<uint64_t>& ids, size_t c, uint32_t max_id,
-               const std::vector<uint8_t>& pinned, uint64_t* hits) {
+               const std::vector<uint8_t>& pinned, uint64_t* hits, size_t* max_p) {
   ArcPolicy<ExactWindow> policy(max_id, c, kArcGhostFactor * c);
   EvictionPolicy* pol = &policy;
   RefArc ref(c, kArcGhostFactor * c);
@@ -155,6 +154,8 @@ void drive_arc(const std::vector<uint64_t>& ids, size_t c, uint32_t max_id,
     pol->insert(static_cast<int32_t>(id), hash_of(id), 4096);
     ref.insert(id);
     cached.insert(id);
+    EXPECT_EQ(policy.target_t1(), ref.p);
+    *max_p = std::max(*max_p, ref.p);
   }
 }
 
@@ -172,30 +173,27 @@ TEST(ArcPolicy, MatchesTheReferenceModelOnRandomSkewedReferences) {
     std::vector<uint8_t> pinned(4000, 0);
     for (size_t i = 0; i < pinned.size(); i += 7) pinned[i] = 1;  // some may not go
     uint64_t hits = 0;
-    drive_arc(ids, c, 4000, {}, &hits);
+    size_t max_p = 0;
+    drive_arc(ids, c, 4000, {}, &hits, &max_p);
     EXPECT_GT(hits, 0u);
-    drive_arc(ids, c, 4000, pinned, &hits);
+    if (c > 1) {
+      EXPECT_GT(max_p, 0u) << c;
+    }
+    drive_arc(ids, c, 4000, pinned, &hits, &max_p);
   }
 }
 
 // The replay's own pattern on the repo's real trace: every block of a request,
 // in order, at a capacity far below the working set.
 TEST(ArcPolicy, MatchesTheReferenceModelOnTheConversationTrace) {
-  std::ifstream f(DPUKV_CONVERSATION_TRACE);
-  ASSERT_TRUE(f) << DPUKV_CONVERSATION_TRACE;
-  std::vector<uint64_t> ids;
-  std::string line;
+  const std::vector<uint64_t> ids = conversation_trace_refs(1500);
   uint64_t max_id = 0;
-  for (int n = 0; n < 1500 && std::getline(f, line); ++n) {
-    const auto j = nlohmann::json::parse(line);
-    for (const auto& id : j["hash_ids"]) {
-      ids.push_back(id.get<uint64_t>());
-      max_id = std::max(max_id, ids.back());
-    }
-  }
+  for (uint64_t id : ids) max_id = std::max(max_id, id);
   ASSERT_GT(ids.size(), 10000u);
   uint64_t hits = 0;
-  drive_arc(ids, 300, static_cast<uint32_t>(max_id + 1), {}, &hits);
+  size_t max_p = 0;
+  drive_arc(ids, 300, static_cast<uint32_t>(max_id + 1), {}, &hits, &max_p);
+  EXPECT_GT(max_p, 0u);  // B1 hits moved p
   EXPECT_GT(hits, 0u);
 }
 
