@@ -117,13 +117,17 @@ Status RequestPipeline::accept(RequestKind kind, const ChunkKey& key, Buf* user,
   return Code::kSuccess;
 }
 
-void RequestPipeline::finish(Request* r, Status st) {
+void RequestPipeline::release_arena_bufs(Request* r) {
   for (Buf** b : {&r->arena_buf, &r->arena_buf2}) {
     if (*b != nullptr) {
       (void)(*b)->dec_refcount();
       *b = nullptr;
     }
   }
+}
+
+void RequestPipeline::finish(Request* r, Status st) {
+  release_arena_bufs(r);
   if (r->big_off != UINT64_MAX) {  // an encode slot that was not needed in the end
     placement_->memory().free(r->big_off);
     r->big_off = UINT64_MAX;
@@ -154,12 +158,7 @@ void RequestPipeline::wait_for_room(Request* r, uint64_t bytes) {
 // the caller would have to send again.
 bool RequestPipeline::wait_for_engine(Request* r, Status st) {
   if (st != Code::kAgain || engine_ops_ == 0) return false;
-  for (Buf** b : {&r->arena_buf, &r->arena_buf2}) {
-    if (*b != nullptr) {
-      (void)(*b)->dec_refcount();
-      *b = nullptr;
-    }
-  }
+  release_arena_bufs(r);
   ++st_->engine_waits;
   wait_for_room(r, 0);
   return true;

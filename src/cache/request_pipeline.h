@@ -116,6 +116,7 @@ class RequestPipeline {
   bool stopping() const { return owner_->state() == CtxState::kStopping; }
   bool room_may_come() const;
   bool wait_for_engine(Request* r, Status st);  // true: r waits for a ring slot
+  void release_arena_bufs(Request* r);
   void wait_for_room(Request* r, uint64_t bytes);
 
   Status begin_store_request(Request* r, uint64_t size);
