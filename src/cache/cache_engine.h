@@ -1,6 +1,6 @@
 // The KV cache engine: an index of chunks over a memory tier (one exportable,
 // pre-faulted arena) and an optional disk tier (tier/disk_tier.h), with an eviction
-// policy (LRU or S3-FIFO: eviction_policy.h), pinning, checksums verified on every
+// policy (ARC, LRU or S3-FIFO: eviction_policies.h), pinning, checksums verified on every
 // read, and store/retrieve pipelines that move bytes only through the DMA engine or
 // a device copier (so a hardware backend can take over).
 //

@@ -32,7 +32,7 @@ struct EvictionPolicyInfo {
 std::span<const EvictionPolicyInfo> eviction_policies();
 // The row of that name, or null.
 const EvictionPolicyInfo* find_eviction_policy(std::string_view name);
-// The names joined by sep ("lru|s3fifo"), for choices and help.
+// The names joined by sep ("arc|lru|s3fifo"), for choices and help.
 std::string eviction_policy_names(std::string_view sep);
 
 std::unique_ptr<EvictionPolicy> make_lru_policy(uint32_t max_chunks);
