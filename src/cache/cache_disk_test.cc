@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cache/cache_test_harness.h"
+#include "cache/tier/index_log.h"
 #include "engines/compress/kv_synth.h"
 #include "runtime/child_process.h"
 #include "runtime/log.h"
@@ -135,6 +136,73 @@ TEST(CacheEngine, CrashMidSpillRecoversOnlyWholeChunks) {
     EXPECT_GE(good + h.cache_->stats().checksum_failures, recovered);
     std::filesystem::remove_all(dir);
   }
+}
+
+// The disk tier's chunks in the order its index log hands them back (oldest first),
+// read as the next start will read them.
+std::vector<ChunkKey> disk_log_order(const std::string& dir) {
+  std::vector<IndexLog::Record> live;
+  std::unique_ptr<IndexLog> log;
+  EXPECT_TRUE(
+      IndexLog::open(
+          dir + "/dpukv-index.log", [](const IndexLog::Record&) { return true; }, &live, &log)
+          .ok());
+  std::vector<ChunkKey> keys;
+  for (const auto& r : live) keys.push_back(r.key);
+  return keys;
+}
+
+// A restart keeps the disk tier's recency: the chunks the tier evicts first after
+// it are the ones written longest ago, not an arbitrary set. A restart with a
+// smaller chunk table keeps the newest chunks it can hold and frees the space of
+// the rest (it was held, unreachable, before).
+TEST(CacheEngine, ARestartKeepsTheDiskTiersOrderAndFreesWhatTheTableCannotHold) {
+  const std::string dir = temp_dir("restart-order");
+  const uint64_t chunk = 64 << 10;
+  CacheOptions o = with_disk(dir, 4, 16, chunk);
+  {
+    CacheHarness h(o);
+    for (uint64_t i = 0; i < 20; ++i) ASSERT_TRUE(h.store(key(i), chunk).ok()) << i;
+    h.settle();
+  }
+  const std::vector<ChunkKey> order = disk_log_order(dir);
+  ASSERT_GE(order.size(), 12u);
+  {
+    CacheHarness h(o);
+    ASSERT_EQ(h.cache_->stats().recovered, order.size());
+    for (uint64_t i = 100; i < 108; ++i) ASSERT_TRUE(h.store(key(i), chunk).ok()) << i;
+    h.settle();
+    ASSERT_GT(h.cache_->stats().disk_evictions, 0u);
+    // Evicted: a prefix of the log's order; kept: the rest.
+    size_t kept_from = order.size();
+    for (size_t i = order.size(); i-- > 0;)
+      if (h.cache_->contains(order[i])) kept_from = i;
+    ASSERT_LT(kept_from, order.size());
+    EXPECT_GT(kept_from, 0u);
+    for (size_t i = kept_from; i < order.size(); ++i)
+      EXPECT_TRUE(h.cache_->contains(order[i]))
+          << "chunk " << i << " of " << order.size() << " (oldest first) left before " << kept_from;
+    EXPECT_TRUE(h.retrieve(order.back(), chunk).ok());
+  }
+  const std::vector<ChunkKey> newer = disk_log_order(dir);
+  ASSERT_GE(newer.size(), 8u);
+  const uint64_t slot_bytes = [&] {
+    CacheHarness h(o);
+    const CacheStats s = h.cache_->stats();
+    return s.disk_chunks ? s.disk_used / s.disk_chunks : 0;
+  }();
+  ASSERT_GT(slot_bytes, 0u);
+  CacheOptions small = o;
+  small.max_chunks = 6;
+  CacheHarness h(small);
+  const CacheStats s = h.cache_->stats();
+  EXPECT_EQ(s.recovered, 6u);
+  EXPECT_EQ(s.disk_chunks, 6u);
+  EXPECT_EQ(s.disk_used, 6 * slot_bytes) << "the dropped chunks' space must be free";
+  for (size_t i = 0; i < newer.size(); ++i)
+    EXPECT_EQ(h.cache_->contains(newer[i]), i + 6 >= newer.size()) << i;
+  EXPECT_TRUE(h.retrieve(newer.back(), chunk).ok());
+  std::filesystem::remove_all(dir);
 }
 
 // Writes past a file-size limit fail like a full disk: counted, and the chunks

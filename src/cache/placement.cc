@@ -52,11 +52,15 @@ Status Placement::init() {
   dopts.nvme_address = opts_.nvme_address;
   dopts.nvme_nqn = opts_.nvme_nqn;
   dopts.page_size = page_bytes_;
+  dopts.max_chunks = table_.capacity();
   std::vector<DiskTier::Recovered> rec;
   DPUKV_RETURN_IF_ERROR(DiskTier::open(dopts, {{arena_->data(), arena_->size()}}, &rec, &disk_));
   for (const auto& r : rec) {
     int32_t e = table_.insert(r.key);
-    if (e < 0) break;
+    if (e < 0) {  // the tier hands back at most the table's room
+      LOG_ERR("cache: the chunk table cannot take a recovered chunk (a bug)");
+      return Code::kBadState;
+    }
     ChunkEntry& en = table_.at(e);
     en.size = r.raw_len;
     en.stored = r.len;

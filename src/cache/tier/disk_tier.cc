@@ -94,10 +94,17 @@ Status DiskTier::open(const DiskTierOptions& o,
   LOG_INFO("disk tier %s: data on %s %s", o.dir.c_str(), kind->name,
            o.nvme_address.empty() ? "dpukv-data" : o.nvme_address.c_str());
   SlabAllocator* alloc = &t->alloc_;
+  uint64_t kept = 0;
+  const uint64_t max_chunks = o.max_chunks;
   DPUKV_RETURN_IF_ERROR(IndexLog::open(
       o.dir + "/dpukv-index.log",
-      [alloc](const IndexLog::Record& r) { return alloc->alloc_at(r.offset, r.len); }, recovered,
-      &t->log_));
+      [alloc, &kept, max_chunks](const IndexLog::Record& r) {
+        if (max_chunks != 0 && kept >= max_chunks) return false;
+        if (!alloc->alloc_at(r.offset, r.len)) return false;
+        ++kept;
+        return true;
+      },
+      recovered, &t->log_));
   *out = std::move(t);
   return Code::kSuccess;
 }

@@ -31,6 +31,9 @@ struct DiskTierOptions {
   uint64_t capacity = 0;
   uint64_t page_size = 64ull << 20;  // largest chunk
   uint32_t queue_depth = 64;
+  // The most chunks recovery may hand back (the chunk table's room; 0: no bound).
+  // Past it the oldest records are dropped and their space is free again.
+  uint64_t max_chunks = 0;
   // The NVMe tier: chunk data on a namespace of an NVMe/TCP target ("ADDR:PORT",
   // subsystem NQN, namespace id) instead of the local data file; the index log
   // stays in dir. Empty address: the file.
@@ -46,8 +49,8 @@ class DiskTier {
 
   // Takes the directory (flock on dir/dpukv.lock; BAD_STATE naming the owner's pid
   // if another agent holds it), opens the store, replays and compacts the log.
-  // recovered gets every live chunk. `buffers` (page aligned) are registered for
-  // fixed I/O where the store can use them.
+  // recovered gets the live chunks oldest first (at most o.max_chunks, the newest). `buffers` (page
+  // aligned) are registered for fixed I/O where the store can use them.
   static Status open(const DiskTierOptions& o, const std::vector<std::pair<void*, size_t>>& buffers,
                      std::vector<Recovered>* recovered, std::unique_ptr<DiskTier>* out);
   ~DiskTier();

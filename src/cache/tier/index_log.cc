@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstring>
 #include <unordered_map>
+#include <utility>
 
 #include "runtime/crc32c.h"
 #include "runtime/log.h"
@@ -65,26 +66,36 @@ LogRecord put_record(const IndexLog::Record& r, uint64_t seq) {
 
 void IndexLog::replay(const std::string& path, std::vector<Record>* out, uint64_t* records,
                       uint64_t* dropped, uint64_t* seq) {
-  std::unordered_map<ChunkKey, Record, KeyHash> live;
+  // Each live record with its sequence number: recovery hands them back in log
+  // order (oldest first), which is the disk tier's recency order.
+  std::unordered_map<ChunkKey, std::pair<uint64_t, Record>, KeyHash> live;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
   LogRecord r;
   for (;;) {
     ssize_t n = ::read(fd, &r, sizeof(r));
     if (n != static_cast<ssize_t>(sizeof(r))) break;  // end, or a torn tail
-    if (r.magic != LogRecord::kMagic || r.crc != crc32c(&r, offsetof(LogRecord, crc))) {
+    if (r.magic != LogRecord::kMagic || r.crc != crc32c(&r, offsetof(LogRecord, crc)) ||
+        (r.type != 1 && r.type != 2)) {
       ++*dropped;
       break;  // nothing after a corrupt record is trusted
     }
     ++*records;
     *seq = std::max(*seq, r.seq + 1);
     if (r.type == 1)
-      live[r.key] = Record{r.key, r.offset, r.len, r.checksum, r.raw_len, (r.flags & 1) != 0};
+      live[r.key] = {r.seq,
+                     Record{r.key, r.offset, r.len, r.checksum, r.raw_len, (r.flags & 1) != 0}};
     else
       live.erase(r.key);
   }
   ::close(fd);
-  for (auto& [k, rec] : live) out->push_back(rec);
+  std::vector<std::pair<uint64_t, Record>> by_seq;
+  by_seq.reserve(live.size());
+  for (auto& [k, sr] : live) by_seq.push_back(sr);
+  std::sort(by_seq.begin(), by_seq.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  out->reserve(out->size() + by_seq.size());
+  for (auto& [s, rec] : by_seq) out->push_back(rec);
 }
 
 Status IndexLog::compact(const std::string& path, const std::vector<Record>& live, uint64_t records,

@@ -2,9 +2,11 @@
 // length, raw length, xxh3-64, flags; delete: key), each with a sequence number
 // and a CRC-32C. A put is appended only after its data write has completed.
 // open() replays the log up to the first torn or corrupt record, hands back the
-// live chunks, and writes a compacted log (live records only) renamed into place.
+// live chunks in log order, and writes a compacted log (live records only) renamed into place.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,19 +26,23 @@ class IndexLog {
     bool encoded;
   };
   // keep(r) says whether a live record still fits the tier (else it is dropped
-  // and counted); the kept ones come back in *live and are all the new log holds.
+  // and counted); it is asked newest first, so a tier that holds fewer keeps the
+  // most recent. The kept ones come back in *live oldest first (log order, the
+  // tier's recency) and are all the new log holds.
   template <typename Keep>
   static Status open(const std::string& path, Keep keep, std::vector<Record>* live,
                      std::unique_ptr<IndexLog>* out) {
     std::vector<Record> all;
     uint64_t records = 0, dropped = 0, seq = 0;
     replay(path, &all, &records, &dropped, &seq);
-    for (const Record& r : all) {
-      if (keep(r))
-        live->push_back(r);
+    const size_t first = live->size();
+    for (auto r = all.rbegin(); r != all.rend(); ++r) {
+      if (keep(*r))
+        live->push_back(*r);
       else
         ++dropped;
     }
+    std::reverse(live->begin() + static_cast<std::ptrdiff_t>(first), live->end());
     return compact(path, *live, records, dropped, seq, out);
   }
   ~IndexLog();

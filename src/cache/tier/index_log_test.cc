@@ -1,16 +1,19 @@
 // The disk tier's index log alone, on real files: what replays after puts and
-// deletes, after a torn tail and after a corrupt record, what keep() drops, and
-// that the log open() leaves holds the live records only.
+// deletes, after a torn tail and after a corrupt record, what keep() drops, that
+// the log open() leaves holds the live records only, and in log order.
 #include "cache/tier/index_log.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "runtime/crc32c.h"
 
 namespace dpukv {
 namespace {
@@ -118,6 +121,68 @@ TEST_F(IndexLogTest, KeepDropsRecordsThatNoLongerFitTheTier) {
   EXPECT_EQ(live[0].key, key(1));
   EXPECT_EQ(file_bytes(), kRecordBytes);
   EXPECT_EQ(open_all().size(), 1u);
+}
+
+// Recovery hands the live records back in log order, oldest first: that order is
+// the disk tier's recency, and the log open() writes keeps it for the next start.
+TEST_F(IndexLogTest, LiveRecordsComeBackOldestFirst) {
+  open_all();
+  const uint64_t order[] = {7, 3, 9, 1, 5};
+  for (uint64_t k : order) ASSERT_TRUE(log_->put(key(k), k * 4096, 4096, k, 4096, false));
+  ASSERT_TRUE(log_->put(key(3), 65536, 4096, 3, 4096, false));  // used again: now the newest
+  ASSERT_TRUE(log_->del(key(9)));
+  const std::vector<uint64_t> want = {7, 1, 5, 3};
+  for (int start = 0; start < 2; ++start) {  // the replayed log, then the compacted one
+    log_.reset();
+    std::vector<IndexLog::Record> live;
+    ASSERT_TRUE(IndexLog::open(
+                    path_, [](const IndexLog::Record&) { return true; }, &live, &log_)
+                    .ok());
+    std::vector<uint64_t> got;
+    for (const auto& r : live) got.push_back(r.key.prefix_hash);
+    EXPECT_EQ(got, want) << "start " << start;
+  }
+}
+
+// keep() is asked newest first, so a tier that now holds fewer chunks keeps the
+// most recent ones; the rest leave the log.
+TEST_F(IndexLogTest, ABoundOnTheChunksKeepsTheNewest) {
+  open_all();
+  for (uint64_t i = 0; i < 6; ++i) ASSERT_TRUE(log_->put(key(i), i * 4096, 4096, i, 4096, false));
+  log_.reset();
+  std::vector<IndexLog::Record> live;
+  int asked = 0;
+  ASSERT_TRUE(IndexLog::open(
+                  path_, [&asked](const IndexLog::Record&) { return ++asked <= 2; }, &live, &log_)
+                  .ok());
+  ASSERT_EQ(live.size(), 2u);
+  EXPECT_EQ(live[0].key, key(4));
+  EXPECT_EQ(live[1].key, key(5));
+  EXPECT_EQ(file_bytes(), 2 * kRecordBytes);
+  EXPECT_EQ(open_all().size(), 2u);
+}
+
+// A record whose checksum holds but whose type is neither put nor delete (another
+// format, or a bug) is corrupt: it and what follows are not trusted.
+TEST_F(IndexLogTest, ARecordOfAnUnknownTypeEndsTheReplay) {
+  open_all();
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(log_->put(key(i), i * 4096, 4096, i, 4096, false));
+  log_.reset();
+  {
+    std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+    char rec[kRecordBytes];
+    f.seekg(static_cast<std::streamoff>(kRecordBytes));
+    ASSERT_TRUE(f.read(rec, sizeof(rec)));
+    const uint16_t type = 3;
+    std::memcpy(rec + 4, &type, sizeof(type));  // after the magic
+    const uint32_t crc = crc32c(rec, kRecordBytes - 4);
+    std::memcpy(rec + kRecordBytes - 4, &crc, sizeof(crc));
+    f.seekp(static_cast<std::streamoff>(kRecordBytes));
+    ASSERT_TRUE(f.write(rec, sizeof(rec)));
+  }
+  const auto live = open_all();
+  ASSERT_EQ(live.size(), 1u);
+  EXPECT_EQ(live[0].key, key(0));
 }
 
 }  // namespace
