@@ -180,9 +180,7 @@ std::unique_ptr<EvictionPolicy> s3fifo_from(const EvictionPolicySizing& s) {
 }
 
 std::unique_ptr<EvictionPolicy> arc_from(const EvictionPolicySizing& s) {
-  const uint64_t fit = s.largest_chunk == 0 ? 0 : s.capacity_bytes / s.largest_chunk;
-  return make_arc_policy(s.max_chunks,
-                         std::min<uint64_t>(std::max<uint64_t>(fit, 1), s.max_chunks));
+  return make_arc_policy(s.max_chunks, s.capacity_bytes);
 }
 
 constexpr EvictionPolicyInfo kPolicies[] = {
@@ -222,8 +220,11 @@ std::unique_ptr<EvictionPolicy> make_s3fifo_policy(uint32_t max_chunks, uint64_t
   return std::make_unique<S3FifoPolicy>(max_chunks, capacity_bytes, ghosts);
 }
 
-std::unique_ptr<EvictionPolicy> make_arc_policy(uint32_t max_chunks, size_t chunks) {
-  return std::make_unique<ArcPolicy<GhostWindow>>(max_chunks, chunks, kArcGhostFactor * chunks);
+std::unique_ptr<EvictionPolicy> make_arc_policy(uint32_t max_chunks, uint64_t capacity_bytes) {
+  // The windows' memory is sized for the most chunks the tier can hold (the entry
+  // ids); their length follows the chunks actually held (arc_policy.h).
+  return std::make_unique<ArcPolicy<GhostWindow>>(max_chunks, capacity_bytes,
+                                                  kArcGhostFactor * max_chunks);
 }
 
 }  // namespace dpukv

@@ -36,11 +36,10 @@ const EvictionPolicyInfo* find_eviction_policy(std::string_view name);
 std::string eviction_policy_names(std::string_view sep);
 
 std::unique_ptr<EvictionPolicy> make_lru_policy(uint32_t max_chunks);
-// capacity_bytes: the memory tier (the small queue holds up to a tenth of it);
-// ghosts: how many evicted hashes are remembered.
-// chunks: how many chunks the tier holds (ARC's c); each ghost list remembers
-// kArcGhostFactor times as many (cache/arc_policy.h).
-std::unique_ptr<EvictionPolicy> make_arc_policy(uint32_t max_chunks, size_t chunks);
+// capacity_bytes: the memory tier. ARC's ghost lists each remember kArcGhostFactor
+// times the chunks it holds (cache/arc_policy.h); S3-FIFO's small queue holds up
+// to a tenth of it, and `ghosts` evicted hashes are remembered.
+std::unique_ptr<EvictionPolicy> make_arc_policy(uint32_t max_chunks, uint64_t capacity_bytes);
 std::unique_ptr<EvictionPolicy> make_s3fifo_policy(uint32_t max_chunks, uint64_t capacity_bytes,
                                                    size_t ghosts);
 

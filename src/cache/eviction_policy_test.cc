@@ -92,12 +92,13 @@ struct RefArc {
 // put, by count (GhostWindow approximates it with Bloom filters).
 class ExactWindow {
  public:
-  explicit ExactWindow(size_t capacity) : cap_(capacity) {}
+  explicit ExactWindow(size_t max_capacity) : max_(max_capacity), cap_(max_capacity) {}
   bool contains(uint64_t h) const { return count_.count(h) != 0; }
+  void set_capacity(size_t c) { cap_ = std::clamp<size_t>(c, 1, max_); }
   void put(uint64_t h) {
     q_.push_back(h);
     ++count_[h];
-    if (q_.size() > cap_) {
+    while (q_.size() > cap_) {
       if (--count_[q_.front()] == 0) count_.erase(q_.front());
       q_.pop_front();
     }
@@ -106,7 +107,7 @@ class ExactWindow {
   size_t memory_bytes() const { return 0; }
 
  private:
-  size_t cap_;
+  size_t max_, cap_;
   std::deque<uint64_t> q_;
   std::unordered_map<uint64_t, int> count_;
 };
@@ -118,11 +119,15 @@ uint64_t hash_of(uint64_t id) {
 
 // Drives the policy and the model with one sequence of ids (a miss inserts, after
 // the victim leaves when c chunks are in; a hit is an access) and checks that every
-// victim is the same. `pinned` ids may not be evicted while pinned.
-// *max_p: the largest target size of T1 seen (0: the ghost lists never taught it).
+// victim is the same. `pinned` ids may not be evicted while pinned. The policy
+// counts bytes (chunks of `chunk` bytes in a tier of c of them), the model chunks.
+// *max_p: the largest target size of T1 seen, in chunks (0: the ghost lists never
+// taught it).
 void drive_arc(const std::vector<uint64_t>& ids, size_t c, uint32_t max_id,
-               const std::vector<uint8_t>& pinned, uint64_t* hits, size_t* max_p) {
-  ArcPolicy<ExactWindow> policy(max_id, c, kArcGhostFactor * c);
+               const std::vector<uint8_t>& pinned, uint64_t* hits, size_t* max_p,
+               uint64_t chunk = 4096) {
+  // Ghost windows allowed far longer than the 4c the policy asks of them.
+  ArcPolicy<ExactWindow> policy(max_id, c * chunk, kArcGhostFactor * max_id);
   EvictionPolicy* pol = &policy;
   RefArc ref(c, kArcGhostFactor * c);
   std::unordered_set<uint64_t> cached;
@@ -151,10 +156,10 @@ void drive_arc(const std::vector<uint64_t>& ids, size_t c, uint32_t max_id,
       ref.remove(static_cast<uint64_t>(v));
       cached.erase(static_cast<uint64_t>(v));
     }
-    pol->insert(static_cast<int32_t>(id), hash_of(id), 4096);
+    pol->insert(static_cast<int32_t>(id), hash_of(id), chunk);
     ref.insert(id);
     cached.insert(id);
-    EXPECT_EQ(policy.target_t1(), ref.p);
+    EXPECT_EQ(policy.target_t1(), ref.p * chunk);
     *max_p = std::max(*max_p, ref.p);
   }
 }
@@ -217,13 +222,16 @@ TEST(ArcPolicy, ColdInsertLeavesFirstAndWriteBackWalksT1ThenT2) {
 
 // ARC through the cache engine: the engine keeps in memory exactly the chunks a
 // second ARC policy keeps when the test drives it with the same stores, retrieves
-// and removes (a miss inserts after the victim leaves; a hit is an access).
-TEST(ArcPolicy, TheCacheEngineKeepsWhatThePolicyDrivenDirectlyKeeps) {
-  const uint64_t chunk = 256 << 10, slots = 20;
+// and removes (a miss inserts after the victim leaves; a hit is an access). The
+// tier holds `slots` chunks of `chunk` bytes; the largest chunk allowed is
+// `max_chunk`.
+void engine_keeps_what_arc_keeps(uint64_t slots, uint64_t chunk, uint64_t max_chunk) {
   CacheOptions o = small_memory(slots, chunk);
+  o.max_chunk_bytes = max_chunk;
   o.policy = "arc";
   CacheHarness h(o);
-  auto pol = make_arc_policy(64, slots);
+  const uint64_t hot = slots / 2, ids = hot + 3 * slots;
+  auto pol = make_arc_policy(static_cast<uint32_t>(ids), slots * chunk);
   std::unordered_set<uint64_t> cached;
   auto all = [](const void*, int32_t) { return true; };
   auto miss = [&](uint64_t id) {
@@ -238,8 +246,8 @@ TEST(ArcPolicy, TheCacheEngineKeepsWhatThePolicyDrivenDirectlyKeeps) {
   };
   std::mt19937_64 rng(7);
   uint64_t hits = 0;
-  for (int op = 0; op < 4000; ++op) {
-    const uint64_t id = (rng() % 3 == 0) ? rng() % 10 : 10 + rng() % 50;
+  for (uint64_t op = 0; op < 200 * slots; ++op) {
+    const uint64_t id = (rng() % 3 == 0) ? rng() % hot : hot + rng() % (3 * slots);
     const int kind = static_cast<int>(rng() % 10);
     const bool present = cached.count(id) != 0;
     if (kind < 5) {
@@ -260,6 +268,18 @@ TEST(ArcPolicy, TheCacheEngineKeepsWhatThePolicyDrivenDirectlyKeeps) {
     ASSERT_EQ(h.cache_->stats().memory_chunks, cached.size()) << "op " << op;
   }
   EXPECT_GT(hits, 0u);
+  EXPECT_GT(h.cache_->stats().evictions, 0u);
+}
+
+TEST(ArcPolicy, TheCacheEngineKeepsWhatThePolicyDrivenDirectlyKeeps) {
+  engine_keeps_what_arc_keeps(20, 256 << 10, 256 << 10);
+}
+
+// Chunks 64 times smaller than the largest allowed (LMCache's per-layer chunks
+// under the default 64 MiB limit): the engine's ARC is still ARC over the chunks
+// the tier holds. Sized by the largest chunk, its T1 was two chunks here.
+TEST(ArcPolicy, ChunksFarBelowTheLargestAllowedGetTheSameArc) {
+  engine_keeps_what_arc_keeps(128, 64 << 10, 4 << 20);
 }
 
 }  // namespace

@@ -27,17 +27,32 @@ struct Probe {
 
 }  // namespace
 
-GhostWindow::GhostWindow(size_t capacity)
-    : per_generation_(std::max<size_t>((capacity + kGenerations - 1) / kGenerations, 1)),
-      words_((per_generation_ * kBitsPerHash + 63) / 64),
-      bits_(words_ * kGenerations, 0) {}
+GhostWindow::GhostWindow(size_t max_capacity)
+    : max_per_generation_(std::max<size_t>((max_capacity + kGenerations - 1) / kGenerations, 1)),
+      stride_(words_for(max_per_generation_)),
+      per_generation_(max_per_generation_),
+      bits_(stride_ * kGenerations, 0) {}  // each generation starts at its first put
+
+void GhostWindow::set_capacity(size_t capacity) {
+  per_generation_ =
+      std::clamp<size_t>((capacity + kGenerations - 1) / kGenerations, 1, max_per_generation_);
+}
+
+// Generation g, cleared, at the length the window has now.
+void GhostWindow::start_generation(size_t g) {
+  std::fill_n(bits_.begin() + static_cast<std::ptrdiff_t>(g * stride_), words_[g], 0);
+  size_ -= counts_[g];
+  counts_[g] = 0;
+  limits_[g] = per_generation_;
+  words_[g] = words_for(per_generation_);
+}
 
 bool GhostWindow::contains(uint64_t key_hash) const {
   const Probe p(key_hash);
-  const uint64_t n = words_ * 64;
   for (size_t g = 0; g < kGenerations; ++g) {
     if (counts_[g] == 0) continue;
-    const uint64_t* w = generation(g);
+    const uint64_t* w = bits_.data() + g * stride_;
+    const uint64_t n = words_[g] * 64;
     unsigned i = 0;
     while (i < kProbes) {
       const uint64_t b = p.bit(i, n);
@@ -50,15 +65,13 @@ bool GhostWindow::contains(uint64_t key_hash) const {
 }
 
 void GhostWindow::put(uint64_t key_hash) {
-  if (counts_[newest_] == per_generation_) {
+  if (counts_[newest_] >= limits_[newest_]) {
     newest_ = (newest_ + 1) % kGenerations;
-    std::fill_n(bits_.begin() + static_cast<std::ptrdiff_t>(newest_ * words_), words_, 0);
-    size_ -= counts_[newest_];
-    counts_[newest_] = 0;
+    start_generation(newest_);
   }
   const Probe p(key_hash);
-  const uint64_t n = words_ * 64;
-  uint64_t* w = bits_.data() + newest_ * words_;
+  uint64_t* w = bits_.data() + newest_ * stride_;
+  const uint64_t n = words_[newest_] * 64;
   for (unsigned i = 0; i < kProbes; ++i) {
     const uint64_t b = p.bit(i, n);
     w[b / 64] |= uint64_t{1} << (b % 64);
