@@ -98,32 +98,68 @@ void IndexLog::replay(const std::string& path, std::vector<Record>* out, uint64_
   for (auto& [s, rec] : by_seq) out->push_back(rec);
 }
 
+namespace {
+
+// Writes the live set to path.tmp and renames it into place; false (errno in
+// *err) if any step fails, with path left as it was.
+bool write_compacted(const std::string& path, const std::vector<IndexLog::Record>& live,
+                     uint64_t seq, int* err) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (fd < 0) {
+    *err = errno;
+    return false;
+  }
+  bool ok = true;
+  for (const IndexLog::Record& r : live) {
+    const LogRecord rec = put_record(r, seq++);
+    if (!(ok = write_all(fd, &rec, sizeof(rec)))) break;
+  }
+  ok = ok && ::fdatasync(fd) == 0;
+  if (!ok) *err = errno != 0 ? errno : EIO;
+  if (::close(fd) != 0 && ok) {
+    *err = errno;
+    ok = false;
+  }
+  if (ok && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    *err = errno;
+    ok = false;
+  }
+  if (!ok) ::unlink(tmp.c_str());
+  return ok;
+}
+
+}  // namespace
+
 Status IndexLog::compact(const std::string& path, const std::vector<Record>& live, uint64_t records,
                          uint64_t dropped, uint64_t seq, std::unique_ptr<IndexLog>* out) {
   std::unique_ptr<IndexLog> l(new IndexLog());
-  l->seq_ = seq;
-  // Write the live set to a new log and rename it into place.
-  const std::string tmp = path + ".tmp";
-  int nfd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-  if (nfd < 0) {
-    LOG_ERR("disk tier: cannot write %s: %s", tmp.c_str(), std::strerror(errno));
-    return Code::kIoFailed;
-  }
-  for (const Record& r : live) {
-    const LogRecord rec = put_record(r, l->seq_++);
-    if (!write_all(nfd, &rec, sizeof(rec))) {
-      LOG_ERR("disk tier: cannot compact the index log %s: %s", tmp.c_str(), std::strerror(errno));
-      ::close(nfd);
-      return Code::kFull;
+  int err = 0;
+  errno = 0;
+  if (write_compacted(path, live, seq, &err)) {
+    l->fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    l->size_ = live.size() * sizeof(LogRecord);
+    l->seq_ = seq + live.size();
+  } else {
+    // A full disk is no reason to lose the tier: keep the old log's valid prefix
+    // (cutting a torn tail frees space, it never needs any) and append to it. The
+    // records dropped above stay in it; at the next start they are asked again,
+    // newest first, so a stale one loses its extent to any newer record, and the
+    // checksum catches what is left.
+    LOG_WARN("disk tier: cannot compact the index log %s (%s); appending to it as it is",
+             path.c_str(), std::strerror(err));
+    l->size_ = records * sizeof(LogRecord);
+    l->seq_ = seq;
+    l->fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+    if (l->fd_ >= 0 && ::ftruncate(l->fd_, static_cast<off_t>(l->size_)) != 0) {
+      ::close(l->fd_);
+      l->fd_ = -1;
     }
   }
-  if (::fdatasync(nfd) != 0 || ::close(nfd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    LOG_ERR("disk tier: cannot replace the index log %s: %s", path.c_str(), std::strerror(errno));
+  if (l->fd_ < 0) {
+    LOG_ERR("disk tier: cannot open the index log %s: %s", path.c_str(), std::strerror(errno));
     return Code::kIoFailed;
   }
-  l->fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (l->fd_ < 0) return Code::kIoFailed;
-  l->size_ = live.size() * sizeof(LogRecord);
   if (records || dropped)
     LOG_INFO("disk tier: recovered %zu chunks from %llu log records (%llu dropped)", live.size(),
              static_cast<unsigned long long>(records), static_cast<unsigned long long>(dropped));

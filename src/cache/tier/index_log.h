@@ -2,7 +2,9 @@
 // length, raw length, xxh3-64, flags; delete: key), each with a sequence number
 // and a CRC-32C. A put is appended only after its data write has completed.
 // open() replays the log up to the first torn or corrupt record, hands back the
-// live chunks in log order, and writes a compacted log (live records only) renamed into place.
+// live chunks in log order, and writes a compacted log (live records only) renamed
+// into place; where the disk has no room for it, the old log's valid prefix is
+// kept and appended to.
 #pragma once
 
 #include <algorithm>

@@ -1,9 +1,13 @@
 // The disk tier's index log alone, on real files: what replays after puts and
 // deletes, after a torn tail and after a corrupt record, what keep() drops, that
-// the log open() leaves holds the live records only, and in log order.
+// the log open() leaves holds the live records only, and in log order, and that a
+// disk with no room for that log keeps the old one.
 #include "cache/tier/index_log.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -183,6 +187,50 @@ TEST_F(IndexLogTest, ARecordOfAnUnknownTypeEndsTheReplay) {
   const auto live = open_all();
   ASSERT_EQ(live.size(), 1u);
   EXPECT_EQ(live[0].key, key(0));
+}
+
+// A disk with no room for the compacted log (here: a file-size limit of one
+// record, in a child) keeps the tier: the old log's valid prefix is kept, its torn
+// tail cut, and appended to; an append past the limit fails and is counted; with
+// room again the next open compacts as usual.
+TEST_F(IndexLogTest, ALogThatCannotBeCompactedIsKeptAndAppendedTo) {
+  open_all();
+  for (uint64_t i = 0; i < 6; ++i) ASSERT_TRUE(log_->put(key(i), i * 4096, 4096, i, 4096, false));
+  ASSERT_TRUE(log_->del(key(1)));
+  ASSERT_TRUE(log_->put(key(0), 65536, 4096, 7, 4096, false));
+  log_.reset();
+  std::filesystem::resize_file(path_, 8 * kRecordBytes + kRecordBytes / 2);  // a torn tail
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    rlimit rl{kRecordBytes, kRecordBytes};
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(10);
+    std::vector<IndexLog::Record> live;
+    std::unique_ptr<IndexLog> log;
+    if (!IndexLog::open(
+             path_, [](const IndexLog::Record&) { return true; }, &live, &log)
+             .ok())
+      _exit(11);
+    const std::vector<uint64_t> want = {2, 3, 4, 5, 0};
+    if (live.size() != want.size()) _exit(12);
+    for (size_t i = 0; i < want.size(); ++i)
+      if (live[i].key != key(want[i])) _exit(13);
+    if (std::filesystem::file_size(path_) != 8 * kRecordBytes) _exit(14);  // the tail cut
+    if (std::filesystem::exists(path_ + ".tmp")) _exit(15);
+    if (log->put(key(9), 0, 4096, 9, 4096, false) || log->errors() != 1) _exit(16);
+    if (std::filesystem::file_size(path_) != 8 * kRecordBytes) _exit(17);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  const auto live = open_all();  // room again: compacted
+  EXPECT_EQ(live.size(), 5u);
+  EXPECT_EQ(file_bytes(), 5 * kRecordBytes);
+  ASSERT_TRUE(log_->put(key(9), 0, 4096, 9, 4096, false));
+  EXPECT_EQ(open_all().size(), 6u);
 }
 
 }  // namespace
