@@ -242,6 +242,42 @@ TEST(EvictionPolicies, LruAndS3FifoMatchTheirModelsOnTheConversationTrace) {
   }
 }
 
+// S3-FIFO made from the policy table as the cache makes it, with chunks 1,024
+// times below the largest allowed: its ghost list holds as many chunks as the tier
+// (3,000), as the model's does. Sized by the largest chunk, it held 1,024.
+TEST(EvictionPolicies, S3FifosGhostsFollowTheChunksHeldNotTheLargestAllowed) {
+  const size_t slots = 3000;
+  const uint64_t chunk = 64 << 10;
+  const uint32_t max_id = 40000;
+  auto pol = find_eviction_policy("s3fifo")->make({max_id, slots * chunk, 64ull << 20});
+  RefS3Fifo s3{slots, slots, {}, {}, {}, {}};
+  std::mt19937_64 rng(5);
+  std::unordered_set<uint64_t> cached;
+  auto all = [](const void*, int32_t) { return true; };
+  uint64_t hits = 0;
+  for (int i = 0; i < 60000; ++i) {
+    const uint64_t r = rng() % 10;
+    const uint64_t id = r < 3 ? rng() % 1500 : r < 7 ? 1500 + rng() % 6000 : 10000 + rng() % 30000;
+    ASSERT_EQ(cached.count(id) != 0, s3.present(id)) << "reference " << i;
+    if (s3.present(id)) {
+      pol->access(static_cast<int32_t>(id));
+      s3.touch(id);
+      ++hits;
+      continue;
+    }
+    if (cached.size() >= slots) {
+      const int32_t v = pol->victim(all, nullptr);
+      ASSERT_GE(v, 0);
+      pol->remove(v);
+      cached.erase(static_cast<uint64_t>(v));
+    }
+    pol->insert(static_cast<int32_t>(id), (id + 1) * 0x9E3779B97F4A7C15ull, chunk);
+    cached.insert(id);
+    s3.insert(id);
+  }
+  EXPECT_GT(hits, 0u);
+}
+
 // Every policy is a row of one table; the cache takes any row's name and refuses
 // a name that is not one.
 // A batch longer than the DMA engine's ring (the chunks of one long prompt) waits
