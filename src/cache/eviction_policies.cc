@@ -233,12 +233,17 @@ std::unique_ptr<EvictionPolicy> lru_from(const EvictionPolicySizing& s) {
   return make_lru_policy(s.max_chunks);
 }
 
+// The most chunks a memory tier of `capacity_bytes` is sized for: chunks of 16 KiB
+// (LMCache's are 256 KiB and up), and never more than the chunk table's entries.
+// Ghost memory is allocated for that many; the lengths follow the chunks held.
+uint64_t chunks_sized_for(uint32_t max_chunks, uint64_t capacity_bytes) {
+  return std::max<uint64_t>(std::min<uint64_t>(max_chunks, capacity_bytes / (16 << 10)), 1);
+}
+
 std::unique_ptr<EvictionPolicy> s3fifo_from(const EvictionPolicySizing& s) {
-  // Room for as many ghosts as the tier holds chunks of 16 KiB (a chunk table's
-  // worth at most); the ring's length then follows the chunks actually held.
-  const uint64_t room = std::min<uint64_t>(s.max_chunks, s.capacity_bytes / (16 << 10));
   return make_s3fifo_policy(s.max_chunks, s.capacity_bytes,
-                            std::max<uint64_t>(room, S3FifoPolicy::kMinGhosts));
+                            std::max<uint64_t>(chunks_sized_for(s.max_chunks, s.capacity_bytes),
+                                               S3FifoPolicy::kMinGhosts));
 }
 
 std::unique_ptr<EvictionPolicy> arc_from(const EvictionPolicySizing& s) {
@@ -283,10 +288,8 @@ std::unique_ptr<EvictionPolicy> make_s3fifo_policy(uint32_t max_chunks, uint64_t
 }
 
 std::unique_ptr<EvictionPolicy> make_arc_policy(uint32_t max_chunks, uint64_t capacity_bytes) {
-  // The windows' memory is sized for the most chunks the tier can hold (the entry
-  // ids); their length follows the chunks actually held (arc_policy.h).
-  return std::make_unique<ArcPolicy<GhostWindow>>(max_chunks, capacity_bytes,
-                                                  kArcGhostFactor * max_chunks);
+  return std::make_unique<ArcPolicy<GhostWindow>>(
+      max_chunks, capacity_bytes, kArcGhostFactor * chunks_sized_for(max_chunks, capacity_bytes));
 }
 
 }  // namespace dpukv
