@@ -203,7 +203,11 @@ PYBIND11_MODULE(_dpukv, m) {
              o.connect_timeout_ms = connect_timeout_ms;
              o.absent_ok = absent_ok;
              PyClient pc;
-             check(Client::connect(o, &pc.c), "connect");
+             const Status st = Client::connect(o, &pc.c);
+             const std::string why = std::string("connect: ") + Client::last_connect_error();
+             // A full agent is away for this client: a connector recomputes.
+             if (st == Code::kFull) throw AgentUnavailable(why + ": FULL");
+             check(st, why.c_str());
              return pc;
            }),
            py::arg("socket") = "", py::arg("model") = 0, py::arg("connect_timeout_ms") = 2000,

@@ -32,6 +32,9 @@ int dpukv_connect_absent_ok(const char* socket, uint64_t model, dpukv_client** o
 int dpukv_connected(dpukv_client* c);
 void dpukv_close(dpukv_client* c);
 const char* dpukv_status_name(int status);
+/* Why this thread's last dpukv_connect failed, in words a user can act on (the
+ * agent full, this user over its share of connections, permission, no agent). */
+const char* dpukv_last_connect_error(void);
 
 /* Shared staging memory exported to the agent; *data stays valid until close. */
 int dpukv_alloc_staging(dpukv_client* c, size_t bytes, void** data, uint64_t* staging_id);

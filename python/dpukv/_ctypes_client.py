@@ -50,6 +50,7 @@ for name, res, args in [
     ("dpukv_connect", _int, [ctypes.c_char_p, _u64, ctypes.POINTER(_p)]),
     ("dpukv_connect_absent_ok", _int, [ctypes.c_char_p, _u64, ctypes.POINTER(_p)]),
     ("dpukv_connected", _int, [_p]),
+    ("dpukv_last_connect_error", ctypes.c_char_p, []),
     ("dpukv_close", None, [_p]),
     ("dpukv_status_name", ctypes.c_char_p, [_int]),
     ("dpukv_alloc_staging", _int, [_p, ctypes.c_size_t, ctypes.POINTER(_p), _U64S]),
@@ -162,7 +163,12 @@ class Client:
         del connect_timeout_ms  # the C ABI uses the library's default
         self._c = ctypes.c_void_p()
         fn = _lib.dpukv_connect_absent_ok if absent_ok else _lib.dpukv_connect
-        _check(fn(socket.encode() if socket else None, model, ctypes.byref(self._c)), "connect")
+        rc = fn(socket.encode() if socket else None, model, ctypes.byref(self._c))
+        if rc != 0:
+            why = "connect: " + (_lib.dpukv_last_connect_error() or b"").decode()
+            if _name(rc) == "FULL":  # a full agent is away for this client: recompute
+                raise AgentUnavailable(f"{why}: FULL")
+            _check(rc, why)
 
     def connected(self):
         return bool(self._c) and _lib.dpukv_connected(self._c) == 1

@@ -94,6 +94,8 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
   so.mode = a->opts_.socket_mode;
   so.max_msg_size = a->opts_.max_msg;
   so.heartbeat_interval_ms = a->opts_.heartbeat_ms;
+  so.max_connections = a->opts_.max_clients;
+  so.max_connections_per_uid = a->opts_.max_clients_per_uid;
   so.send_queue_depth = 1024;
   if (a->opts_.max_staging_bytes) so.max_import_bytes_per_connection = a->opts_.max_staging_bytes;
   if (a->opts_.max_staging_total_bytes)

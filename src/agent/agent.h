@@ -37,6 +37,8 @@ struct AgentOptions {
   int metrics_port = 0;      // 0: no metrics endpoint
   std::string metrics_address = "127.0.0.1";
   uint32_t max_batches = 256;            // batch requests in flight over all clients
+  uint32_t max_clients = 1024;           // connections (lowered to fit the descriptor limit)
+  uint32_t max_clients_per_uid = 256;    // one uid's share of them (0: no share limit)
   uint64_t max_staging_bytes = 0;        // staging one client may export in all (0: no limit)
   uint64_t max_staging_total_bytes = 0;  // the same for all clients together (0: no limit)
   // Join a cluster: lookups that miss locally ask the directory and read the

@@ -125,6 +125,8 @@ AgentSettings default_agent_settings() {
       {"write_through", nullptr, SettingKind::kBool, 0, nullptr, "false", ""},
       {"disk_admit_hits", nullptr, SettingKind::kCount, 1u << 30, nullptr, "0", ""},
       {"pin_timeout_ms", nullptr, SettingKind::kCount, 24u * 3600 * 1000, nullptr, "30000", ""},
+      {"max_clients", nullptr, SettingKind::kCount, 1u << 20, nullptr, "1024", "", 1},
+      {"max_clients_per_uid", nullptr, SettingKind::kCount, 1u << 20, nullptr, "256", ""},
       {"max_staging_size", "DPUKV_MAX_STAGING_SIZE", SettingKind::kGib, 0, nullptr, "", ""},
       {"max_staging_total", "DPUKV_MAX_STAGING_TOTAL", SettingKind::kGib, 0, nullptr, "", ""},
       {"cluster", "DPUKV_CLUSTER", SettingKind::kText, 0, nullptr, "", ""},
@@ -449,6 +451,8 @@ bool agent_options_from_settings(AgentSettings* st, AgentOptions* out, std::ostr
   o.cache.nvme_address = st->at("nvme_tier").value;
   o.cache.nvme_nqn = st->at("nvme_tier_nqn").value;
   o.cache.write_through = as_bool(st, "write_through");
+  o.max_clients = static_cast<uint32_t>(as_u64(st, "max_clients"));
+  o.max_clients_per_uid = static_cast<uint32_t>(as_u64(st, "max_clients_per_uid"));
   o.cache.dma.num_threads = std::max<uint32_t>(1, static_cast<uint32_t>(as_u64(st, "dma_threads")));
   o.cache.compress = as_bool(st, "compress");
   o.gpu.enabled = st->at("gpu").value != "off";

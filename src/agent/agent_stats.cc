@@ -76,6 +76,8 @@ std::vector<MetricRow> metric_rows(const AgentStatsSources& s) {
        "Disk index log records that could not be written.", c.disk_log_errors},
       {"disk_ios_in_flight", "dpukv_disk_ios_in_flight", "gauge",
        "Disk tier reads and writes under way.", c.disk_ios_in_flight},
+      {"writes_waiting", "dpukv_disk_writes_waiting", "gauge",
+       "Write-through chunks waiting for a disk write slot.", c.writes_waiting},
       {"store_rejects", "dpukv_store_rejects_total", "counter",
        "Stores refused for lack of room (everything pinned or in use).", c.store_rejects},
       {"recovered", "dpukv_recovered_chunks", "gauge", "Chunks recovered from disk at start.",
@@ -109,8 +111,8 @@ std::vector<MetricRow> metric_rows(const AgentStatsSources& s) {
       {"sessions_opened", "dpukv_sessions_opened_total", "counter", "Client sessions opened.",
        s.agent.sessions_opened},
       {"metrics_refused", "dpukv_metrics_connections_refused_total", "counter",
-       "Metrics connections closed at once (16 open) or timed out.",
-       mc.refused_busy + mc.timed_out},
+       "Metrics connections closed at once (no room), timed out, or closed to make room.",
+       mc.refused_busy + mc.timed_out + mc.evicted},
   };
   const GpuService::Counters& g = s.gpu;
   const CudaEngine::Counters& ge = s.gpu_engine;

@@ -17,6 +17,8 @@ namespace dpukv {
 struct MetricsServer::Conn final : FdWatcher {
   MetricsServer* owner = nullptr;
   int fd = -1;
+  uint32_t peer = 0;  // IPv4 address, network order
+  uint64_t accepted = 0;
   uint64_t deadline = 0;
   std::string in, out;
   size_t sent = 0;
@@ -68,11 +70,43 @@ MetricsServer::~MetricsServer() {
   }
 }
 
+bool MetricsServer::make_room(uint32_t peer) {
+  size_t mine = 0;
+  Conn* oldest_all = nullptr;
+  Conn* oldest_mine = nullptr;
+  for (auto& c : conns_) {
+    if (c->peer == peer) ++mine;
+    if (c->writing) continue;  // answered already: it leaves as fast as the peer reads
+    if (oldest_all == nullptr || c->accepted < oldest_all->accepted) oldest_all = c.get();
+    if (c->peer == peer && (oldest_mine == nullptr || c->accepted < oldest_mine->accepted))
+      oldest_mine = c.get();
+  }
+  Conn* victim = mine >= kMaxPerPeer                ? oldest_mine
+                 : conns_.size() >= kMaxConnections ? oldest_all
+                                                    : nullptr;
+  if (victim == nullptr) return mine < kMaxPerPeer && conns_.size() < kMaxConnections;
+  ++counters_.evicted;
+  close_conn(victim);
+  return true;
+}
+
 void MetricsServer::accept_all() {
   for (;;) {
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;  // EAGAIN, or a connection that went away meanwhile
-    if (conns_.size() >= kMaxConnections) {
+    sockaddr_in from{};
+    socklen_t flen = sizeof(from);
+    const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &flen,
+                           SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // The listener would stay readable and wake the loop forever: rest it.
+        LOG_WARN_LIMITED("metrics: accept: %s; not accepting for 100 ms", std::strerror(errno));
+        (void)pe_->modify_fd(listen_fd_, 0, &listener_);
+        paused_until_ns_ = monotonic_ns() + 100000000ull;
+      }
+      return;  // EAGAIN, or a connection that went away meanwhile
+    }
+    const uint32_t peer = from.sin_addr.s_addr;
+    if (!make_room(peer)) {
       ++counters_.refused_busy;
       ::close(fd);
       continue;
@@ -80,7 +114,9 @@ void MetricsServer::accept_all() {
     auto c = std::make_unique<Conn>();
     c->owner = this;
     c->fd = fd;
-    c->deadline = monotonic_ns() + kTimeoutNs;
+    c->peer = peer;
+    c->accepted = monotonic_ns();
+    c->deadline = c->accepted + kTimeoutNs;
     if (!pe_->watch_fd(fd, EPOLLIN, c.get()).ok()) {
       ::close(fd);
       continue;
@@ -168,6 +204,10 @@ void MetricsServer::close_conn(Conn* c) {
 void MetricsServer::sweep() {
   closed_.clear();
   const uint64_t now = monotonic_ns();
+  if (paused_until_ns_ != 0 && now >= paused_until_ns_) {
+    paused_until_ns_ = 0;
+    (void)pe_->modify_fd(listen_fd_, EPOLLIN, &listener_);
+  }
   for (size_t i = 0; i < conns_.size();) {
     if (now < conns_[i]->deadline) {
       ++i;

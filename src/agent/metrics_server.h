@@ -1,7 +1,10 @@
 // The /metrics endpoint: a small HTTP/1.0 server on the agent's progress engine
 // that never blocks it. Every socket is non-blocking; each connection has a
-// bounded request buffer (4 KiB), a deadline (2 s from accept, then it is closed),
-// and at most 16 are open at once (more are accepted and closed at once, counted).
+// bounded request buffer (4 KiB), a deadline (2 s from accept, then it is closed).
+// At most 256 are open at once and 8 per peer address; at either limit the
+// oldest connection still sending its request makes room for the new one, so
+// slow or silent connections cannot lock a scraper out. At the descriptor limit
+// the listener rests for 100 ms instead of spinning.
 // The body is made by the owner's callback on the engine's thread, so it reads
 // the agent's counters without locks.
 //
@@ -23,8 +26,10 @@ class MetricsServer {
  public:
   struct Counters {
     uint64_t served = 0, not_found = 0, refused_busy = 0, timed_out = 0, bad_requests = 0;
+    uint64_t evicted = 0;  // slow connections closed to make room for a new one
   };
-  static constexpr size_t kMaxConnections = 16;
+  static constexpr size_t kMaxConnections = 256;
+  static constexpr size_t kMaxPerPeer = 8;
   static constexpr size_t kMaxRequest = 4096;
   static constexpr uint64_t kTimeoutNs = 2000000000ull;
 
@@ -52,6 +57,8 @@ class MetricsServer {
   void on_conn(Conn* c, uint32_t events);
   void respond(Conn* c);
   void close_conn(Conn* c);
+  // Room for a connection from peer: false if none can be made.
+  bool make_room(uint32_t peer);
 
   ProgressEngine* pe_ = nullptr;
   int listen_fd_ = -1;
@@ -61,6 +68,7 @@ class MetricsServer {
   std::vector<std::unique_ptr<Conn>> conns_;
   std::vector<std::unique_ptr<Conn>> closed_;  // freed at the next sweep, not in their callback
   Counters counters_;
+  uint64_t paused_until_ns_ = 0;  // the listener is not watched until then (out of descriptors)
 };
 
 }  // namespace dpukv

@@ -144,6 +144,7 @@ CacheStats CacheEngine::stats() const {
     s.disk_used = d->allocator().used_bytes();
     s.disk_log_errors = d->log_errors();
     s.disk_ios_in_flight = placement_.spills_in_flight() + pipeline_.disk_reads();
+    s.writes_waiting = placement_.writes_waiting();
   }
   // In the order of kRequestStateNames; write-backs are placement's, not requests.
   const RequestState working[] = {

@@ -60,6 +60,7 @@ struct CacheStats {
   uint64_t disk_log_errors = 0;     // index log records that could not be written
   uint64_t both_chunks = 0;         // chunks with a copy in each tier (counted once in chunks)
   uint64_t disk_ios_in_flight = 0;  // disk tier reads and writes under way now
+  uint64_t writes_waiting = 0;      // write-through chunks waiting for a write-back slot
   uint64_t requests_in_state[kRequestStates] = {};       // requests in each working state now
   uint64_t encoded_bytes_in = 0, encoded_bytes_out = 0;  // compression on store
   uint64_t ingests = 0, ingest_bytes = 0;                // chunks filled by another agent (ingest)

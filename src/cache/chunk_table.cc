@@ -30,6 +30,7 @@ void ChunkTable::erase(int32_t e) {
     return;
   }
   disk_unlink(e);
+  write_queue_unlink(e);
   if (en.announced) tell(en.key, false);
   en.used = false;
   index_.erase(e, en.key_hash);
@@ -58,6 +59,34 @@ void ChunkTable::disk_push_back(int32_t e) {
   disk_q_.tail = e;
   if (disk_q_.head < 0) disk_q_.head = e;
   disk_q_.bytes += en.stored;
+}
+
+void ChunkTable::write_queue_push(int32_t e) {
+  ChunkEntry& en = at(e);
+  if (en.write_queued) return;
+  en.write_queued = true;
+  en.wnext = -1;
+  en.wprev = write_q_.tail;
+  if (write_q_.tail >= 0) at(write_q_.tail).wnext = e;
+  write_q_.tail = e;
+  if (write_q_.head < 0) write_q_.head = e;
+  ++write_q_.length;
+}
+
+void ChunkTable::write_queue_unlink(int32_t e) {
+  ChunkEntry& en = at(e);
+  if (!en.write_queued) return;
+  if (en.wprev >= 0)
+    at(en.wprev).wnext = en.wnext;
+  else
+    write_q_.head = en.wnext;
+  if (en.wnext >= 0)
+    at(en.wnext).wprev = en.wprev;
+  else
+    write_q_.tail = en.wprev;
+  en.wprev = en.wnext = -1;
+  en.write_queued = false;
+  --write_q_.length;
 }
 
 void ChunkTable::disk_unlink(int32_t e) {

@@ -51,6 +51,7 @@ struct ChunkEntry {
   uint64_t mem_off = 0, disk_off = 0;
   uint64_t pin_deadline = 0;
   int32_t dprev = -1, dnext = -1;  // disk queue links (while linked)
+  int32_t wprev = -1, wnext = -1;  // write queue links (while write_queued)
   uint32_t hits = 0;
   uint16_t pins = 0;     // lookup pins; they hold until unpinned or pin_deadline
   uint16_t readers = 0;  // copies out of the memory copy under way (DMA, write-back)
@@ -61,7 +62,8 @@ struct ChunkEntry {
   // The write-back under way was started to make room: drop the memory copy
   // once the disk copy is Ready.
   bool evict_after_write = false;
-  bool announced = false;  // the residency listeners were told it is present
+  bool announced = false;     // the residency listeners were told it is present
+  bool write_queued = false;  // waits in the write queue for a write-back slot
   // An ingested copy not yet read here: the read it was fetched for does not make
   // it recent (another agent holds the chunk; this copy goes first).
   bool replica_unread = false;
@@ -115,6 +117,13 @@ class ChunkTable {
   int32_t disk_warmer(int32_t e) const { return at(e).dprev; }
   uint64_t disk_queue_bytes() const { return disk_q_.bytes; }
 
+  // The write queue: chunks that must reach the disk tier (write-through) and wait
+  // for a write-back slot, oldest first. erase() takes an entry out of it.
+  void write_queue_push(int32_t e);    // no-op if queued
+  void write_queue_unlink(int32_t e);  // no-op if not queued
+  int32_t write_queue_front() const { return write_q_.head; }
+  uint64_t write_queue_length() const { return write_q_.length; }
+
   // The residency feed. announce(e): the chunk became present. A listener added
   // with replay is first told of every chunk present now (announcing those not yet
   // announced to everyone). Listeners must not add or remove listeners from the
@@ -147,6 +156,10 @@ class ChunkTable {
     int32_t head = -1, tail = -1;
     uint64_t bytes = 0;
   } disk_q_;
+  struct {
+    int32_t head = -1, tail = -1;
+    uint64_t length = 0;
+  } write_q_;
   uint64_t used_ = 0;
   std::vector<std::pair<ResidencyCb, void*>> listeners_;
 };

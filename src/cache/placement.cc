@@ -137,6 +137,7 @@ void Placement::drop_memory(int32_t e) {
     mem_alloc_.free(en.mem_off);
     policy_->remove(e);
     en.memory = ChunkEntry::Memory::kNone;
+    table_.write_queue_unlink(e);  // nothing left to write
   }
   if (!en.on_disk()) {
     table_.erase(e);
@@ -276,6 +277,23 @@ Placement::SpillStart Placement::start_spill(int32_t e) {
   return SpillStart::kStarted;
 }
 
+void Placement::write_through(int32_t e) {
+  if (!disk_) return;
+  table_.write_queue_push(e);
+  drain_write_queue();
+}
+
+// Oldest first; a chunk that cannot start for lack of a slot (or while a failed
+// disk is paused) keeps its place at the front.
+void Placement::drain_write_queue() {
+  for (int32_t e = table_.write_queue_front();
+       e >= 0 && spills_in_flight_ < kMaxSpills && spilling_allowed();
+       e = table_.write_queue_front()) {
+    if (start_spill(e) == SpillStart::kBusy) return;
+    table_.write_queue_unlink(e);  // started, or the disk cannot take it (logged there)
+  }
+}
+
 // Write-back is paced by a watermark: clean memory (chunks with a disk copy, which
 // eviction drops at once) plus free memory is kept at about an eighth of the tier
 // (at most 8 of the largest chunks), with at most kMaxSpills writes in flight. So
@@ -284,6 +302,7 @@ Placement::SpillStart Placement::start_spill(int32_t e) {
 // ahead of need.
 void Placement::clean_ahead() {
   if (!disk_ || !spilling_allowed()) return;
+  drain_write_queue();
   const uint64_t cap = mem_alloc_.capacity();
   const uint64_t target = std::min<uint64_t>(cap / 8, 8 * page_bytes_);
   uint64_t reserve = cap - mem_alloc_.used_bytes() + mem_clean_bytes_ + spill_bytes_;
@@ -320,6 +339,9 @@ void Placement::spill_done(uint64_t tag, Status st, int err) {
   } else {
     if (wrote) disk_failed("index log cannot grow", disk_->last_log_errno());
     disk_->allocator().free(s.disk_off);
+    // Write-through promised this chunk to the disk: it is tried again once the
+    // failed disk's pause ends.
+    if (opts_.write_through && en.mem_ready()) table_.write_queue_push(e);
   }
   if (en.evict_after_write) {
     en.evict_after_write = false;
@@ -331,6 +353,7 @@ void Placement::spill_done(uint64_t tag, Status st, int err) {
       drop_memory(e);
     }
   }
+  drain_write_queue();
   room_freed();
 }
 

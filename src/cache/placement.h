@@ -13,6 +13,8 @@
 //   lands, as when a failed ingest gives its room back.
 // - Write-backs are paced (clean_ahead) and at most kMaxSpills are in flight; a
 //   disk that fails stops them for a second and the chunks stay in memory.
+//   Write-through chunks that find no slot wait in the write queue and are
+//   written, oldest first, as slots free: a store is never skipped.
 // - Disk completions for write-backs come back through spill_done() (their tags
 //   have kSpillTag set; other tags are the pipeline's reloads).
 //
@@ -89,6 +91,10 @@ class Placement {
 
   // ---- write-back
   SpillStart start_spill(int32_t e);
+  // Write-through: the chunk goes to disk now, or waits in the write queue for a
+  // write-back slot (or for a failed disk's pause to end); it is never skipped.
+  void write_through(int32_t e);
+  uint64_t writes_waiting() const { return table_.write_queue_length(); }
   void clean_ahead();  // write back cold chunks ahead of need (a watermark)
   void spill_done(uint64_t tag, Status st, int err);
   uint32_t spills_in_flight() const { return spills_in_flight_; }
@@ -120,6 +126,7 @@ class Placement {
   bool make_disk_room(uint64_t size, uint64_t* off);
   void drop_disk_copy(int32_t e);
   bool spilling_allowed() const;
+  void drain_write_queue();
   void room_freed() {
     if (room_cb_ != nullptr) room_cb_(room_arg_);
   }

@@ -395,7 +395,7 @@ void RequestPipeline::complete_store(Request* r, uint64_t cs) {
   st_->store_bytes += table_.at(e).size;
   finish(r, Code::kSuccess);  // also frees a finished shrink's encode slot
   if (opts_.write_through && table_.at(e).hits >= opts_.disk_admit_hits)
-    (void)placement_->start_spill(e);
+    placement_->write_through(e);
   placement_->clean_ahead();
 }
 

@@ -101,6 +101,10 @@ int connect_with(const char* socket, uint64_t model, bool absent_ok, dpukv_clien
 
 }  // namespace
 
+const char* dpukv_last_connect_error(void) {
+  return dpukv::Client::last_connect_error();
+}
+
 int dpukv_connect(const char* socket, uint64_t model, dpukv_client** out) {
   return connect_with(socket, model, false, out);
 }

@@ -13,7 +13,16 @@ using agent::AgentHeader;
 using agent::IoEntry;
 using agent::Op;
 
+namespace {
+thread_local std::string t_connect_error;
+}  // namespace
+
+const char* Client::last_connect_error() {
+  return t_connect_error.c_str();
+}
+
 Status Client::connect(const ClientOptions& o, std::unique_ptr<Client>* out) {
+  t_connect_error.clear();
   std::unique_ptr<Client> c(new Client());
   c->opts_ = o;
   if (c->opts_.socket_path.empty()) {
@@ -24,12 +33,22 @@ Status Client::connect(const ClientOptions& o, std::unique_ptr<Client>* out) {
           "client: agent socket %s is not used; name the agent with DPUKV_SOCKET or a "
           "socket setting to use it",
           s.c_str());
-    if (c->opts_.socket_path.empty()) return Code::kNotPermitted;
+    if (c->opts_.socket_path.empty()) {
+      t_connect_error = "no agent socket this user may use (DPUKV_SOCKET names one)";
+      return Code::kNotPermitted;
+    }
   }
   DPUKV_RETURN_IF_ERROR(ProgressEngine::create(&c->pe_));
   const Status st = c->open_channel(o.connect_timeout_ms);
   if (!st.ok()) {
-    if (!o.absent_ok || st != Code::kNotFound) return st;
+    const char* refusal = c->ch_ ? c->ch_->refusal() : nullptr;
+    if (refusal != nullptr)
+      t_connect_error = "the agent at " + c->opts_.socket_path + " refused: " + refusal;
+    else if (st == Code::kNotFound)
+      t_connect_error = "no agent answered at " + c->opts_.socket_path;
+    else
+      t_connect_error = "connecting to " + c->opts_.socket_path + ": " + std::string(st.name());
+    if (!o.absent_ok || (st != Code::kNotFound && st != Code::kFull)) return st;
     c->lost_ = true;  // ensure_connected tries again, at most once a reconnect interval
   }
   Client* raw = c.get();
@@ -109,6 +128,8 @@ Status Client::open_channel(uint32_t timeout_ms) {
   if (ch_->state() != CtxState::kRunning) {
     if (ch_->state() == CtxState::kStarting) (void)ch_->stop();
     while (ch_->state() != CtxState::kIdle) pe_->progress();
+    const Status why = ch_->last_error();
+    if (ch_->refusal() != nullptr || why == Code::kNotPermitted) return why;
     return Code::kNotFound;
   }
   lost_ = false;

@@ -62,8 +62,12 @@ struct GpuStaging {
 
 class Client {
  public:
-  // Connects (retrying until connect_timeout_ms). NOT_FOUND if no agent answered.
+  // Connects (retrying until connect_timeout_ms). NOT_FOUND if no agent answered;
+  // FULL if the agent refused for a limit (all its connections, this uid's share,
+  // its descriptors) until the timeout; NOT_PERMITTED if it refused this uid.
   static Status connect(const ClientOptions& o, std::unique_ptr<Client>* out);
+  // This thread's last connect failure in words a user can act on ("" if none).
+  static const char* last_connect_error();
   ~Client();
 
   // Allocates pre-faulted shared memory and exports it to the agent. TOO_BIG,

@@ -312,8 +312,8 @@ void ComchBase::close_connection(ComchConnection* c, Status reason, const char* 
   const bool was_open = c->state_ == ComchConnection::State::kOpen;
   if (reason == Code::kInvalidValue || reason == Code::kTooBig || reason == Code::kNotPermitted) {
     ++counters_.protocol_errors;
-    LOG_WARN("comch: closing connection %llu (pid %d): %s", static_cast<unsigned long long>(c->id_),
-             static_cast<int>(c->peer_.pid), why);
+    LOG_WARN_LIMITED("comch: closing connection %llu (pid %d): %s",
+                     static_cast<unsigned long long>(c->id_), static_cast<int>(c->peer_.pid), why);
   } else {
     LOG_INFO("comch: connection %llu (pid %d) closed: %s", static_cast<unsigned long long>(c->id_),
              static_cast<int>(c->peer_.pid), why);
@@ -440,6 +440,7 @@ void ComchBase::handle_record(ComchConnection* c, size_t n, int* fds, int nfds) 
       return;
     case MsgType::kHello:
     case MsgType::kHelloAck:
+    case MsgType::kRefused:
       close_connection(c, Code::kInvalidValue, "handshake message after handshake");
       return;
   }

@@ -31,6 +31,7 @@ ComchClient::~ComchClient() = default;
 Status ComchClient::do_start() {
   start_ns_ = monotonic_ns();
   last_error_ = Code::kSuccess;
+  refusal_ = nullptr;
   closing_ = false;
   uint32_t tick =
       std::max<uint32_t>(5, std::min(copts_.retry_interval_ms, opts_.heartbeat_interval_ms / 4));
@@ -78,6 +79,29 @@ Status ComchClient::try_connect() {
 
 void ComchClient::on_handshake_msg(ComchConnection* c, const comch::MsgHeader& h,
                                    const uint8_t* payload) {
+  if (static_cast<MsgType>(h.type) == MsgType::kRefused) {
+    comch::RefusedPayload r;
+    std::memcpy(&r, payload, sizeof(r));
+    refusal_ = comch::refuse_reason_text(r.reason);
+    const auto why = static_cast<comch::RefuseReason>(r.reason);
+    // A limit may have room on the next try; a refused uid or HELLO will not.
+    const bool final =
+        why == comch::RefuseReason::kNotAllowed || why == comch::RefuseReason::kBadHello;
+    last_error_ = why == comch::RefuseReason::kNotAllowed ? Code::kNotPermitted
+                  : why == comch::RefuseReason::kBadHello ? Code::kInvalidValue
+                                                          : Code::kFull;
+    LOG_WARN_LIMITED("comch: %s refused the connection: %s (limit %u)", copts_.path.c_str(),
+                     refusal_, r.limit);
+    close_connection(c, Code::kConnectionReset, "refused by the server");
+    if (final) {
+      const Status keep = last_error_;
+      const char* words = refusal_;
+      (void)stop();
+      last_error_ = keep;
+      refusal_ = words;
+    }
+    return;
+  }
   if (static_cast<MsgType>(h.type) != MsgType::kHelloAck) {
     close_connection(c, Code::kInvalidValue, "server did not answer HELLO");
     return;
@@ -119,19 +143,24 @@ void ComchClient::on_timer() {
     if (conn_ == nullptr) {
       if (copts_.connect_timeout_ms != 0 &&
           now - start_ns_ > static_cast<uint64_t>(copts_.connect_timeout_ms) * 1000000ull) {
-        LOG_WARN("comch: no server at %s within %u ms", copts_.path.c_str(),
-                 copts_.connect_timeout_ms);
+        if (refusal_ == nullptr)
+          LOG_WARN("comch: no server at %s within %u ms", copts_.path.c_str(),
+                   copts_.connect_timeout_ms);
         Status keep = last_error_.ok() ? Status(Code::kTimeout) : last_error_;
+        const char* words = refusal_;
         (void)stop();
         last_error_ = keep;
+        refusal_ = words;
         return;
       }
       if (now - last_try_ns_ >= static_cast<uint64_t>(copts_.retry_interval_ms) * 1000000ull) {
         Status st = try_connect();
         if (!st.ok() && st != Code::kAgain) {
           Status keep = st;
+          const char* words = refusal_;
           (void)stop();
           last_error_ = keep;
+          refusal_ = words;
         }
       }
     } else if (now - conn_->opened_ns_ > static_cast<uint64_t>(opts_.heartbeat_interval_ms) *

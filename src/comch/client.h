@@ -9,6 +9,7 @@
 #include <string>
 
 #include "comch/channel.h"
+#include "comch/wire.h"
 
 namespace dpukv {
 
@@ -28,8 +29,13 @@ class ComchClient final : public ComchBase {
   ComchConnection* connection() const {
     return conn_ != nullptr && conn_->open() ? conn_ : nullptr;
   }
-  // Why the last connection attempt or connection ended.
+  // Why the last connection attempt or connection ended. FULL: the server refused
+  // for a limit (it may have room later); NOT_PERMITTED: refused for this uid;
+  // INVALID_VALUE: it refused our HELLO.
   Status last_error() const { return last_error_; }
+  // The server's words for its last refusal (comch::refuse_reason_text), or nullptr
+  // if the last attempt was not refused.
+  const char* refusal() const { return refusal_; }
   uint64_t import_bytes_all() const override {
     return conn_ != nullptr ? conn_->imported_bytes() + conn_->other_import_bytes() : 0;
   }
@@ -49,6 +55,7 @@ class ComchClient final : public ComchBase {
   uint64_t start_ns_ = 0;
   uint64_t last_try_ns_ = 0;
   Status last_error_;
+  const char* refusal_ = nullptr;
   bool closing_ = false;
 };
 

@@ -1,6 +1,9 @@
 #include "comch/server.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -10,11 +13,36 @@
 #include <cerrno>
 #include <cstring>
 
+#include "runtime/clock.h"
 #include "runtime/log.h"
 
 namespace dpukv {
 
 using comch::MsgType;
+using comch::RefuseReason;
+
+namespace {
+constexpr uint64_t kPauseNs = 100'000'000ull;  // listener rest at the descriptor limit
+// Accepts are paced: at most kAcceptsPerTick per tick of kAcceptTickMs (6,400 a
+// second), then the listener rests until the next tick. A peer that reconnects as
+// fast as it is refused then costs a few percent of a core, not one, and a real
+// client behind a flood of 2,000 waits well under a second in the backlog.
+constexpr uint32_t kAcceptsPerTick = 128;
+// Descriptors kept for everything but client connections (disk tier, cluster,
+// metrics, GPU, fast-path doorbells of the first clients...).
+constexpr uint64_t kReservedFds = 64;
+// A client connection's own socket plus its fast-path doorbells.
+constexpr uint64_t kFdsPerConnection = 2;
+
+uint64_t open_descriptors() {
+  uint64_t n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (::readdir(d) != nullptr) ++n;
+    ::closedir(d);
+  }
+  return n > 2 ? n - 2 : n;  // . and ..
+}
+}  // namespace
 
 Status make_unix_addr(const std::string& path, sockaddr_un* addr, socklen_t* len) {
   std::memset(addr, 0, sizeof(*addr));
@@ -49,6 +77,36 @@ ComchServer::~ComchServer() {
     pe()->unwatch_fd(listener_.fd, &listener_);
     ::close(listener_.fd);
   }
+  if (spare_fd_ >= 0) ::close(spare_fd_);
+}
+
+// The soft descriptor limit is raised to the hard one (the unit's LimitNOFILE, or
+// ulimit -Hn), as a server that holds one descriptor per client should; if even
+// that cannot hold max_connections, the limit is lowered so that a full server
+// refuses clients with a reason instead of failing accept() in a loop.
+void ComchServer::fit_descriptor_limit() {
+  limit_ = sopts_.max_connections;
+  uid_limit_ = sopts_.max_connections_per_uid;
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  if (rl.rlim_cur == RLIM_INFINITY) return;
+  const uint64_t used = open_descriptors() + kReservedFds;
+  const uint64_t room = rl.rlim_cur > used ? (rl.rlim_cur - used) / kFdsPerConnection : 0;
+  if (room >= limit_) return;
+  limit_ = static_cast<uint32_t>(std::max<uint64_t>(room, 1));
+  // One uid's share shrinks in proportion, so that others keep room.
+  if (uid_limit_ != 0)
+    uid_limit_ = static_cast<uint32_t>(std::max<uint64_t>(
+        1, uint64_t{uid_limit_} * limit_ / std::max<uint32_t>(sopts_.max_connections, 1)));
+  LOG_WARN(
+      "comch: %u connections allowed (%u per uid), not %u: the descriptor limit is %llu (raise "
+      "LimitNOFILE in the unit, or ulimit -n)",
+      limit_, uid_limit_, sopts_.max_connections, static_cast<unsigned long long>(rl.rlim_cur));
 }
 
 Status ComchServer::do_start() {
@@ -70,7 +128,10 @@ Status ComchServer::do_start() {
       bool live = probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), alen) == 0;
       if (probe >= 0) ::close(probe);
       if (live) {
-        LOG_ERR("comch: another server is listening on %s", sopts_.path.c_str());
+        LOG_ERR(
+            "comch: another server is listening on %s (stop it first, or choose another socket "
+            "path)",
+            sopts_.path.c_str());
         ::close(fd);
         return Code::kBadState;
       }
@@ -86,15 +147,20 @@ Status ComchServer::do_start() {
     ::close(fd);
     return Code::kDriver;
   }
-  if (listen(fd, 128) != 0) {
+  // A deep backlog: a client that connects while a flood is being drained waits
+  // its turn in it (accepts are paced, below) instead of being told EAGAIN.
+  if (listen(fd, SOMAXCONN) != 0) {
     ::close(fd);
     return Code::kDriver;
   }
   listener_.fd = fd;
+  fit_descriptor_limit();
+  if (spare_fd_ < 0) spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   Status st = pe()->watch_fd(fd, EPOLLIN, &listener_);
-  uint32_t tick = std::max<uint32_t>(
-      10, std::min(opts_.heartbeat_interval_ms / 4, sopts_.hello_timeout_ms / 4));
-  if (st.ok()) st = start_timer(tick);
+  scan_ns_ = uint64_t{std::max<uint32_t>(
+                 10, std::min(opts_.heartbeat_interval_ms / 4, sopts_.hello_timeout_ms / 4))} *
+             1000000ull;
+  if (st.ok()) st = start_timer(kAcceptTickMs);
   if (!st.ok()) {
     ::close(fd);
     listener_.fd = -1;
@@ -111,6 +177,7 @@ void ComchServer::do_stop() {
     listener_.fd = -1;
     if (sopts_.path[0] != '@') ::unlink(sopts_.path.c_str());
   }
+  paused_until_ns_ = 0;
   stop_timer();
   // close_connection() erases from conns_ through on_connection_closed().
   std::vector<ComchConnection*> all;
@@ -128,14 +195,72 @@ void ComchServer::disconnect(ComchConnection* c) {
   close_connection(c, Code::kConnectionReset, "closed by server");
 }
 
+// At the descriptor limit accept() fails and the connection stays in the backlog:
+// the level-triggered listener would wake the loop at once, forever. The spare
+// descriptor is given up to tell the first client why, and the listener rests
+// for 100 ms (the timer watches it again); the clients retry.
+void ComchServer::pause_listener(const char* why) {
+  if (spare_fd_ >= 0) {
+    ::close(spare_fd_);
+    spare_fd_ = -1;
+    int fd = accept4(listener_.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) refuse(fd, RefuseReason::kFdLimit, limit_);
+    spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+  LOG_WARN_LIMITED("comch: accept on %s: %s with %zu connections; not accepting for 100 ms",
+                   sopts_.path.c_str(), why, conns_.size());
+  (void)pe()->modify_fd(listener_.fd, 0, &listener_);
+  paused_until_ns_ = monotonic_ns() + kPauseNs;
+}
+
+void ComchServer::refuse(int fd, RefuseReason reason, uint32_t limit) {
+  struct {
+    comch::MsgHeader h;
+    comch::RefusedPayload p;
+  } msg{{comch::kMagic, comch::kVersion, static_cast<uint16_t>(MsgType::kRefused),
+         sizeof(comch::RefusedPayload), 0},
+        {static_cast<uint32_t>(reason), limit, 0}};
+  // A fresh socket's buffer always takes one small record; if not, the close says enough.
+  (void)!::send(fd, &msg, sizeof(msg), MSG_DONTWAIT | MSG_NOSIGNAL);
+  ::close(fd);
+  ++refused_;
+}
+
+bool ComchServer::admit(uid_t uid, RefuseReason* reason, uint32_t* limit) {
+  const auto it = per_uid_.find(uid);
+  const uint32_t mine = it != per_uid_.end() ? it->second : 0;
+  const bool uid_full = uid_limit_ != 0 && mine >= uid_limit_;
+  const bool all_full = conns_.size() >= limit_;
+  if (!uid_full && !all_full) return true;
+  // The oldest connection without HELLO (of this uid when its share is the limit).
+  ComchConnection* oldest = nullptr;
+  for (auto& [id, c] : conns_) {
+    if (c->open() || (uid_full && c->peer().uid != uid)) continue;
+    if (oldest == nullptr || c->opened_ns_ < oldest->opened_ns_) oldest = c;
+  }
+  if (oldest != nullptr) {
+    close_connection(oldest, Code::kTimeout, "no HELLO yet; its place went to a new connection");
+    return true;
+  }
+  *reason = uid_full ? RefuseReason::kPeerLimit : RefuseReason::kFull;
+  *limit = uid_full ? uid_limit_ : limit_;
+  return false;
+}
+
 void ComchServer::accept_all() {
   for (;;) {
-    int fd = accept4(listener_.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE)
-        LOG_WARN("comch: out of file descriptors; %zu connections", conns_.size());
+    if (accepts_this_tick_ >= kAcceptsPerTick) {
+      (void)pe()->modify_fd(listener_.fd, 0, &listener_);
+      paced_ = true;  // the next tick watches it again
       return;
     }
+    int fd = accept4(listener_.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+        pause_listener(std::strerror(errno));
+      return;
+    }
+    ++accepts_this_tick_;
     ucred cred{};
     socklen_t clen = sizeof(cred);
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
@@ -146,15 +271,18 @@ void ComchServer::accept_all() {
     if (!sopts_.allowed_uids.empty() &&
         std::find(sopts_.allowed_uids.begin(), sopts_.allowed_uids.end(), cred.uid) ==
             sopts_.allowed_uids.end()) {
-      LOG_WARN("comch: refused pid %d uid %u: not in the allow-list", cred.pid, cred.uid);
-      ::close(fd);
-      ++refused_;
+      LOG_WARN_LIMITED("comch: refused pid %d uid %u: not in the allow-list", cred.pid, cred.uid);
+      refuse(fd, RefuseReason::kNotAllowed, 0);
       continue;
     }
-    if (conns_.size() >= sopts_.max_connections) {
-      LOG_WARN("comch: refused pid %d: %u connections already", cred.pid, sopts_.max_connections);
-      ::close(fd);
-      ++refused_;
+    RefuseReason why{};
+    uint32_t limit = 0;
+    if (!admit(cred.uid, &why, &limit)) {
+      LOG_WARN_LIMITED("comch: refused pid %d uid %u: %s (%u)", cred.pid, cred.uid,
+                       why == RefuseReason::kFull ? "connections at the limit"
+                                                  : "its uid at its share of connections",
+                       limit);
+      refuse(fd, why, limit);
       continue;
     }
     ComchConnection* c = new_connection(fd, next_id_++);
@@ -164,6 +292,7 @@ void ComchServer::accept_all() {
     }
     c->peer_ = {cred.pid, cred.uid, cred.gid};
     conns_.emplace(c->id(), c);
+    ++per_uid_[cred.uid];
     ++accepted_;
   }
 }
@@ -177,8 +306,14 @@ void ComchServer::on_handshake_msg(ComchConnection* c, const comch::MsgHeader& h
   comch::HelloPayload hello;
   std::memcpy(&hello, payload, sizeof(hello));
   if (hello.max_msg == 0 || hello.max_msg > comch::kMaxMsgLimit || hello.heartbeat_ms == 0 ||
-      hello.heartbeat_ms > 3600 * 1000 || hello.reserved != 0) {
-    close_connection(c, Code::kInvalidValue, "bad HELLO");
+      hello.heartbeat_ms > sopts_.max_peer_heartbeat_ms || hello.reserved != 0) {
+    // A session that may stay silent for hours holds its place as long: refused,
+    // with the bound, so the client can say what to change.
+    comch::RefusedPayload r{static_cast<uint32_t>(RefuseReason::kBadHello),
+                            sopts_.max_peer_heartbeat_ms, 0};
+    (void)send_ctrl(c, MsgType::kRefused, &r, sizeof(r));
+    close_connection(c, Code::kInvalidValue,
+                     "bad HELLO (heartbeat above the bound, or a bad field)");
     return;
   }
   c->max_msg_ = std::min(hello.max_msg, opts_.max_msg_size);
@@ -194,10 +329,21 @@ void ComchServer::on_handshake_msg(ComchConnection* c, const comch::MsgHeader& h
 
 void ComchServer::on_connection_closed(ComchConnection* c) {
   conns_.erase(c->id());
+  auto it = per_uid_.find(c->peer().uid);
+  if (it != per_uid_.end() && --it->second == 0) per_uid_.erase(it);
 }
 
 void ComchServer::on_timer() {
   const uint64_t now = monotonic_ns();
+  accepts_this_tick_ = 0;
+  if (listener_.fd >= 0 && (paced_ || paused_until_ns_ != 0) &&
+      (paused_until_ns_ == 0 || now >= paused_until_ns_)) {
+    paced_ = false;
+    paused_until_ns_ = 0;
+    (void)pe()->modify_fd(listener_.fd, EPOLLIN, &listener_);
+  }
+  if (now - last_scan_ns_ < scan_ns_) return;
+  last_scan_ns_ = now;
   const uint64_t hello_ns = static_cast<uint64_t>(sopts_.hello_timeout_ms) * 1000000ull;
   std::vector<ComchConnection*> all;
   all.reserve(conns_.size());

@@ -27,6 +27,8 @@ Status parse_header(const uint8_t* rec, size_t received, uint32_t max_msg, uint3
       return hdr->length == sizeof(ConsumerNewPayload) ? Status() : Status(Code::kInvalidValue);
     case MsgType::kConsumerExpired:
       return hdr->length == sizeof(ConsumerExpiredPayload) ? Status() : Status(Code::kInvalidValue);
+    case MsgType::kRefused:
+      return hdr->length == sizeof(RefusedPayload) ? Status() : Status(Code::kInvalidValue);
   }
   return Code::kInvalidValue;
 }
@@ -60,8 +62,28 @@ const char* msg_type_name(uint16_t t) {
       return "CONSUMER_NEW";
     case MsgType::kConsumerExpired:
       return "CONSUMER_EXPIRED";
+    case MsgType::kRefused:
+      return "REFUSED";
   }
   return "UNKNOWN";
+}
+
+const char* refuse_reason_text(uint32_t reason) {
+  switch (static_cast<RefuseReason>(reason)) {
+    case RefuseReason::kFull:
+      return "the agent is full: it holds its max_clients connections (close idle clients, or "
+             "raise max_clients)";
+    case RefuseReason::kPeerLimit:
+      return "this user holds its share of the agent's connections (max_clients_per_uid); close "
+             "idle clients of this user, or raise the setting";
+    case RefuseReason::kFdLimit:
+      return "the agent is out of file descriptors (raise LimitNOFILE in its unit, or ulimit -n)";
+    case RefuseReason::kNotAllowed:
+      return "this user is not allowed by the agent (its allow-list of uids)";
+    case RefuseReason::kBadHello:
+      return "the agent refused this client's HELLO (a heartbeat above its bound, or a bad field)";
+  }
+  return "the agent refused the connection (reason unknown to this client)";
 }
 
 }  // namespace dpukv::comch

@@ -24,7 +24,27 @@ enum class MsgType : uint16_t {
   kBye = 6,              // orderly close
   kConsumerNew = 7,      // fast path: ConsumerNewPayload + 2 fds (ring memfd, doorbell eventfd)
   kConsumerExpired = 8,  // fast path: ConsumerExpiredPayload
+  kRefused = 9,          // server → client, instead of HELLO_ACK: RefusedPayload, then close
 };
+
+// Why a server refused a connection: the client reports it instead of a bare reset.
+enum class RefuseReason : uint32_t {
+  kFull = 1,        // the server holds max_connections
+  kPeerLimit = 2,   // this uid holds its share (max_connections_per_uid)
+  kFdLimit = 3,     // the server is out of file descriptors
+  kNotAllowed = 4,  // the uid is not in the server's allow-list
+  kBadHello = 5,    // the HELLO asked for what the server does not allow
+};
+
+struct RefusedPayload {
+  uint32_t reason;  // RefuseReason
+  uint32_t limit;   // the limit that was reached (connections, or the heartbeat bound in ms)
+  uint64_t reserved;
+};
+static_assert(sizeof(RefusedPayload) == 16);
+
+// The words a client prints for a refusal: what happened and what to do.
+const char* refuse_reason_text(uint32_t reason);
 
 struct MsgHeader {
   uint32_t magic;

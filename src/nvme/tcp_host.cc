@@ -119,8 +119,11 @@ Status NvmeTcpHost::open_queue(Queue* q, uint16_t qid, uint16_t depth, uint16_t*
     return st;
   IcResp resp{};
   if (Status st = recv_all(q->fd, reinterpret_cast<uint8_t*>(&resp), sizeof resp, deadline);
-      !st.ok())
-    return st;
+      !st.ok()) {
+    // Taken at the TCP level, closed before any answer: a target at its connection
+    // limit does that (NVMe/TCP has no status for it); FULL says so to the caller.
+    return st == Code::kConnectionReset ? Status(Code::kFull) : st;
+  }
   if (resp.ch.type != kIcResp || resp.pfv != 0 || resp.maxh2cdata < 4096) return Code::kCorrupted;
   q->maxh2cdata = resp.maxh2cdata;
   int fl = 1;

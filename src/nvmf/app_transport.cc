@@ -73,7 +73,12 @@ Json TcpAppTransport::stats() {
               {"errors", s.errors},
               {"term_reqs_sent", s.term_reqs_sent},
               {"connect_rejects", s.connect_rejects},
-              {"keep_alive_expiries", s.keep_alive_expiries}};
+              {"keep_alive_expiries", s.keep_alive_expiries},
+              {"icreq_timeouts", s.icreq_timeouts},
+              {"connect_timeouts", s.connect_timeouts},
+              {"pdu_timeouts", s.pdu_timeouts},
+              {"connections_refused", s.connections_refused},
+              {"accept_errors", s.accept_errors}};
 }
 
 // ---- VFIOUSER -----------------------------------------------------------------

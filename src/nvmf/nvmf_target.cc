@@ -43,8 +43,8 @@ void NvmfTarget::Impl::accept_on(Listener* l) {
         // 100 ms instead, as SPDK's acceptor polls again later; the hosts retry.
         ++stats.accept_errors;
         if (l->paused_until_ms == 0)
-          LOG_WARN("nvme-tcp: %s: accept: %s; not accepting for 100 ms", l->key.c_str(),
-                   std::strerror(errno));
+          LOG_WARN_LIMITED("nvme-tcp: %s: accept: %s; not accepting for 100 ms", l->key.c_str(),
+                           std::strerror(errno));
         epoll_event ev{};
         ev.data.ptr = l;
         epoll_ctl(epfd, EPOLL_CTL_MOD, l->fd, &ev);
@@ -54,9 +54,9 @@ void NvmfTarget::Impl::accept_on(Listener* l) {
     }
     if (l->connections >= opts.max_connections_per_listener) {
       if (stats.connections_refused++ % 1024 == 0)
-        LOG_WARN("nvme-tcp: %s: %u connections open, closing a new one (%llu so far)",
-                 l->key.c_str(), l->connections,
-                 static_cast<unsigned long long>(stats.connections_refused));
+        LOG_WARN_LIMITED("nvme-tcp: %s: %u connections open, closing a new one (%llu so far)",
+                         l->key.c_str(), l->connections,
+                         static_cast<unsigned long long>(stats.connections_refused));
       ::close(fd);
       continue;
     }
@@ -93,10 +93,24 @@ void NvmfTarget::Impl::check_deadlines(uint64_t now_ms) {
     ev.data.ptr = l.get();
     epoll_ctl(epfd, EPOLL_CTL_MOD, l->fd, &ev);
   }
+  // Every stage a host can stall at has a deadline: its ICReq, its Connect, the
+  // rest of a PDU whose header came. Closed connections are logged once a window.
   for (auto& c : conns) {
-    if (c->ready() || c->closed() || now_ms - c->opened_ms() < opts.icreq_timeout_ms) continue;
-    ++stats.icreq_timeouts;
-    c->close("no ICReq in time");
+    if (c->closed()) continue;
+    const char* why = nullptr;
+    if (!c->ready()) {
+      if (now_ms - c->opened_ms() >= opts.icreq_timeout_ms)
+        ++stats.icreq_timeouts, why = "no ICReq in time";
+    } else if (c->controller() == nullptr && now_ms - c->ready_ms() >= opts.connect_timeout_ms) {
+      ++stats.connect_timeouts, why = "no Connect in time after the ICReq";
+    }
+    if (why == nullptr && c->partial_since_ms() != 0 &&
+        now_ms - c->partial_since_ms() >= opts.pdu_timeout_ms) {
+      ++stats.pdu_timeouts, why = "the rest of a PDU did not come in time";
+    }
+    if (why == nullptr) continue;
+    LOG_WARN_LIMITED("nvme-tcp: %s: closing a connection: %s", c->listener().c_str(), why);
+    c->close(why);
   }
 }
 
@@ -191,10 +205,16 @@ void NvmfTarget::Impl::run() {
       check_deadlines(ms);
       each_subsystem([&](Subsystem& s) {
         for (auto& c : s.controllers) {
+          // 64-bit: a KATO near 2^32 ms plus the grace wrapped in 32 bits and ended
+          // the association at once. KATO 0 (no keep alive) still ends an idle one.
           const uint32_t kato = c->keep_alive_timeout_ms();
-          if (kato > 0 && ms - c->last_activity_ms > kato + opts.keep_alive_grace_ms) {
-            LOG_WARN("nvme-tcp: controller %u of %s: keep alive timeout (%u ms)",
-                     c->config().cntlid, s.cfg.nqn.c_str(), kato);
+          const uint64_t limit = kato > 0 ? uint64_t{kato} + opts.keep_alive_grace_ms
+                                          : uint64_t{opts.no_kato_timeout_ms};
+          if (ms - c->last_activity_ms > limit) {
+            LOG_WARN_LIMITED("nvme-tcp: controller %u of %s: %s (%llu ms without a command)",
+                             c->config().cntlid, s.cfg.nqn.c_str(),
+                             kato > 0 ? "keep alive timeout" : "idle with no keep alive (KATO 0)",
+                             static_cast<unsigned long long>(limit));
             ++stats.keep_alive_expiries;
             c->last_activity_ms = ms;  // once
             close_controller(c.get(), "keep alive timeout");

@@ -182,6 +182,82 @@ TEST_F(NvmfTest, ConnectionsWithoutAnIcReqAreClosedAtTheirDeadline) {
   EXPECT_EQ(sc(io(*host_, kNvmRead, 0, 1, buf.data())), kSuccess);
 }
 
+// A TCP connection that has sent a valid ICReq and read the ICResp; -1 on failure.
+int connect_after_icreq(int port) {
+  const int fd = raw_connect(port);
+  if (fd < 0) return -1;
+  IcReq req{};
+  req.ch = CommonHeader{kIcReq, 0, sizeof req, 0, sizeof req};
+  IcResp resp{};
+  if (send(fd, &req, sizeof req, 0) != static_cast<ssize_t>(sizeof req) ||
+      recv(fd, &resp, sizeof resp, MSG_WAITALL) != static_cast<ssize_t>(sizeof resp) ||
+      resp.ch.type != kIcResp) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Issue 45.3: after a valid ICReq, a host that went silent, or sent half a
+// capsule, was kept forever (1,024 of them filled the listener), and a capsule
+// header claiming 128 KiB made the target hold that much for it before the host
+// had proved anything.
+TEST_F(NvmfTest, EveryStageAfterTheIcReqHasADeadline) {
+  start_target({"--connect-timeout-ms", "300", "--pdu-timeout-ms", "300"});
+  const int silent = connect_after_icreq(port_);
+  const int half = connect_after_icreq(port_);
+  ASSERT_GE(silent, 0);
+  ASSERT_GE(half, 0);
+  // A Connect capsule's header (plen: header and its 1 KiB of data), then nothing.
+  CapsuleCmd cc{};
+  cc.ch = CommonHeader{kCapsuleCmd, 0, sizeof cc, sizeof cc, sizeof cc + 1024};
+  cc.sqe.opc = kFabricsOpcode;
+  ASSERT_EQ(send(half, &cc, sizeof cc, 0), static_cast<ssize_t>(sizeof cc));
+  EXPECT_TRUE(closed_by_peer(silent)) << "a silent host after its ICReq was kept";
+  EXPECT_TRUE(closed_by_peer(half)) << "half a capsule was waited for forever";
+  close(silent);
+  close(half);
+  // Before its Connect a host gets no large buffer: a capsule claiming 128 KiB is
+  // a header error at once.
+  const int big = connect_after_icreq(port_);
+  ASSERT_GE(big, 0);
+  cc.ch = CommonHeader{kCapsuleCmd, 0, sizeof cc, sizeof cc, 128u << 10};
+  ASSERT_EQ(send(big, &cc, sizeof cc, 0), static_cast<ssize_t>(sizeof cc));
+  TermReq t{};
+  ASSERT_EQ(recv(big, &t, sizeof t, MSG_WAITALL), static_cast<ssize_t>(sizeof t));
+  EXPECT_EQ(t.ch.type, kC2HTermReq);
+  EXPECT_EQ(t.fes, kFesInvalidHeader);
+  close(big);
+  // A host that goes on at once is served as before, its I/O larger than 1 KiB.
+  ASSERT_TRUE(NvmeTcpHost::connect(opts(), &host_).ok());
+  write_read_verify(*host_, 32, 0, 45);
+}
+
+// Issue 45.4-5: KATO 0 kept a controller (4.8 MiB) forever; KATO 0xFFFFFFFF plus
+// the grace wrapped in 32 bits and ended the association after 1.2 s.
+TEST_F(NvmfTest, KatoZeroEndsWhenIdleAndTheLargestKatoDoesNotWrap) {
+  start_target({"--no-kato-timeout-ms", "400"});
+  TcpHostOptions huge = opts();
+  huge.kato_ms = 0xFFFFFFFFu;
+  std::unique_ptr<NvmeTcpHost> h;
+  ASSERT_TRUE(NvmeTcpHost::connect(huge, &h).ok());
+  TcpHostOptions none = opts();
+  none.kato_ms = 0;
+  ASSERT_TRUE(NvmeTcpHost::connect(none, &host_).ok());
+  // Idle past the no-KATO limit and past the grace (1 s) the old sum wrapped to.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  write_read_verify(*h, 1, 1, 1);  // the largest KATO keeps its association
+  std::vector<uint8_t> b(4096);
+  Sqe c{};
+  c.opc = kNvmRead;
+  c.cid = 1;
+  c.nsid = 1;
+  Cqe e;
+  (void)host_->submit(0, c, b.data(), 4096, false);
+  EXPECT_EQ(host_->wait_one(0, &e, 5000).code(), Code::kConnectionReset)
+      << "an idle association with KATO 0 was kept";
+}
+
 TEST_F(NvmfTest, AListenerKeepsAtMostItsConnectionsAndServesWhenThereIsRoom) {
   start_target({"--max-connections", "4"});
   std::vector<int> fds;
@@ -190,6 +266,11 @@ TEST_F(NvmfTest, AListenerKeepsAtMostItsConnectionsAndServesWhenThereIsRoom) {
   ASSERT_GE(fifth, 0);
   EXPECT_TRUE(closed_by_peer(fifth)) << "a fifth connection was kept";
   close(fifth);
+  // A host is told why (issue 45.8): FULL, not a bare reset that reads "no target there?".
+  TcpHostOptions o = opts();
+  o.timeout_ms = 3000;
+  std::unique_ptr<NvmeTcpHost> refused;
+  EXPECT_EQ(NvmeTcpHost::connect(o, &refused).code(), Code::kFull);
   for (int fd : fds) {
     ASSERT_GE(fd, 0);
     close(fd);

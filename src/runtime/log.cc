@@ -1,5 +1,7 @@
 #include "runtime/log.h"
 
+#include "runtime/clock.h"
+
 #include <fcntl.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -27,6 +29,10 @@ const char* basename_of(const char* path) {
   return slash ? slash + 1 : path;
 }
 }  // namespace
+
+uint64_t now_ns() {
+  return monotonic_ns();
+}
 
 void write(LogSource src, LogLevel lvl, const char* file, int line, const char* fmt, ...) {
   char buf[1024];
@@ -99,6 +105,25 @@ Status log_set_file(const char* path) {
   int old = log_internal::g_fd.exchange(fd);
   if (old != STDERR_FILENO) ::close(old);
   return Code::kSuccess;
+}
+
+}  // namespace dpukv
+
+namespace dpukv {
+
+bool LogRateLimit::allow(uint64_t now, uint64_t* suppressed) {
+  uint64_t start = window_start_.load(std::memory_order_relaxed);
+  if (start == 0 || now - start >= kLogWindowNs) {
+    // A new window; one thread wins the swap and resets the count.
+    if (window_start_.compare_exchange_strong(start, now, std::memory_order_relaxed))
+      in_window_.store(0, std::memory_order_relaxed);
+  }
+  if (in_window_.fetch_add(1, std::memory_order_relaxed) >= kLogBurst) {
+    suppressed_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  *suppressed = suppressed_.exchange(0, std::memory_order_relaxed);
+  return true;
 }
 
 }  // namespace dpukv

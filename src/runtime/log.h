@@ -22,6 +22,7 @@ namespace log_internal {
 extern std::atomic<uint8_t> g_levels[2];
 void write(LogSource src, LogLevel lvl, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 5, 6)));
+uint64_t now_ns();  // the monotonic clock (runtime/clock.h), without including it here
 }  // namespace log_internal
 
 void log_set_level(LogSource src, LogLevel lvl);
@@ -33,6 +34,24 @@ Status log_level_from_string(std::string_view s, LogLevel* out);
 const char* log_last_error();
 // Sends log lines to PATH (appending); an empty path restores stderr.
 Status log_set_file(const char* path);
+
+// A line a peer can trigger is rate limited per call site (as the kernel's
+// printk_ratelimited): at most kLogBurst lines per kLogWindowNs, then one line
+// when the window ends saying how many were left out. allow() is lock free; under
+// a race a line or two more may pass, never fewer.
+class LogRateLimit {
+ public:
+  static constexpr uint32_t kLogBurst = 5;
+  static constexpr uint64_t kLogWindowNs = 10'000'000'000ull;
+  // True if this line may be written; *suppressed: lines left out before it
+  // (since the last line written from this site).
+  bool allow(uint64_t now_ns, uint64_t* suppressed);
+
+ private:
+  std::atomic<uint64_t> window_start_{0};
+  std::atomic<uint32_t> in_window_{0};
+  std::atomic<uint64_t> suppressed_{0};
+};
 
 inline bool log_enabled(LogSource src, LogLevel lvl) {
   return static_cast<uint8_t>(lvl) <=
@@ -46,6 +65,29 @@ inline bool log_enabled(LogSource src, LogLevel lvl) {
     if (::dpukv::log_enabled(src, lvl))                                        \
       ::dpukv::log_internal::write(src, lvl, __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
+
+// A rate-limited line (LogRateLimit): for messages a peer can cause. The format
+// must be a string literal; "(N more left out)" is added when lines were dropped.
+#define DPUKV_LOG_LIMITED_(src, lvl, fmt, ...)                                            \
+  do {                                                                                    \
+    if (::dpukv::log_enabled(src, lvl)) {                                                 \
+      static ::dpukv::LogRateLimit dpukv_rl_;                                             \
+      uint64_t dpukv_left_out_ = 0;                                                       \
+      if (!dpukv_rl_.allow(::dpukv::log_internal::now_ns(), &dpukv_left_out_)) break;     \
+      if (dpukv_left_out_ == 0)                                                           \
+        ::dpukv::log_internal::write(src, lvl, __FILE__, __LINE__,                        \
+                                     fmt __VA_OPT__(, ) __VA_ARGS__);                     \
+      else                                                                                \
+        ::dpukv::log_internal::write(src, lvl, __FILE__, __LINE__,                        \
+                                     fmt " (%llu more like it not logged)" __VA_OPT__(, ) \
+                                         __VA_ARGS__,                                     \
+                                     static_cast<unsigned long long>(dpukv_left_out_));   \
+    }                                                                                     \
+  } while (0)
+#define LOG_WARN_LIMITED(fmt, ...) \
+  DPUKV_LOG_LIMITED_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kWarning, fmt, __VA_ARGS__)
+#define LOG_INFO_LIMITED(fmt, ...) \
+  DPUKV_LOG_LIMITED_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kInfo, fmt, __VA_ARGS__)
 
 // Library code (runtime, engines, cache ...) logs with LOG_*; applications with APP_LOG_*.
 #define LOG_CRIT(...) \

@@ -120,7 +120,9 @@ int run_agent(AgentSettings st, const std::string& config) {
   rc = agent->run(&g_stop);
   notify_systemd("STOPPING=1");
   if (!rc.ok()) {
-    std::cerr << "dpukv agent: " << rc.name() << ": " << rc.description() << "\n";
+    // The logged cause ("another server is listening on ..."), not only its code.
+    const std::string why = log_last_error();
+    std::cerr << "dpukv agent: " << (why.empty() ? std::string(rc.description()) : why) << "\n";
     return 1;
   }
   return 0;
@@ -128,10 +130,17 @@ int run_agent(AgentSettings st, const std::string& config) {
 
 // Why no agent answered at path: said as a user can act on it.
 std::string no_agent_at(const std::string& socket) {
+  // The agent answered and refused (full, this user's share, not allowed): its words.
+  if (const char* why = Client::last_connect_error(); std::strstr(why, " refused: ") != nullptr)
+    return why;
   const std::string path = socket.empty() ? find_agent_socket() : socket;
   struct stat sb {};
-  if (::stat(path.c_str(), &sb) != 0)
+  if (::stat(path.c_str(), &sb) != 0) {
+    if (errno == EACCES)
+      return "permission denied: this user cannot enter the directory of " + path +
+             " (the unit's RuntimeDirectory is mode 0750: join the agent's group)";
     return "no agent at " + path + " (" + std::strerror(errno) + ")";
+  }
   if (!S_ISSOCK(sb.st_mode)) return path + " is not a socket";
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un sa{};
@@ -302,6 +311,10 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
       {"--disk-admit-hits", "disk_admit_hits", "Only chunks hit this often go to disk"},
       {"--pin-timeout-ms", "pin_timeout_ms",
        "Lookup pins (a connector's lease on a hit) expire after this (default 30000)"},
+      {"--max-clients", "max_clients",
+       "Client connections (default 1024; lowered to fit the descriptor limit)"},
+      {"--max-clients-per-uid", "max_clients_per_uid",
+       "One uid's share of the connections (default 256; 0: no share limit)"},
       {"--max-staging-size", "max_staging_size",
        "Staging memory one client may export, host and GPU together, GiB or bytes with a unit "
        "(default: half the available RAM)"},

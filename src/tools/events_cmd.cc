@@ -44,7 +44,9 @@ int run_events(const std::string& socket, const std::string& model, bool json, u
   o.model = model.empty() ? 0 : model_id(model);
   std::unique_ptr<Client> c;
   if (!Client::connect(o, &c).ok() || !c->subscribe_events().ok()) {
-    std::cerr << "dpukv events: no agent answered" << (socket.empty() ? "" : " on " + socket)
+    const std::string why = Client::last_connect_error();
+    std::cerr << "dpukv events: "
+              << (why.empty() ? "no agent answered" + (socket.empty() ? "" : " on " + socket) : why)
               << "\n";
     return 1;
   }

@@ -44,6 +44,9 @@ struct TargetConfig {
   std::string nqn = "nqn.2026-11.io.dpukv:cnode1";
   std::vector<std::string> hosts;  // empty: any host
   uint32_t icreq_timeout_ms = TcpTransportOptions{}.icreq_timeout_ms;
+  uint32_t connect_timeout_ms = TcpTransportOptions{}.connect_timeout_ms;
+  uint32_t pdu_timeout_ms = TcpTransportOptions{}.pdu_timeout_ms;
+  uint32_t no_kato_timeout_ms = TcpTransportOptions{}.no_kato_timeout_ms;
   uint32_t max_connections = TcpTransportOptions{}.max_connections_per_listener;
   std::string port_file;
 };
@@ -96,6 +99,9 @@ int run_tcp_target(const TargetConfig& c, std::vector<std::shared_ptr<Bdev>> bde
   TcpTransportOptions to;
   to.cpu = c.cpu;
   to.icreq_timeout_ms = c.icreq_timeout_ms;
+  to.connect_timeout_ms = c.connect_timeout_ms;
+  to.pdu_timeout_ms = c.pdu_timeout_ms;
+  to.no_kato_timeout_ms = c.no_kato_timeout_ms;
   to.max_connections_per_listener = c.max_connections;
   std::unique_ptr<NvmfTarget> t;
   if (Status st = NvmfTarget::create(to, &t); !st.ok()) return 1;
@@ -312,6 +318,10 @@ int run_discover(const std::string& where, const std::string& hostnqn, bool json
     const char* what = st.code() == Code::kNotPermitted ? " (the Connect was refused)"
                        : st.code() == Code::kTimeout
                            ? " (no answer in time: is an NVMe/TCP target listening there?)"
+                       : st.code() == Code::kFull
+                           ? " (the target took the connection and closed it before answering: it "
+                             "is at its connection limit; try again later, or raise the target's "
+                             "--max-connections)"
                        : st.code() == Code::kConnectionReset
                            ? " (the connection was refused or closed: no target there?)"
                        : st.code() == Code::kCorrupted ? " (not an NVMe/TCP target's answer)"
@@ -429,6 +439,19 @@ void add_nvme_commands(CLI::App* app, int* exit_code) {
   t->add_option("--icreq-timeout-ms", tc.icreq_timeout_ms,
                 "tcp: close a connection that sends no ICReq within this")
       ->check(CLI::Range(1u, 3600u * 1000))
+      ->capture_default_str();
+  t->add_option("--connect-timeout-ms", tc.connect_timeout_ms,
+                "tcp: close a connection that sends no Fabrics Connect within this after its ICReq")
+      ->check(CLI::Range(1u, 3600u * 1000))
+      ->capture_default_str();
+  t->add_option(
+       "--pdu-timeout-ms", tc.pdu_timeout_ms,
+       "tcp: close a connection whose PDU, its header received, is not complete within this")
+      ->check(CLI::Range(1u, 3600u * 1000))
+      ->capture_default_str();
+  t->add_option("--no-kato-timeout-ms", tc.no_kato_timeout_ms,
+                "tcp: end an association with KATO 0 after this long without a command")
+      ->check(CLI::Range(1u, 24u * 3600 * 1000))
       ->capture_default_str();
   t->add_option("--max-connections", tc.max_connections,
                 "tcp: connections the listener keeps at once (more are closed at once)")

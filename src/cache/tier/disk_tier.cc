@@ -90,21 +90,41 @@ Status DiskTier::open(const DiskTierOptions& o,
   const ChunkStoreKind* kind = nullptr;
   for (const ChunkStoreKind& k : kChunkStores)
     if (kind == nullptr && k.chosen(o)) kind = &k;
+  // A log whose data file is gone names chunks nobody can read: start empty, and say so.
+  const std::string data_path = o.dir + "/dpukv-data";
+  const bool data_missing = o.nvme_address.empty() && ::access(data_path.c_str(), F_OK) != 0;
   DPUKV_RETURN_IF_ERROR(kind->open(o, t->alloc_.capacity(), buffers, &t->store_));
   LOG_INFO("disk tier %s: data on %s %s", o.dir.c_str(), kind->name,
            o.nvme_address.empty() ? "dpukv-data" : o.nvme_address.c_str());
   SlabAllocator* alloc = &t->alloc_;
-  uint64_t kept = 0;
+  uint64_t kept = 0, no_data = 0, over_table = 0, no_room = 0;
   const uint64_t max_chunks = o.max_chunks;
   DPUKV_RETURN_IF_ERROR(IndexLog::open(
       o.dir + "/dpukv-index.log",
-      [alloc, &kept, max_chunks](const IndexLog::Record& r) {
-        if (max_chunks != 0 && kept >= max_chunks) return false;
-        if (!alloc->alloc_at(r.offset, r.len)) return false;
+      [&](const IndexLog::Record& r) {
+        if (data_missing) return ++no_data, false;
+        if (max_chunks != 0 && kept >= max_chunks) return ++over_table, false;
+        if (!alloc->alloc_at(r.offset, r.len)) return ++no_room, false;
         ++kept;
         return true;
       },
       recovered, &t->log_));
+  if (no_data != 0)
+    LOG_WARN(
+        "disk tier %s: the data file %s was missing (made anew): the %llu chunks its index "
+        "log named are lost",
+        o.dir.c_str(), data_path.c_str(), static_cast<unsigned long long>(no_data));
+  if (over_table != 0)
+    LOG_WARN(
+        "disk tier %s: the chunk table holds %llu chunks: the %llu oldest of the log's are "
+        "dropped (raise max_chunks to keep them)",
+        o.dir.c_str(), static_cast<unsigned long long>(max_chunks),
+        static_cast<unsigned long long>(over_table));
+  if (no_room != 0)
+    LOG_WARN(
+        "disk tier %s: %llu chunks of the log lie outside this tier's size or overlap newer "
+        "ones: dropped (a smaller max_local_disk_size than before?)",
+        o.dir.c_str(), static_cast<unsigned long long>(no_room));
   *out = std::move(t);
   return Code::kSuccess;
 }

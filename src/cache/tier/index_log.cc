@@ -1,6 +1,7 @@
 #include "cache/tier/index_log.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -71,14 +72,30 @@ void IndexLog::replay(const std::string& path, std::vector<Record>* out, uint64_
   std::unordered_map<ChunkKey, std::pair<uint64_t, Record>, KeyHash> live;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
+  struct stat sb {};
+  const uint64_t file_bytes = ::fstat(fd, &sb) == 0 ? static_cast<uint64_t>(sb.st_size) : 0;
+  const uint64_t in_file = (file_bytes + sizeof(LogRecord) - 1) / sizeof(LogRecord);
   LogRecord r;
-  for (;;) {
+  for (uint64_t at = 0;; ++at) {
     ssize_t n = ::read(fd, &r, sizeof(r));
+    if (n > 0 && n < static_cast<ssize_t>(sizeof(r)))  // a record the crash cut short
+      LOG_INFO("disk tier: index log %s: its last record is torn (%zd of %zu bytes); cut",
+               path.c_str(), n, sizeof(r));
     if (n != static_cast<ssize_t>(sizeof(r))) break;  // end, or a torn tail
-    if (r.magic != LogRecord::kMagic || r.crc != crc32c(&r, offsetof(LogRecord, crc)) ||
-        (r.type != 1 && r.type != 2)) {
-      ++*dropped;
-      break;  // nothing after a corrupt record is trusted
+    const char* bad = r.magic != LogRecord::kMagic                    ? "not a record's magic"
+                      : r.crc != crc32c(&r, offsetof(LogRecord, crc)) ? "its CRC does not match"
+                      : (r.type != 1 && r.type != 2)                  ? "an unknown record type"
+                                                                      : nullptr;
+    if (bad != nullptr) {
+      // Nothing after a damaged record is trusted: what only those records named is lost.
+      const uint64_t lost = in_file - at;
+      *dropped += lost;
+      LOG_WARN(
+          "disk tier: index log %s: record %llu of %llu is damaged (%s); it and the %llu after "
+          "it are discarded, and the chunks only they named are lost",
+          path.c_str(), static_cast<unsigned long long>(at + 1),
+          static_cast<unsigned long long>(in_file), bad, static_cast<unsigned long long>(lost - 1));
+      break;
     }
     ++*records;
     *seq = std::max(*seq, r.seq + 1);

@@ -27,6 +27,15 @@ struct TcpTransportOptions {
   // A connection that has not sent its ICReq by then is closed: a silent peer holds
   // a socket and a receive buffer, and nothing else ever times it out.
   uint32_t icreq_timeout_ms = 10000;
+  // After its ICReq, a connection must send a Fabrics Connect within this: until
+  // then it holds a socket and a buffer for nothing.
+  uint32_t connect_timeout_ms = 10000;
+  // Once a PDU's header has arrived, the rest of it must within this (a host that
+  // sends half a capsule and stops is closed, not waited for).
+  uint32_t pdu_timeout_ms = 10000;
+  // An association whose host asked for no keep alive (KATO 0) ends after this
+  // long without a command, as SPDK's discovery controllers do after 2 minutes.
+  uint32_t no_kato_timeout_ms = 120000;
   // Connections one listener keeps at once; more are accepted and closed at once.
   // A host opens one per queue (an admin queue and up to max_io_queues).
   uint32_t max_connections_per_listener = 1024;
@@ -48,6 +57,8 @@ struct TargetStats {
   // Connections closed for no ICReq in time; refused over a listener's cap; accepts
   // the system refused (EMFILE, ENFILE, ENOBUFS, ENOMEM: the listener pauses).
   uint64_t icreq_timeouts = 0, connections_refused = 0, accept_errors = 0;
+  // Connections closed for no Connect after the ICReq, or a PDU left half sent.
+  uint64_t connect_timeouts = 0, pdu_timeouts = 0;
 };
 
 struct Subsystem {

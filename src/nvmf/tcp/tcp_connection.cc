@@ -161,9 +161,14 @@ int TcpConnection::on_readable() {
   rlen_ += static_cast<size_t>(n);
   size_t pos = 0;
   int pdus = 0;
-  const uint32_t max_pdu =
-      std::max(t_->transport_options().max_h2c_data, t_->transport_options().in_capsule_data_size) +
-      256;
+  // A host that has proved nothing gets no large buffer: before its ICReq only an
+  // ICReq fits, before its Connect only a capsule with the Connect's 1 KiB of data.
+  const uint32_t max_pdu = !ready_ ? sizeof(IcReq)
+                           : ctrl_ == nullptr
+                               ? static_cast<uint32_t>(sizeof(CapsuleCmd)) + 1024 + 2 * 4
+                               : std::max(t_->transport_options().max_h2c_data,
+                                          t_->transport_options().in_capsule_data_size) +
+                                     256;
   while (!closing_ && rlen_ - pos >= sizeof(CommonHeader)) {
     CommonHeader ch;
     std::memcpy(&ch, rbuf_.data() + pos, sizeof ch);
@@ -185,6 +190,11 @@ int TcpConnection::on_readable() {
     std::memmove(rbuf_.data(), rbuf_.data() + pos, rlen_ - pos);
     rlen_ -= pos;
   }
+  // The deadline runs from when the PDU now first in the buffer began to arrive.
+  if (rlen_ == 0)
+    partial_since_ms_ = 0;
+  else if (pos > 0 || partial_since_ms_ == 0)
+    partial_since_ms_ = monotonic_ms();
   return pdus + 1;
 }
 
@@ -313,6 +323,7 @@ bool TcpConnection::on_icreq(const uint8_t* p, uint32_t plen) {
   std::memcpy(out(sizeof r), &r, sizeof r);
   ++t_->counters().pdus_out;
   ready_ = true;
+  ready_ms_ = monotonic_ms();
   return true;
 }
 

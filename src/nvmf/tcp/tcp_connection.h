@@ -41,6 +41,10 @@ class TcpConnection final : public ControllerCore::QueueTransport {
   bool closed() const override { return closing_; }
   bool ready() const { return ready_; }  // its ICReq was answered
   uint64_t opened_ms() const { return opened_ms_; }
+  uint64_t ready_ms() const { return ready_ms_; }  // when its ICReq was answered
+  // Since when the first PDU still incomplete in the buffer has been waiting for
+  // its rest (0: none waits).
+  uint64_t partial_since_ms() const { return partial_since_ms_; }
   const std::string& listener() const { return listener_; }
   bool idle() const { return busy_slots_ == 0; }
   FabricsController* controller() const { return ctrl_; }
@@ -128,6 +132,8 @@ class TcpConnection final : public ControllerCore::QueueTransport {
   int fd_;
   std::string listener_;
   uint64_t opened_ms_;
+  uint64_t ready_ms_ = 0;
+  uint64_t partial_since_ms_ = 0;
   bool closing_ = false;
   bool ready_ = false;  // ICReq done
   bool hdgst_ = false, ddgst_ = false;
