@@ -19,7 +19,8 @@ config=$(sed -E 's/.*--config ([^ ]+).*/\1/' <<<"$exec_line")
 grep -q -- "--socket /run/dpukv/" <<<"$exec_line" || fail "the socket is outside RuntimeDirectory"
 for want in "RuntimeDirectory=dpukv" "User=dpukv" "Group=dpukv" "NoNewPrivileges=yes" \
             "ProtectSystem=strict" "StateDirectory=dpukv" "ProtectHome=yes" "PrivateTmp=yes" \
-            "RestrictAddressFamilies=" "Wants=network-online.target" "Type=notify"; do
+            "RestrictAddressFamilies=" "Wants=network-online.target" "Type=notify" \
+            "LimitNOFILE=65536"; do  # room for max_clients (issue 45.2)
   grep -q "^$want" "$unit" || fail "the unit lacks $want"
 done
 # The installed config is one the agent takes as it is.

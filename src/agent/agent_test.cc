@@ -311,6 +311,54 @@ TEST_F(AgentTest, AgentDeathFailsFastThenClientReconnectsAndDiskTierIsBack) {
   }
 }
 
+// Issue 45.6: with --write-through, a burst of 40 stores of 1 MiB reached the disk
+// with 29 (a store that found the 16 write-back slots taken skipped its write), and
+// a kill -9 lost the rest. Every chunk must be back after the restart.
+TEST_F(AgentTest, AWriteThroughBurstSurvivesKill9) {
+  start_agent(true);
+  auto c = client();
+  const uint32_t n = 40;
+  const uint64_t len = 1 << 20;
+  Staging s;
+  ASSERT_TRUE(c->alloc_staging(n * len, &s).ok());
+  const KeyContext ctx{model_id("wt"), 1, 0, 0};
+  std::vector<ChunkKey> keys;
+  std::vector<uint64_t> offs, lens;
+  for (uint32_t i = 0; i < n; ++i) {
+    keys.push_back(key_from_block_id(ctx, i));
+    offs.push_back(i * len);
+    lens.push_back(len);
+    for (uint64_t k = 0; k < len; ++k) s.data[offs[i] + k] = static_cast<uint8_t>(i * 7 + k / 3);
+  }
+  std::vector<Status> per(n);
+  ASSERT_TRUE(c->store(s, keys.data(), offs.data(), lens.data(), n, per.data()).ok());
+  for (uint32_t i = 0; i < n; ++i) ASSERT_TRUE(per[i].ok()) << i << " " << per[i].name();
+  // Acknowledged, then written: wait until no disk write is in flight or queued.
+  const auto settled = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (std::string j; std::chrono::steady_clock::now() < settled;
+       std::this_thread::sleep_for(std::chrono::milliseconds(10))) {
+    ASSERT_TRUE(c->stats_json(&j).ok());
+    if (j.find("\"disk_ios_in_flight\":0,") != std::string::npos &&
+        j.find("\"writes_waiting\":0,") != std::string::npos)
+      break;
+  }
+  ASSERT_TRUE(signal_child(agent_, SIGKILL));
+  reap_child(agent_, nullptr);
+  agent_ = -1;
+  c.reset();
+  start_agent(true);
+  c = client();
+  ASSERT_TRUE(c->alloc_staging(n * len, &s).ok());
+  std::memset(s.data, 0, n * len);
+  EXPECT_EQ(c->lookup(keys.data(), n, false), n) << "chunks lost across kill -9";
+  ASSERT_TRUE(c->retrieve(s, keys.data(), offs.data(), lens.data(), n, per.data()).ok());
+  for (uint32_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(per[i].ok()) << "chunk " << i << ": " << per[i].name();
+    for (uint64_t k = 0; k < len; k += 4093)
+      ASSERT_EQ(s.data[offs[i] + k], static_cast<uint8_t>(i * 7 + k / 3)) << i;
+  }
+}
+
 TEST_F(AgentTest, HostileRequestsGetClearErrors) {
   start_agent();
   auto c = client();
@@ -684,6 +732,30 @@ TEST_F(AgentTest, SilentMetricsConnectionsNeverStallClients) {
   std::this_thread::sleep_for(std::chrono::milliseconds(2300));
   EXPECT_NE(metrics_get(port).find("200 OK"), std::string::npos);
   for (int s : silent) close(s);
+}
+
+// Issue 45.9: 16 metrics connections were the cap, so 500 slow ones locked a
+// scraper out until they timed out. Now the oldest connection still sending its
+// request makes room, and a scrape gets through at once.
+TEST_F(AgentTest, SlowMetricsConnectionsCannotLockAScraperOut) {
+  const int port = 20000 + (getpid() + 11) % 12000;
+  start_agent(false, port);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> slow;
+  for (int i = 0; i < 500; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    ASSERT_EQ(send(fd, "GET /met", 8, 0), 8);  // half a request line, then nothing
+    slow.push_back(fd);
+  }
+  const std::string got = metrics_get(port);
+  EXPECT_NE(got.find("200 OK"), std::string::npos) << "the scrape was refused: " << got;
+  EXPECT_NE(got.find("dpukv_metrics_connections_refused_total"), std::string::npos);
+  for (int fd : slow) close(fd);
 }
 
 // A client asking for absurd staging is refused before any memory is touched, by

@@ -182,6 +182,9 @@ class ComchBase : public Context {
   bool drained() override;
   void reap();
 
+  // Reads what the connection has (a server reads a new client's HELLO at once).
+  void on_conn_ready(ComchConnection* c, uint32_t events);
+
   ComchOptions opts_;
   ComchCallbacks cb_;
   Counters counters_;
@@ -189,7 +192,6 @@ class ComchBase : public Context {
 
  private:
   friend class ComchConnection;
-  void on_conn_ready(ComchConnection* c, uint32_t events);
   void handle_record(ComchConnection* c, size_t n, int* fds, int nfds);
   void flush_pending(ComchConnection* c);
   Status write_task(ComchConnection* c, ComchSendTask* t);

@@ -222,6 +222,11 @@ void ComchServer::refuse(int fd, RefuseReason reason, uint32_t limit) {
         {static_cast<uint32_t>(reason), limit, 0}};
   // A fresh socket's buffer always takes one small record; if not, the close says enough.
   (void)!::send(fd, &msg, sizeof(msg), MSG_DONTWAIT | MSG_NOSIGNAL);
+  // Closed with the client's HELLO unread, the socket would reset the peer, and the
+  // peer would read ECONNRESET instead of the reason: read what it sent first.
+  char sink[64];
+  for (int i = 0; i < 8 && ::recv(fd, sink, sizeof(sink), MSG_DONTWAIT | MSG_TRUNC) >= 0; ++i) {
+  }
   ::close(fd);
   ++refused_;
 }
@@ -294,6 +299,9 @@ void ComchServer::accept_all() {
     conns_.emplace(c->id(), c);
     ++per_uid_[cred.uid];
     ++accepted_;
+    // A client sends HELLO with its connect: read it now, so that a real client
+    // is never taken for a silent one (the oldest of which make room above).
+    on_conn_ready(c, EPOLLIN);
   }
 }
 
