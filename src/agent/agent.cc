@@ -273,8 +273,9 @@ void Agent::reply(Session* s, const AgentHeader& req, Status st, const void* bod
                                           UserData{}, &t, &out);
   if (ss == Code::kTooBig && len > 0) {
     ++counters_.oversized_replies;
-    LOG_ERR("agent: answer to op %u is %u bytes, over the message bound of %u: sent TOO_BIG",
-            req.op, len, s->conn->max_msg());
+    LOG_ERR_LIMITED(
+        "agent: answer to op %u is %u bytes, over the message bound of %u: sent TOO_BIG", req.op,
+        len, s->conn->max_msg());
     reply(s, req, Code::kTooBig, nullptr, 0);
     return;
   }
@@ -288,8 +289,8 @@ void Agent::reply(Session* s, const AgentHeader& req, Status st, const void* bod
   // disconnect event has already run and the session is gone.
   if (!ss.ok() && !s->gone) {
     // A client that does not read its responses is not kept waiting for.
-    LOG_WARN("agent: cannot answer client pid %d (%s); disconnecting",
-             static_cast<int>(s->conn->peer().pid), std::string(ss.name()).c_str());
+    LOG_WARN_LIMITED("agent: cannot answer client pid %d (%s); disconnecting",
+                     static_cast<int>(s->conn->peer().pid), std::string(ss.name()).c_str());
     server_->disconnect(s->conn);
   }
 }
@@ -482,8 +483,8 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
     return;
   }
   ++counters_.bad_requests;
-  LOG_WARN("agent: malformed request (op %u, %u entries, %u bytes) from pid %d", h.op, h.count,
-           body_len, static_cast<int>(s->conn->peer().pid));
+  LOG_WARN_LIMITED("agent: malformed request (op %u, %u entries, %u bytes) from pid %d", h.op,
+                   h.count, body_len, static_cast<int>(s->conn->peer().pid));
   reply(s, h, Code::kInvalidValue, nullptr, 0);
 }
 
@@ -688,8 +689,9 @@ Status Agent::gpu_export(Session* s, const uint8_t* body, uint32_t len, std::str
     APP_LOG_INFO("agent: client pid %d exported %llu bytes of GPU memory",
                  static_cast<int>(s->conn->peer().pid), static_cast<unsigned long long>(e.bytes));
   } else {
-    LOG_WARN("agent: GPU export of client pid %d refused (%s): %s",
-             static_cast<int>(s->conn->peer().pid), std::string(st.name()).c_str(), why->c_str());
+    LOG_WARN_LIMITED("agent: GPU export of client pid %d refused (%s): %s",
+                     static_cast<int>(s->conn->peer().pid), std::string(st.name()).c_str(),
+                     why->c_str());
   }
   return st;
 }

@@ -86,6 +86,8 @@ inline bool log_enabled(LogSource src, LogLevel lvl) {
   } while (0)
 #define LOG_WARN_LIMITED(fmt, ...) \
   DPUKV_LOG_LIMITED_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kWarning, fmt, __VA_ARGS__)
+#define LOG_ERR_LIMITED(fmt, ...) \
+  DPUKV_LOG_LIMITED_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kError, fmt, __VA_ARGS__)
 #define LOG_INFO_LIMITED(fmt, ...) \
   DPUKV_LOG_LIMITED_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kInfo, fmt, __VA_ARGS__)
 

@@ -82,8 +82,8 @@ void TcpConnection::fatal(uint16_t fes, uint32_t fei, const uint8_t* hdr, uint32
   if (copy > 0) std::memcpy(out(copy), hdr, copy);
   ++t_->counters().term_reqs_sent;
   ++t_->counters().pdus_out;
-  LOG_WARN("nvme-tcp: connection %d: fatal transport error %u (field %u); terminating", fd_, fes,
-           fei);
+  LOG_WARN_LIMITED("nvme-tcp: connection %d: fatal transport error %u (field %u); terminating", fd_,
+                   fes, fei);
   flush();
   close("fatal transport error");
 }
@@ -423,7 +423,7 @@ void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dle
     return reject(kConnectInvalidParameters, (1u << 16) | 256);
   if (s->discovery && qid != 0) return reject(kConnectInvalidParameters, kConnectQid);
   if (!s->host_allowed(hostnqn)) {
-    LOG_WARN("nvme-tcp: host %s is not allowed on %s", hostnqn.c_str(), subnqn.c_str());
+    LOG_WARN_LIMITED("nvme-tcp: host %s is not allowed on %s", hostnqn.c_str(), subnqn.c_str());
     return reject(kConnectInvalidHost, 0);
   }
   uint32_t max_depth = qid == 0 ? 128u : t_->transport_options().max_queue_depth;
