@@ -33,6 +33,7 @@ wait_for() {  # wait_for WHAT COMMAND...: up to two minutes (a busy machine)
   for _ in $(seq 1200); do "$@" && return 0; sleep 0.1; done
   fail "$what"
 }
+stat_ok() { "$bin" stat --socket "$sock" >/dev/null 2>&1; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 fds_of() { ls "/proc/$1/fd" | wc -l; }
 # The hostile uid holds its whole share (6 of the 26 connections allowed).
@@ -54,6 +55,8 @@ base_fds=$(fds_of "$agent")
 
 flood_round() {  # flood_round NAME FLOOD-ARGS...: 4 s of flood, checks, prints figures
   local name=$1; shift
+  local serve=1
+  [ "${1:-}" = "--no-client" ] && { serve=0; shift; }
   local lines0 cpu0 t0 cpu1 t1 lines
   lines0=$(wc -l <"$tmp/agent.log")
   cpu0=$(cpu_ticks "$agent")
@@ -63,7 +66,7 @@ flood_round() {  # flood_round NAME FLOOD-ARGS...: 4 s of flood, checks, prints 
   pids+=("$fl")
   # The flood holds its uid's share before the legitimate client comes.
   wait_for "$name: the flood never filled the agent" filled
-  for i in 1 2 3; do
+  for i in $(seq $((serve * 3))); do
     local s0 s1
     s0=$(date +%s%N)
     "$bin" stat --socket "$sock" >"$tmp/stat.out" 2>&1 ||
@@ -106,6 +109,17 @@ wait_for "the hostile uid's share never came back after its sessions left" nobod
 grep -q '"refused": {"5"' "$tmp/flood.json" || { cat "$tmp/flood.json"; fail "an hour's heartbeat was accepted"; }
 "$bin" stat --socket "$sock" | grep -q "^agent " || fail "stat after the floods"
 
+# 45.1 itself: out of descriptors (the limit lowered under the running agent, below
+# what it fitted its limits to), accept fails with EMFILE. The listener rests
+# instead of spinning; no real client can be served while the flood holds every
+# descriptor, so only the cost is checked, then that it serves once the flood ends.
+prlimit --pid "$agent" --nofile=$((base_fds + 2)):128
+filled() { [ "$(fds_of "$agent")" -ge $((base_fds + 1)) ]; }
+flood_round "out of descriptors" --no-client
+prlimit --pid "$agent" --nofile=128:128
+wait_for "no service after the descriptor flood" stat_ok
+grep -q "Too many open files with" "$tmp/agent.log" || fail "EMFILE was never reached"
+
 # 45.8: a second agent on the same socket says so, not "not allowed in the current state".
 set +e
 "$bin" agent --socket "$sock" --memory-bytes 64M --metrics-port 0 >"$tmp/second.out" 2>&1
@@ -133,7 +147,6 @@ full_said() {
 wait_for "a full agent did not say it is full" full_said
 kill "$fl"
 wait "$fl" 2>/dev/null || true
-stat_ok() { "$bin" stat --socket "$sock" >/dev/null 2>&1; }
 wait_for "no room again after the idle sessions left" stat_ok
 
 # 45.8: a socket in a directory this user cannot enter is "permission denied", not "no agent".

@@ -196,21 +196,30 @@ void ComchServer::disconnect(ComchConnection* c) {
 }
 
 // At the descriptor limit accept() fails and the connection stays in the backlog:
-// the level-triggered listener would wake the loop at once, forever. The spare
-// descriptor is given up to tell the first client why, and the listener rests
-// for 100 ms (the timer watches it again); the clients retry.
+// the level-triggered listener would wake the loop at once, forever. It rests for
+// 100 ms instead (the timer watches it again); the clients retry.
 void ComchServer::pause_listener(const char* why) {
-  if (spare_fd_ >= 0) {
-    ::close(spare_fd_);
-    spare_fd_ = -1;
-    int fd = accept4(listener_.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd >= 0) refuse(fd, RefuseReason::kFdLimit, limit_);
-    spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  }
   LOG_WARN_LIMITED("comch: accept on %s: %s with %zu connections; not accepting for 100 ms",
                    sopts_.path.c_str(), why, conns_.size());
   (void)pe()->modify_fd(listener_.fd, 0, &listener_);
   paused_until_ns_ = monotonic_ns() + kPauseNs;
+}
+
+// Out of descriptors, the spare one is given up to take the next client anyway:
+// it is admitted in the place of a connection still without HELLO (whose
+// descriptor comes back), or told why it is refused. True if a descriptor came
+// back and accepting may go on.
+bool ComchServer::accept_with_spare() {
+  if (spare_fd_ < 0) return false;
+  ::close(spare_fd_);
+  spare_fd_ = -1;
+  const int fd = accept4(listener_.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd >= 0) {
+    ++accepts_this_tick_;
+    take(fd, RefuseReason::kFdLimit);
+  }
+  spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return fd >= 0 && spare_fd_ >= 0;
 }
 
 void ComchServer::refuse(int fd, RefuseReason reason, uint32_t limit) {
@@ -259,50 +268,57 @@ void ComchServer::accept_all() {
       paced_ = true;  // the next tick watches it again
       return;
     }
-    int fd = accept4(listener_.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    const int fd = accept4(listener_.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
-        pause_listener(std::strerror(errno));
+      if (errno != EMFILE && errno != ENFILE && errno != ENOBUFS && errno != ENOMEM) return;
+      const int err = errno;
+      if (accept_with_spare()) continue;
+      pause_listener(std::strerror(err));
       return;
     }
     ++accepts_this_tick_;
-    ucred cred{};
-    socklen_t clen = sizeof(cred);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
-      ::close(fd);
-      ++refused_;
-      continue;
-    }
-    if (!sopts_.allowed_uids.empty() &&
-        std::find(sopts_.allowed_uids.begin(), sopts_.allowed_uids.end(), cred.uid) ==
-            sopts_.allowed_uids.end()) {
-      LOG_WARN_LIMITED("comch: refused pid %d uid %u: not in the allow-list", cred.pid, cred.uid);
-      refuse(fd, RefuseReason::kNotAllowed, 0);
-      continue;
-    }
-    RefuseReason why{};
-    uint32_t limit = 0;
-    if (!admit(cred.uid, &why, &limit)) {
-      LOG_WARN_LIMITED("comch: refused pid %d uid %u: %s (%u)", cred.pid, cred.uid,
-                       why == RefuseReason::kFull ? "connections at the limit"
-                                                  : "its uid at its share of connections",
-                       limit);
-      refuse(fd, why, limit);
-      continue;
-    }
-    ComchConnection* c = new_connection(fd, next_id_++);
-    if (c == nullptr) {
-      ++refused_;
-      continue;
-    }
-    c->peer_ = {cred.pid, cred.uid, cred.gid};
-    conns_.emplace(c->id(), c);
-    ++per_uid_[cred.uid];
-    ++accepted_;
-    // A client sends HELLO with its connect: read it now, so that a real client
-    // is never taken for a silent one (the oldest of which make room above).
-    on_conn_ready(c, EPOLLIN);
+    take(fd, RefuseReason::kFull);
   }
+}
+
+void ComchServer::take(int fd, RefuseReason full) {
+  ucred cred{};
+  socklen_t clen = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
+    ::close(fd);
+    ++refused_;
+    return;
+  }
+  if (!sopts_.allowed_uids.empty() &&
+      std::find(sopts_.allowed_uids.begin(), sopts_.allowed_uids.end(), cred.uid) ==
+          sopts_.allowed_uids.end()) {
+    LOG_WARN_LIMITED("comch: refused pid %d uid %u: not in the allow-list", cred.pid, cred.uid);
+    refuse(fd, RefuseReason::kNotAllowed, 0);
+    return;
+  }
+  RefuseReason why{};
+  uint32_t limit = 0;
+  if (!admit(cred.uid, &why, &limit)) {
+    if (why == RefuseReason::kFull) why = full;  // out of descriptors says so
+    LOG_WARN_LIMITED("comch: refused pid %d uid %u: %s (%u)", cred.pid, cred.uid,
+                     why == RefuseReason::kPeerLimit ? "its uid at its share of connections"
+                                                     : "connections at the limit",
+                     limit);
+    refuse(fd, why, limit);
+    return;
+  }
+  ComchConnection* c = new_connection(fd, next_id_++);
+  if (c == nullptr) {
+    ++refused_;
+    return;
+  }
+  c->peer_ = {cred.pid, cred.uid, cred.gid};
+  conns_.emplace(c->id(), c);
+  ++per_uid_[cred.uid];
+  ++accepted_;
+  // A client sends HELLO with its connect: read it now, so that a real client is
+  // never taken for a silent one (the oldest of which make room in admit()).
+  on_conn_ready(c, EPOLLIN);
 }
 
 void ComchServer::on_handshake_msg(ComchConnection* c, const comch::MsgHeader& h,
@@ -344,6 +360,7 @@ void ComchServer::on_connection_closed(ComchConnection* c) {
 void ComchServer::on_timer() {
   const uint64_t now = monotonic_ns();
   accepts_this_tick_ = 0;
+  if (spare_fd_ < 0) spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (listener_.fd >= 0 && (paced_ || paused_until_ns_ != 0) &&
       (paused_until_ns_ == 0 || now >= paused_until_ns_)) {
     paced_ = false;

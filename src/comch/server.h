@@ -59,6 +59,10 @@ class ComchServer final : public ComchBase {
   // connection still waiting for its HELLO; false (and *reason) if none can go.
   bool admit(uid_t uid, comch::RefuseReason* reason, uint32_t* limit);
   void refuse(int fd, comch::RefuseReason reason, uint32_t limit);
+  // A new connection's fd: admitted, or refused (full: the reason when the total
+  // is the limit, kFdLimit when the spare descriptor took it).
+  void take(int fd, comch::RefuseReason full);
+  bool accept_with_spare();
   void fit_descriptor_limit();
 
   struct Listener final : FdWatcher {
