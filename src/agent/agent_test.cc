@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -90,6 +91,20 @@ std::string metrics_get(int port) {
   }
   close(fd);
   return body;
+}
+
+// Polls the agent's figures until every one of `all` is in them (a condition, not
+// a time: up to a minute on a busy machine). False if they never are, or stats fail.
+bool stats_reach(Client& c, std::initializer_list<const char*> all) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (std::string j; std::chrono::steady_clock::now() < end;
+       std::this_thread::sleep_for(std::chrono::milliseconds(10))) {
+    if (!c.stats_json(&j).ok()) return false;
+    bool every = true;
+    for (const char* s : all) every = every && j.find(s) != std::string::npos;
+    if (every) return true;
+  }
+  return false;
 }
 
 class AgentTest : public ::testing::Test {
@@ -261,14 +276,7 @@ TEST_F(AgentTest, AgentDeathFailsFastThenClientReconnectsAndDiskTierIsBack) {
   }
   ASSERT_TRUE(c->store(s, keys.data(), offs.data(), lens.data(), 16, nullptr).ok());
   // Write-through reaches the disk: every chunk there, no write in flight.
-  const auto settled = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  for (std::string j; std::chrono::steady_clock::now() < settled;
-       std::this_thread::sleep_for(std::chrono::milliseconds(10))) {
-    ASSERT_TRUE(c->stats_json(&j).ok());
-    if (j.find("\"disk_chunks\":16,") != std::string::npos &&
-        j.find("\"disk_ios_in_flight\":0,") != std::string::npos)
-      break;
-  }
+  ASSERT_TRUE(stats_reach(*c, {"\"disk_chunks\":16,", "\"disk_ios_in_flight\":0,"}));
   ASSERT_TRUE(signal_child(agent_, SIGKILL));
   reap_child(agent_, nullptr);
   agent_ = -1;
@@ -334,14 +342,7 @@ TEST_F(AgentTest, AWriteThroughBurstSurvivesKill9) {
   ASSERT_TRUE(c->store(s, keys.data(), offs.data(), lens.data(), n, per.data()).ok());
   for (uint32_t i = 0; i < n; ++i) ASSERT_TRUE(per[i].ok()) << i << " " << per[i].name();
   // Acknowledged, then written: wait until no disk write is in flight or queued.
-  const auto settled = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  for (std::string j; std::chrono::steady_clock::now() < settled;
-       std::this_thread::sleep_for(std::chrono::milliseconds(10))) {
-    ASSERT_TRUE(c->stats_json(&j).ok());
-    if (j.find("\"disk_ios_in_flight\":0,") != std::string::npos &&
-        j.find("\"writes_waiting\":0,") != std::string::npos)
-      break;
-  }
+  ASSERT_TRUE(stats_reach(*c, {"\"disk_ios_in_flight\":0,", "\"writes_waiting\":0,"}));
   ASSERT_TRUE(signal_child(agent_, SIGKILL));
   reap_child(agent_, nullptr);
   agent_ = -1;

@@ -204,6 +204,7 @@ bool wait_published(Agent& b, const std::vector<ProgressEngine*>& pes, uint64_t 
 
 TEST(ClusterNode, RemoteChunksAreReadIntoTheLocalCacheCheckedAndServed) {
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   Agent a(redis.port()), b(redis.port());
   const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
   for (uint64_t k = 1; k <= 6; ++k) ASSERT_TRUE(a.h.store(key(k), kChunk).ok());
@@ -243,6 +244,7 @@ struct PushResult {
 
 TEST(ClusterNode, PushedChunksAreInTheDestinationBeforeItAsks) {
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   Agent a(redis.port()), b(redis.port(), 500);
   const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
   for (uint64_t k = 1; k <= 4; ++k) ASSERT_TRUE(a.h.store(key(k), kChunk).ok());
@@ -278,6 +280,7 @@ TEST(ClusterNode, PushedChunksAreInTheDestinationBeforeItAsks) {
 
 TEST(ClusterNode, TheRemoteTierServesChunksNoLiveAgentHolds) {
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   Agent b(redis.port(), 2000, true);
   {
     Agent a(redis.port(), 2000, true);
@@ -335,6 +338,7 @@ TEST(ClusterNode, TheRemoteTierServesChunksNoLiveAgentHolds) {
 // copy that fails its checksum) is looked for in the tier before it is a miss.
 TEST(ClusterNode, AKeyWhoseListedHolderFailsComesFromTheRemoteTier) {
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   Agent a(redis.port(), 2000, true), b(redis.port(), 2000, true);
   const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
   ASSERT_TRUE(until(pes, [&] { return a.node->directory_connected(); }));
@@ -376,6 +380,7 @@ TEST(ClusterNode, AKeyWhoseListedHolderFailsComesFromTheRemoteTier) {
 
 TEST(ClusterNode, StaleEntriesAndCorruptCopiesAreMissesNeverWrongBytes) {
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   Agent a(redis.port()), b(redis.port());
   const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
   ASSERT_TRUE(a.h.store(key(1), kChunk).ok());
@@ -400,6 +405,7 @@ TEST(ClusterNode, StaleEntriesAndCorruptCopiesAreMissesNeverWrongBytes) {
 
 TEST(ClusterNode, RedisAwayFetchFailsAtOnceAndComesBackWithIt) {
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   Agent a(redis.port()), b(redis.port());
   const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
   ASSERT_TRUE(a.h.store(key(1), kChunk).ok());
@@ -426,6 +432,7 @@ TEST(ClusterNode, RedisAwayFetchFailsAtOnceAndComesBackWithIt) {
 
 TEST(ClusterNode, AHolderKilledMidWayIsAMissAndOthersAreStillServed) {
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   (void)test_prefix();
   int ready[2];
   ASSERT_EQ(pipe(ready), 0);
@@ -522,6 +529,7 @@ TEST(LentPins, PinsGoBackOnlyToTheirReaderAndRequestOrTheirDeadline) {
 // another reader is reading.
 TEST(ClusterNode, LentPinsGoBackOnlyToTheirReaderOrAfterTheLendTimeout) {
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   Agent a(redis.port()), b(redis.port());
   const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
   ASSERT_TRUE(a.h.store(key(1), kChunk).ok());
@@ -560,6 +568,7 @@ TEST(ClusterNode, LentPinsGoBackOnlyToTheirReaderOrAfterTheLendTimeout) {
 
 TEST(ClusterNode, APeerSendingGarbageIsCountedAndOthersAreServed) {
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   Agent a(redis.port()), b(redis.port());
   const std::vector<ProgressEngine*> pes = {a.h.pe_.get(), b.h.pe_.get()};
   ASSERT_TRUE(a.h.store(key(1), kChunk).ok());
@@ -614,6 +623,7 @@ TEST(ClusterNode, RemoteTierWritesRedisRefusesAreCountedAsFailures) {
 // per-peer metrics do not grow with every restart.
 TEST(ClusterNode, PeersThatLeftTheClusterAreForgotten) {
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   Agent b(redis.port());
   for (int round = 0; round < 3; ++round) {
     Agent a(redis.port());

@@ -82,6 +82,7 @@ struct Side {
 
 TEST(RemoteTier, WhatOneSideUploadsTheOtherIngestsByteForByte) {
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   Side a(redis.port(), 1), b(redis.port(), 2);
   ASSERT_TRUE(a.until([&] { return a.dir->connected(); }));
   ASSERT_TRUE(b.until([&] { return b.dir->connected(); }));
@@ -116,6 +117,7 @@ TEST(RemoteTier, WhatOneSideUploadsTheOtherIngestsByteForByte) {
 
 TEST(RemoteTier, ValuesThatAreNotTheChunkAreRefusedAndNothingIsKept) {
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   Side a(redis.port(), 1), b(redis.port(), 2);
   ASSERT_TRUE(a.until([&] { return a.dir->connected(); }));
   ASSERT_TRUE(b.until([&] { return b.dir->connected(); }));

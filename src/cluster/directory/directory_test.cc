@@ -97,6 +97,7 @@ Answer ask(std::vector<Node*> all, Node& n, std::vector<ChunkKey> keys) {
 void publish_lookup_remove_and_age_out(bool replicate) {
   log_set_level(LogSource::kLib, LogLevel::kDisable);
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   const uint16_t port = redis.port();
   ASSERT_TRUE(redis.running()) << "redis-server could not be started";
   Node a(port, 0xa1, 300, replicate), b(port, 0xb2, 5000, replicate);
@@ -238,6 +239,7 @@ std::string hex16(uint64_t v) {
 TEST(Directory, TheReplicaAnswersWithoutARoundTripAndResyncsAfterItsFeedIsCut) {
   log_set_level(LogSource::kLib, LogLevel::kDisable);
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   const uint16_t port = redis.port();
   ASSERT_TRUE(redis.running());
   Node a(port, 0xa1);
@@ -313,6 +315,7 @@ TEST(DirectoryReplica, HoldersAddDropBoundsAndOverflow) {
 TEST(Directory, RedisAwayThenBackTheNodePublishesAgain) {
   log_set_level(LogSource::kLib, LogLevel::kDisable);
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   const uint16_t port = redis.port();
   ASSERT_TRUE(redis.running());
   Node a(port, 0xa1), b(port, 0xb2);
@@ -419,6 +422,7 @@ TEST(Directory, EditsRedisRefusesAreCountedAsFailuresNotAsPublished) {
 void poisoned_values(bool replicate) {
   log_set_level(LogSource::kLib, LogLevel::kDisable);
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   const uint16_t port = redis.port();
   ASSERT_TRUE(redis.running());
   RawRedis raw(port);
@@ -476,6 +480,7 @@ TEST(Directory, APoisonedHolderListIsCountedAndDeletedInOneStepWithoutReplica) {
 TEST(Directory, AHungRedisMakesLookupsMissSoonAndDoesNotHoldTheStop) {
   log_set_level(LogSource::kLib, LogLevel::kDisable);
   Redis redis;
+  ASSERT_TRUE(redis.running()) << "no redis-server (scripts/deps.sh --test installs it)";
   const uint16_t port = redis.port();
   ASSERT_TRUE(redis.running());
   auto a = std::make_unique<Node>(port, 0xa1, 5000, false);
