@@ -182,6 +182,15 @@ TEST_F(NvmfTest, ConnectionsWithoutAnIcReqAreClosedAtTheirDeadline) {
   EXPECT_EQ(sc(io(*host_, kNvmRead, 0, 1, buf.data())), kSuccess);
 }
 
+// Sends the capsule on a raw connection and expects a C2HTermReq with this status.
+void expect_raw_termination(int fd, const CapsuleCmd& cc, uint16_t fes) {
+  ASSERT_EQ(send(fd, &cc, sizeof cc, 0), static_cast<ssize_t>(sizeof cc));
+  TermReq t{};
+  ASSERT_EQ(recv(fd, &t, sizeof t, MSG_WAITALL), static_cast<ssize_t>(sizeof t));
+  EXPECT_EQ(t.ch.type, kC2HTermReq);
+  EXPECT_EQ(t.fes, fes);
+}
+
 // A TCP connection that has sent a valid ICReq and read the ICResp; -1 on failure.
 int connect_after_icreq(int port) {
   const int fd = raw_connect(port);
@@ -222,11 +231,7 @@ TEST_F(NvmfTest, EveryStageAfterTheIcReqHasADeadline) {
   const int big = connect_after_icreq(port_);
   ASSERT_GE(big, 0);
   cc.ch = CommonHeader{kCapsuleCmd, 0, sizeof cc, sizeof cc, 128u << 10};
-  ASSERT_EQ(send(big, &cc, sizeof cc, 0), static_cast<ssize_t>(sizeof cc));
-  TermReq t{};
-  ASSERT_EQ(recv(big, &t, sizeof t, MSG_WAITALL), static_cast<ssize_t>(sizeof t));
-  EXPECT_EQ(t.ch.type, kC2HTermReq);
-  EXPECT_EQ(t.fes, kFesInvalidHeader);
+  expect_raw_termination(big, cc, kFesInvalidHeader);
   close(big);
   // A host that goes on at once is served as before, its I/O larger than 1 KiB.
   ASSERT_TRUE(NvmeTcpHost::connect(opts(), &host_).ok());
@@ -517,19 +522,11 @@ TEST_F(MalformedPdu, DataBeyondTheR2TAndBeforeIcReq) {
   ASSERT_TRUE(NvmeTcpHost::connect(opts(), &host_).ok());
   // Before ICReq: a capsule is a sequence error.
   {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(static_cast<uint16_t>(port_));
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    const int fd = raw_connect(port_);
+    ASSERT_GE(fd, 0);
     CapsuleCmd cc{};
     cc.ch = CommonHeader{kCapsuleCmd, 0, 72, 0, 72};
-    ASSERT_EQ(send(fd, &cc, sizeof cc, 0), static_cast<ssize_t>(sizeof cc));
-    TermReq t{};
-    ASSERT_EQ(recv(fd, &t, sizeof t, MSG_WAITALL), static_cast<ssize_t>(sizeof t));
-    EXPECT_EQ(t.ch.type, kC2HTermReq);
-    EXPECT_EQ(t.fes, kFesPduSequence);
+    expect_raw_termination(fd, cc, kFesPduSequence);
     close(fd);
   }
   // An R2T for 16 KiB, then H2CData claiming bytes past it.

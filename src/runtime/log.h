@@ -88,8 +88,6 @@ inline bool log_enabled(LogSource src, LogLevel lvl) {
   DPUKV_LOG_LIMITED_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kWarning, fmt, __VA_ARGS__)
 #define LOG_ERR_LIMITED(fmt, ...) \
   DPUKV_LOG_LIMITED_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kError, fmt, __VA_ARGS__)
-#define LOG_INFO_LIMITED(fmt, ...) \
-  DPUKV_LOG_LIMITED_(::dpukv::LogSource::kLib, ::dpukv::LogLevel::kInfo, fmt, __VA_ARGS__)
 
 // Library code (runtime, engines, cache ...) logs with LOG_*; applications with APP_LOG_*.
 #define LOG_CRIT(...) \
