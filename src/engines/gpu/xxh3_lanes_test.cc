@@ -1,6 +1,15 @@
 // The GPU kernel's decomposition of XXH3-64, composed on the host in the kernel's
 // order (tiles of block sums, scrambles in order, tail, merge), against libxxhash:
 // the digest the GPU computes is the chunk checksum, or every GPU read would fail.
+// Every load the kernel makes as an aligned 8-byte word is watched: a GPU faults on
+// a misaligned one (an H200 did, on 2026-11-28, for lengths not a multiple of 8).
+#include <cstdint>
+
+namespace {
+uint64_t misaligned_loads = 0;
+}  // namespace
+#define DPUKV_XXH3_ALIGNED_LOAD(p) \
+  (misaligned_loads += reinterpret_cast<uintptr_t>(p) % 8 != 0 ? 1 : 0)
 #include "engines/gpu/xxh3_lanes.h"
 
 #include <gtest/gtest.h>
@@ -42,6 +51,20 @@ TEST(Xxh3Lanes, MatchesLibxxhashForEveryLengthClass) {
     for (unsigned tile : {1u, 128u}) {
       ASSERT_EQ(by_lanes(buf.data(), len, tile), XXH3_64bits(buf.data(), len))
           << "length " << len << ", tile " << tile;
+    }
+}
+
+// The engine sends the kernel 8-byte-aligned inputs of any length (a chunk of
+// 2 MiB + 123 bytes at a page of GPU memory, say); none of the word loads may be
+// misaligned then, or the GPU's context is lost with the first such chunk.
+TEST(Xxh3Lanes, AlignedInputsOfAnyLengthMakeOnlyAlignedWordLoads) {
+  std::vector<uint64_t> words(((1 << 20) + 4096) / 8, 0x0123456789abcdefULL);
+  const auto* p = reinterpret_cast<const uint8_t*>(words.data());
+  for (uint64_t len = kMinLength; len < kMinLength + 64; ++len)
+    for (uint64_t extra : {uint64_t{0}, uint64_t{2} << 19}) {
+      misaligned_loads = 0;
+      EXPECT_EQ(by_lanes(p, len + extra, 128), XXH3_64bits(p, len + extra));
+      EXPECT_EQ(misaligned_loads, 0u) << "length " << len + extra;
     }
 }
 
