@@ -14,6 +14,7 @@
 
 #include "agent/metrics_server.h"
 #include "protocol/agent_wire.h"
+#include "protocol/tenant_key.h"
 #include "runtime/log.h"
 
 namespace dpukv {
@@ -24,7 +25,11 @@ using agent::Op;
 
 struct Agent::Session {
   ComchConnection* conn = nullptr;
-  uint64_t model = 0;  // 0: any
+  ComchServer* server = nullptr;   // the socket it came through
+  const Tenant* tenant = nullptr;  // its keys are folded with tenant->tag
+  bool admin = false;              // may clear and watch every tenant
+  bool all_events = false;         // an admin's feed of every tenant's events
+  uint64_t model = 0;              // 0: any
   bool gone = false;
   uint32_t pending = 0;  // batches in flight
   std::vector<ChunkKey> pinned;
@@ -89,29 +94,27 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
     return st;
   }
   a->gpu_ = std::make_unique<GpuService>(a->pe_.get(), a->cache_.get(), a->opts_.gpu);
-  ComchServerOptions so;
-  so.path = a->opts_.socket_path;
-  so.mode = a->opts_.socket_mode;
-  so.max_msg_size = a->opts_.max_msg;
-  so.heartbeat_interval_ms = a->opts_.heartbeat_ms;
-  so.max_connections = a->opts_.max_clients;
-  so.max_connections_per_uid = a->opts_.max_clients_per_uid;
-  so.send_queue_depth = 1024;
-  if (a->opts_.max_staging_bytes) so.max_import_bytes_per_connection = a->opts_.max_staging_bytes;
-  if (a->opts_.max_staging_total_bytes)
-    so.max_import_bytes_total = a->opts_.max_staging_total_bytes;
-  DPUKV_RETURN_IF_ERROR(ComchServer::create(a->pe_.get(), so, &a->server_));
-  UserData ud;
-  ud.ptr = a.get();
-  DPUKV_RETURN_IF_ERROR(a->server_->set_user_data(ud));
-  ComchCallbacks cb;
-  cb.on_connect = &Agent::on_connect;
-  cb.on_disconnect = &Agent::on_disconnect;
-  cb.on_recv = &Agent::on_recv;
-  cb.on_send_done = &Agent::on_send_done;
-  cb.on_send_error = &Agent::on_send_done;
-  DPUKV_RETURN_IF_ERROR(a->server_->set_callbacks(cb));
-  DPUKV_RETURN_IF_ERROR(a->server_->set_send_conf(512));  // replies in flight over all clients
+  std::string why;
+  st = Tenants::create(a->opts_.tenancy, &a->tenants_, &why);
+  if (!st.ok()) {
+    LOG_ERR("agent: tenants: %s", why.c_str());
+    return st;
+  }
+  // The main socket, then each tenant's own.
+  a->doors_.push_back(std::make_unique<Door>());
+  a->doors_.back()->path = a->opts_.socket_path;
+  for (size_t i = 0; i < a->tenants_->sockets().size(); ++i) {
+    a->doors_.push_back(std::make_unique<Door>());
+    a->doors_.back()->path = a->tenants_->sockets()[i].first;
+    a->doors_.back()->socket = static_cast<int>(i);
+  }
+  for (auto& door : a->doors_) {
+    door->agent = a.get();
+    DPUKV_RETURN_IF_ERROR(a->open_door(door.get()));
+  }
+  a->server_ = a->doors_.front()->server.get();
+  for (const auto& t : a->tenants_->all())
+    a->cache_->set_tenant_quota(t->tag, t->memory_quota, t->disk_quota);
   const uint32_t max_entries = a->opts_.max_msg / sizeof(IoEntry) + 1;
   a->lookup_keys_.reserve(a->opts_.max_msg / sizeof(ChunkKey) + 1);
   DPUKV_RETURN_IF_ERROR(BufInventory::create(a->opts_.cache.max_requests + 64, &a->inv_));
@@ -143,6 +146,47 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
   return Code::kSuccess;
 }
 
+// One listening socket and its server: the main socket, or a tenant's own.
+Status Agent::open_door(Door* d) {
+  ComchServerOptions so;
+  so.path = d->path;
+  so.mode = opts_.socket_mode;
+  so.max_msg_size = opts_.max_msg;
+  so.heartbeat_interval_ms = opts_.heartbeat_ms;
+  so.max_connections = opts_.max_clients;
+  so.max_connections_per_uid = opts_.max_clients_per_uid;
+  so.send_queue_depth = 1024;
+  if (opts_.max_staging_bytes) so.max_import_bytes_per_connection = opts_.max_staging_bytes;
+  if (opts_.max_staging_total_bytes) so.max_import_bytes_total = opts_.max_staging_total_bytes;
+  so.admit_peer = [](void* arg, const PeerCred& p) {
+    auto* door = static_cast<Door*>(arg);
+    std::string why;
+    if (door->agent->tenants_->resolve(p, door->socket, &why) != nullptr) return true;
+    LOG_WARN_LIMITED("agent: uid %u refused on %s: %s", p.uid, door->path.c_str(), why.c_str());
+    return false;
+  };
+  so.admit_arg = d;
+  DPUKV_RETURN_IF_ERROR(ComchServer::create(pe_.get(), so, &d->server));
+  UserData ud;
+  ud.ptr = d;
+  DPUKV_RETURN_IF_ERROR(d->server->set_user_data(ud));
+  ComchCallbacks cb;
+  cb.on_connect = &Agent::on_connect;
+  cb.on_disconnect = &Agent::on_disconnect;
+  cb.on_recv = &Agent::on_recv;
+  cb.on_send_done = &Agent::on_send_done;
+  cb.on_send_error = &Agent::on_send_done;
+  DPUKV_RETURN_IF_ERROR(d->server->set_callbacks(cb));
+  DPUKV_RETURN_IF_ERROR(d->server->set_send_conf(512));  // replies in flight over all clients
+  return Code::kSuccess;
+}
+
+void Agent::stop_doors() {
+  for (auto& d : doors_) (void)d->server->stop();
+  for (auto& d : doors_)
+    while (d->server->state() != CtxState::kIdle) pe_->progress();
+}
+
 Agent::~Agent() {
   metrics_server_.reset();  // before the progress engine it watches
 }
@@ -150,10 +194,13 @@ Agent::~Agent() {
 Status Agent::run(const std::atomic<bool>* stop) {
   DPUKV_RETURN_IF_ERROR(gpu_->start());
   DPUKV_RETURN_IF_ERROR(cache_->start());
-  Status st = server_->start();
-  if (!st.ok()) {
-    LOG_ERR("agent: cannot serve on %s: %s", opts_.socket_path.c_str(),
+  Status st;
+  for (auto& d : doors_) {
+    st = d->server->start();
+    if (st.ok()) continue;
+    LOG_ERR("agent: cannot serve on %s: %s", d->path.c_str(),
             std::string(st.description()).c_str());
+    stop_doors();
     (void)cache_->stop();
     while (cache_->state() != CtxState::kIdle) pe_->progress();
     (void)gpu_->stop();
@@ -164,10 +211,9 @@ Status Agent::run(const std::atomic<bool>* stop) {
     st = cluster_->start();
     if (!st.ok()) {
       LOG_ERR("agent: cannot join the cluster: %s", std::string(st.description()).c_str());
-      (void)server_->stop();
+      stop_doors();
       (void)cache_->stop();
-      while (server_->state() != CtxState::kIdle || cache_->state() != CtxState::kIdle)
-        pe_->progress();
+      while (cache_->state() != CtxState::kIdle) pe_->progress();
       (void)gpu_->stop();
       while (!gpu_->idle()) pe_->progress();
       return st;
@@ -201,8 +247,7 @@ Status Agent::run(const std::atomic<bool>* stop) {
   }
   APP_LOG_INFO("agent: stopping");
   metrics_server_.reset();
-  (void)server_->stop();
-  while (server_->state() != CtxState::kIdle) pe_->progress();
+  stop_doors();
   if (cluster_) {
     (void)cluster_->stop();
     while (cluster_->state() != CtxState::kIdle) pe_->progress();
@@ -216,23 +261,37 @@ Status Agent::run(const std::atomic<bool>* stop) {
 }
 
 void Agent::on_connect(ComchConnection* c, UserData ud) {
-  auto* a = static_cast<Agent*>(ud.ptr);
+  auto* d = static_cast<Door*>(ud.ptr);
+  Agent* a = d->agent;
   auto* s = new Session();
   s->conn = c;
+  s->server = d->server.get();
+  std::string why;
+  s->tenant = a->tenants_->resolve(c->peer(), d->socket, &why);  // let in at accept: found
+  s->admin = a->tenants_->admin(c->peer());
+  if (s->tenant != nullptr) {
+    a->cache_->set_tenant_quota(s->tenant->tag, s->tenant->memory_quota, s->tenant->disk_quota);
+    if (a->tenant_clients_.size() <= s->tenant->index)
+      a->tenant_clients_.resize(s->tenant->index + 1);
+    ++a->tenant_clients_[s->tenant->index];
+  }
   UserData su;
   su.ptr = s;
   c->set_user_data(su);
   ++a->connected_;
   ++a->counters_.sessions_opened;
-  APP_LOG_INFO("agent: client pid %d uid %u connected", static_cast<int>(c->peer().pid),
-               c->peer().uid);
+  APP_LOG_INFO("agent: client pid %d uid %u connected, tenant %s%s",
+               static_cast<int>(c->peer().pid), c->peer().uid,
+               s->tenant ? s->tenant->name.c_str() : "?", s->admin ? " (admin)" : "");
+  if (s->tenant == nullptr) s->server->disconnect(c);
 }
 
 void Agent::on_disconnect(ComchConnection* c, Status why, UserData ud) {
-  auto* a = static_cast<Agent*>(ud.ptr);
+  Agent* a = static_cast<Door*>(ud.ptr)->agent;
   auto* s = static_cast<Session*>(c->user_data().ptr);
   --a->connected_;
   ++a->counters_.sessions_closed;
+  if (s->tenant != nullptr) --a->tenant_clients_[s->tenant->index];
   APP_LOG_INFO("agent: client pid %d disconnected (%s); %u requests in flight",
                static_cast<int>(c->peer().pid), std::string(why.name()).c_str(), s->pending);
   if (!s->pinned.empty())
@@ -251,11 +310,11 @@ void Agent::release_session(Session* s) {
 }
 
 void Agent::on_send_done(ComchSendTask* t, UserData, UserData ud) {
-  (void)static_cast<Agent*>(ud.ptr)->server_->free(t);
+  (void)static_cast<Door*>(ud.ptr)->server->free(t);
 }
 
 void Agent::on_recv(ComchConnection* c, const uint8_t* d, uint32_t n, UserData ud) {
-  static_cast<Agent*>(ud.ptr)->handle(static_cast<Session*>(c->user_data().ptr), d, n);
+  static_cast<Door*>(ud.ptr)->agent->handle(static_cast<Session*>(c->user_data().ptr), d, n);
 }
 
 // The answer is written straight into the send task's buffer: one copy of the body.
@@ -269,8 +328,8 @@ void Agent::reply(Session* s, const AgentHeader& req, Status st, const void* bod
   h.count = len;
   ComchSendTask* t = nullptr;
   uint8_t* out = nullptr;
-  Status ss = server_->send_alloc_payload(s->conn, static_cast<uint32_t>(sizeof(h)) + len,
-                                          UserData{}, &t, &out);
+  Status ss = s->server->send_alloc_payload(s->conn, static_cast<uint32_t>(sizeof(h)) + len,
+                                            UserData{}, &t, &out);
   if (ss == Code::kTooBig && len > 0) {
     ++counters_.oversized_replies;
     LOG_ERR_LIMITED(
@@ -282,8 +341,8 @@ void Agent::reply(Session* s, const AgentHeader& req, Status st, const void* bod
   if (ss.ok()) {
     std::memcpy(out, &h, sizeof(h));
     if (len) std::memcpy(out + sizeof(h), body, len);
-    ss = server_->submit(t);
-    if (!ss.ok()) (void)server_->free(t);
+    ss = s->server->submit(t);
+    if (!ss.ok()) (void)s->server->free(t);
   }
   // A failed send may itself have closed the connection (the peer died): then the
   // disconnect event has already run and the session is gone.
@@ -291,7 +350,7 @@ void Agent::reply(Session* s, const AgentHeader& req, Status st, const void* bod
     // A client that does not read its responses is not kept waiting for.
     LOG_WARN_LIMITED("agent: cannot answer client pid %d (%s); disconnecting",
                      static_cast<int>(s->conn->peer().pid), std::string(ss.name()).c_str());
-    server_->disconnect(s->conn);
+    s->server->disconnect(s->conn);
   }
 }
 
@@ -354,26 +413,20 @@ void Agent::submit_entries(Batch* b, bool fresh) {
 
 // One entry of a store or retrieve, checked against what its session may name.
 Status Agent::submit_entry(Session* s, Op op, const IoEntry& e, void* slot) {
+  ChunkKey key;
+  Status st = scope_key(s, e.key, &key);
+  if (st == Code::kNotPermitted) ++counters_.not_permitted;
+  if (!st.ok()) return st;
   if ((e.map_id & agent::kGpuMapBit) != 0) {  // the client's GPU memory
     DeviceRange r;
-    Status st;
-    if (s->model != 0 && e.key.model != s->model) {
-      st = Code::kNotPermitted;
-    } else {
-      st = gpu_->range(s->gpu, e.map_id, e.offset, e.length, &r);
-    }
+    st = gpu_->range(s->gpu, e.map_id, e.offset, e.length, &r);
     if (st == Code::kNotPermitted) ++counters_.not_permitted;
     if (!st.ok()) return st;
-    return op == Op::kStore ? cache_->store_device(e.key, r, &Agent::op_done, slot)
-                            : cache_->retrieve_device(e.key, r, &Agent::op_done, slot);
+    return op == Op::kStore ? cache_->store_device(key, r, &Agent::op_done, slot)
+                            : cache_->retrieve_device(key, r, &Agent::op_done, slot);
   }
   Mmap* m = s->conn->imported_map(e.map_id);
   Buf* buf = nullptr;
-  Status st;
-  if (s->model != 0 && e.key.model != s->model) {
-    ++counters_.not_permitted;
-    return Code::kNotPermitted;
-  }
   if (m == nullptr) {
     ++counters_.not_permitted;
     return Code::kNotPermitted;  // not memory this client exported
@@ -384,8 +437,8 @@ Status Agent::submit_entry(Session* s, Op op, const IoEntry& e, void* slot) {
   st = op == Op::kStore ? inv_->get_by_data(m, m->addr() + e.offset, e.length, &buf)
                         : inv_->get_by_addr(m, m->addr() + e.offset, e.length, &buf);
   if (!st.ok()) return st;
-  st = op == Op::kStore ? cache_->store(e.key, buf, &Agent::op_done, slot)
-                        : cache_->retrieve(e.key, buf, &Agent::op_done, slot);
+  st = op == Op::kStore ? cache_->store(key, buf, &Agent::op_done, slot)
+                        : cache_->retrieve(key, buf, &Agent::op_done, slot);
   (void)buf->dec_refcount();  // the cache holds its own reference
   return st;
 }
@@ -465,7 +518,7 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
   AgentHeader h{};
   if (n < sizeof(h)) {
     ++counters_.bad_requests;
-    server_->disconnect(s->conn);
+    s->server->disconnect(s->conn);
     return;
   }
   std::memcpy(&h, d, sizeof(h));
@@ -488,8 +541,10 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
   reply(s, h, Code::kInvalidValue, nullptr, 0);
 }
 
-bool Agent::key_allowed(const Session* s, const ChunkKey& k) {
-  return s->model == 0 || k.model == s->model;
+Status Agent::scope_key(const Session* s, const ChunkKey& k, ChunkKey* kept) {
+  if (s->model != 0 && k.model != s->model) return Code::kNotPermitted;
+  if (!tenant_scope(k, s->tenant->tag, kept)) return Code::kInvalidValue;
+  return Code::kSuccess;
 }
 
 void Agent::on_hello(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t) {
@@ -524,9 +579,9 @@ void Agent::on_lookup(Session* s, const AgentHeader& h, const uint8_t* body, uin
   std::vector<ChunkKey>& ks = lookup_keys_;
   ks.resize(h.count);
   std::memcpy(ks.data(), body, h.count * sizeof(ChunkKey));
-  uint32_t allowed = 0;
-  while (allowed < h.count && key_allowed(s, ks[allowed])) ++allowed;
-  if (allowed < h.count) ++counters_.not_permitted;  // a key of another model ends the run
+  uint32_t allowed = 0;  // a key of another model (or a malformed one) ends the run
+  while (allowed < h.count && scope_key(s, ks[allowed], &ks[allowed]).ok()) ++allowed;
+  if (allowed < h.count) ++counters_.not_permitted;
   const bool pin = (h.flags & agent::kPin) != 0;
   const uint32_t hits = cache_->lookup(ks.data(), allowed, pin);
   if (pin) s->pinned.insert(s->pinned.end(), ks.begin(), ks.begin() + hits);
@@ -576,10 +631,9 @@ void Agent::on_keys(Session* s, const AgentHeader& h, const uint8_t* body, uint3
   for (uint32_t i = 0; i < h.count; ++i) {
     ChunkKey k;
     std::memcpy(&k, body + i * sizeof(k), sizeof(k));
-    Status r;
-    if (!key_allowed(s, k)) {
-      r = Code::kNotPermitted;
-      ++counters_.not_permitted;
+    Status r = scope_key(s, k, &k);
+    if (!r.ok()) {
+      if (r == Code::kNotPermitted) ++counters_.not_permitted;
     } else if (op == Op::kContains) {
       r = cache_->contains(k) ? Status() : Status(Code::kNotFound);
     } else if (op == Op::kRemove) {
@@ -610,9 +664,10 @@ void Agent::on_push(Session* s, const AgentHeader& h, const uint8_t* body, uint3
   for (uint32_t i = 0; i < h.count; ++i) {
     ChunkKey k;
     std::memcpy(&k, body + sizeof(ph) + i * sizeof(k), sizeof(k));
-    if (!key_allowed(s, k)) {
-      p->status[i] = static_cast<uint8_t>(Code::kNotPermitted);
-      ++counters_.not_permitted;
+    const Status r = scope_key(s, k, &k);
+    if (!r.ok()) {
+      p->status[i] = static_cast<uint8_t>(r.code());
+      if (r == Code::kNotPermitted) ++counters_.not_permitted;
     } else if (cache_->contains(k)) {
       keys.push_back(k);
       p->sent.push_back(i);
@@ -654,20 +709,41 @@ void Agent::on_gpu_release(Session* s, const AgentHeader& h, const uint8_t* body
   reply(s, h, st, nullptr, 0);
 }
 
+// Every tenant's events, or every tenant's chunks cleared: an admin's (kAllTenants).
 void Agent::on_subscribe(Session* s, const AgentHeader& h, const uint8_t*, uint32_t) {
+  const bool all = (h.flags & agent::kAllTenants) != 0;
+  if (all && !s->admin) {
+    ++counters_.not_permitted;
+    reply(s, h, Code::kNotPermitted, nullptr, 0);
+    return;
+  }
+  s->all_events = all;
   subscribe(s);
   reply(s, h, Code::kSuccess, nullptr, 0);
 }
 
 void Agent::on_clear(Session* s, const AgentHeader& h, const uint8_t*, uint32_t) {
-  const uint64_t removed = cache_->clear(s->model);
-  APP_LOG_INFO("agent: client pid %d cleared %llu chunks%s", static_cast<int>(s->conn->peer().pid),
-               static_cast<unsigned long long>(removed), s->model ? " of its model" : "");
+  const bool all = (h.flags & agent::kAllTenants) != 0;
+  if (all && !s->admin) {
+    ++counters_.not_permitted;
+    LOG_WARN_LIMITED("agent: client pid %d uid %u (tenant %s) may not clear every tenant",
+                     static_cast<int>(s->conn->peer().pid), s->conn->peer().uid,
+                     s->tenant->name.c_str());
+    reply(s, h, Code::kNotPermitted, nullptr, 0);
+    return;
+  }
+  const uint64_t removed = cache_->clear(s->model, all ? 0 : s->tenant->tag);
+  APP_LOG_INFO("agent: client pid %d uid %u cleared %llu chunks%s%s",
+               static_cast<int>(s->conn->peer().pid), s->conn->peer().uid,
+               static_cast<unsigned long long>(removed), s->model ? " of its model" : "",
+               all ? " of every tenant" : (" of tenant " + s->tenant->name).c_str());
   reply(s, h, Code::kSuccess, &removed, sizeof(removed));
 }
 
 void Agent::on_stats(Session* s, const AgentHeader& h, const uint8_t*, uint32_t) {
-  const std::string j = stats_json(true);  // the asker's own connection is not counted
+  // The asker's own connection is not counted; its tenant's figures (an admin's:
+  // every tenant's).
+  const std::string j = format_stats_json(stats_sources(true, s));
   reply(s, h, Code::kSuccess, j.data(), static_cast<uint32_t>(j.size()));
 }
 
@@ -678,7 +754,7 @@ Status Agent::gpu_export(Session* s, const uint8_t* body, uint32_t len, std::str
   // Host and GPU staging count together, per client and over all clients.
   const char* over = nullptr;
   std::string over_limit;
-  if (!server_->import_fits(s->conn, e.bytes, &over))
+  if (!s->server->import_fits(s->conn, e.bytes, &over))
     over_limit = std::string(over) + " (max_staging_size " +
                  std::to_string(opts_.max_staging_bytes) + ", max_staging_total " +
                  std::to_string(opts_.max_staging_total_bytes) + " bytes)";
@@ -749,8 +825,15 @@ void Agent::flush_events() {
       msg.assign(sizeof(AgentHeader), 0);
       uint32_t n = 0;
       for (; i < events_.size() && n < per_msg; ++i) {
-        if (s->model != 0 && events_[i].key.model != s->model) continue;
-        const auto* p = reinterpret_cast<const uint8_t*>(&events_[i]);
+        const agent::ChunkEvent& kept = events_[i];
+        if (s->model != 0 && kept.key.model != s->model) continue;
+        const uint32_t tag = key_tenant(kept.key);
+        if (!s->all_events && tag != s->tenant->tag) continue;
+        // The key as its client named it; an admin's feed says whose it is.
+        agent::ChunkEvent e = kept;
+        e.key = tenant_unscope(kept.key);
+        if (s->all_events) e.tenant = tag;
+        const auto* p = reinterpret_cast<const uint8_t*>(&e);
         msg.insert(msg.end(), p, p + sizeof(agent::ChunkEvent));
         ++n;
       }
@@ -762,11 +845,11 @@ void Agent::flush_events() {
       h.count = n;
       std::memcpy(msg.data(), &h, sizeof(h));
       ComchSendTask* t;
-      Status st = server_->send_alloc_init(s->conn, msg.data(), static_cast<uint32_t>(msg.size()),
-                                           UserData{}, &t);
+      Status st = s->server->send_alloc_init(s->conn, msg.data(), static_cast<uint32_t>(msg.size()),
+                                             UserData{}, &t);
       if (st.ok()) {
-        st = server_->submit(t);
-        if (!st.ok()) (void)server_->free(t);
+        st = s->server->submit(t);
+        if (!st.ok()) (void)s->server->free(t);
       }
       if (s->gone) break;  // the send found the peer dead
       if (!st.ok()) {
@@ -820,13 +903,25 @@ void Agent::push_done(void* arg, Status st, const uint8_t* taken, uint32_t n) {
   p->agent->release_session(s);
 }
 
-AgentStatsSources Agent::stats_sources(bool asker_connected) const {
+AgentStatsSources Agent::stats_sources(bool asker_connected, const Session* asker) const {
   AgentStatsSources s;
+  if (asker != nullptr && asker->tenant != nullptr) {
+    s.asker_tenant = asker->tenant->name;
+    s.asker_admin = asker->admin;
+  }
+  for (const auto& t : tenants_->all()) {
+    if (asker != nullptr && !asker->admin && t.get() != asker->tenant) continue;
+    AgentStatsSources::TenantRow& row = s.tenants.emplace_back();
+    row.name = t->name;
+    row.tag = t->tag;
+    row.clients = t->index < tenant_clients_.size() ? tenant_clients_[t->index] : 0;
+    row.use = cache_->tenant_usage(t->tag);
+  }
   s.clients = connected_ - (asker_connected && connected_ > 0 ? 1 : 0);
   s.agent = counters_;
   s.cache = cache_->stats();
   if (metrics_server_) s.metrics_server = metrics_server_->counters();
-  s.protocol_errors = server_->counters().protocol_errors;
+  for (const auto& d : doors_) s.protocol_errors += d->server->counters().protocol_errors;
   s.event_subscribers = subscribers_.size();
   s.gpu_on = gpu_->on();
   s.gpu_path = gpu_->description();

@@ -19,6 +19,7 @@
 
 #include "agent/agent_stats.h"
 #include "agent/gpu_service.h"
+#include "agent/tenants.h"
 #include "cache/cache_engine.h"
 #include "cluster/cluster_node.h"
 #include "comch/server.h"
@@ -47,6 +48,8 @@ struct AgentOptions {
   ClusterOptions cluster_options;
   // Copies between the arena and clients' GPU memory (agent/gpu_service.h).
   GpuServiceOptions gpu;
+  // Who shares chunks with whom (agent/tenants.h).
+  TenancyOptions tenancy;
 };
 
 class Agent {
@@ -74,11 +77,25 @@ class Agent {
  private:
   struct Session;
   struct Batch;
+  // A socket clients come through: the main one (socket -1) or a tenant's own.
+  struct Door {
+    Agent* agent = nullptr;
+    std::string path;
+    int socket = -1;  // index of Tenants::sockets()
+    std::unique_ptr<ComchServer> server;
+  };
+  Status open_door(Door* d);
+  void stop_doors();
+  // The key the cache keeps for a key the session names: NOT_PERMITTED for a key
+  // of another model, INVALID_VALUE for one that cannot be folded.
+  static Status scope_key(const Session* s, const ChunkKey& k, ChunkKey* kept);
   struct RemoteLookup;
   struct Push;
   // A snapshot of the figures agent_stats.h renders (asker_connected: a client
   // asked, and its own session is not counted among the clients).
-  AgentStatsSources stats_sources(bool asker_connected) const;
+  // asker: the session that asked (its tenant, and every tenant only for an admin);
+  // null for the metrics endpoint (every tenant).
+  AgentStatsSources stats_sources(bool asker_connected, const Session* asker = nullptr) const;
   Agent() = default;
   static void on_connect(ComchConnection* c, UserData ud);
   static void on_disconnect(ComchConnection* c, Status why, UserData ud);
@@ -96,7 +113,6 @@ class Agent {
     Handler serve;
   };
   static const OpHandler kOps[];
-  static bool key_allowed(const Session* s, const ChunkKey& k);
   void on_hello(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   void on_gpu_proof(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   void on_io(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
@@ -125,7 +141,9 @@ class Agent {
 
   AgentOptions opts_;
   std::unique_ptr<ProgressEngine> pe_;
-  std::unique_ptr<ComchServer> server_;
+  std::unique_ptr<Tenants> tenants_;
+  std::vector<std::unique_ptr<Door>> doors_;
+  ComchServer* server_ = nullptr;  // the main socket's (doors_[0])
   std::unique_ptr<CacheEngine> cache_;
   std::unique_ptr<GpuService> gpu_;
   std::unique_ptr<ClusterNode> cluster_;
@@ -148,6 +166,7 @@ class Agent {
   uint64_t last_flush_ns_ = 0;
   static constexpr size_t kMaxPendingEvents = 1 << 16;
   uint64_t connected_ = 0;
+  std::vector<uint64_t> tenant_clients_;  // by Tenant::index
 };
 
 }  // namespace dpukv

@@ -1,6 +1,7 @@
 #include "agent/agent_settings.h"
 
 #include <arpa/inet.h>
+#include <grp.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <ostream>
+#include <sstream>
 
 #include "cache/eviction_policies.h"
 #include "runtime/arg_parse.h"
@@ -127,6 +129,11 @@ AgentSettings default_agent_settings() {
       {"pin_timeout_ms", nullptr, SettingKind::kCount, 24u * 3600 * 1000, nullptr, "30000", ""},
       {"max_clients", nullptr, SettingKind::kCount, 1u << 20, nullptr, "1024", "", 1},
       {"max_clients_per_uid", nullptr, SettingKind::kCount, 1u << 20, nullptr, "256", ""},
+      {"tenant_by", nullptr, SettingKind::kChoice, 0, "user|group|shared|refuse", "user", ""},
+      {"tenant", nullptr, SettingKind::kText, 0, nullptr, "", ""},  // a rule a line
+      {"tenant_admin_group", nullptr, SettingKind::kText, 0, nullptr, "", ""},
+      {"tenant_memory_quota", nullptr, SettingKind::kBytes, 0, nullptr, "", ""},
+      {"tenant_disk_quota", nullptr, SettingKind::kBytes, 0, nullptr, "", ""},
       {"max_staging_size", "DPUKV_MAX_STAGING_SIZE", SettingKind::kGib, 0, nullptr, "", ""},
       {"max_staging_total", "DPUKV_MAX_STAGING_TOTAL", SettingKind::kGib, 0, nullptr, "", ""},
       {"cluster", "DPUKV_CLUSTER", SettingKind::kText, 0, nullptr, "", ""},
@@ -191,6 +198,9 @@ bool apply_config_file(const std::string& path, AgentSettings* st, std::ostream&
       return false;
     }
     if (k == "local_disk" && v.rfind("file://", 0) == 0) v = v.substr(7);
+    // Tenant rules come a line each: they add up (a later file's replace them).
+    if (k == "tenant" && !s->value.empty() && s->origin.rfind(path + ":", 0) == 0)
+      v = s->value + "\n" + v;
     s->value = v;
     s->origin = path + ":" + std::to_string(n);
   }
@@ -453,6 +463,33 @@ bool agent_options_from_settings(AgentSettings* st, AgentOptions* out, std::ostr
   o.cache.write_through = as_bool(st, "write_through");
   o.max_clients = static_cast<uint32_t>(as_u64(st, "max_clients"));
   o.max_clients_per_uid = static_cast<uint32_t>(as_u64(st, "max_clients_per_uid"));
+  (void)parse_tenant_fallback(st->at("tenant_by").value, &o.tenancy.fallback);
+  o.tenancy.memory_quota = as_u64(st, "tenant_memory_quota");
+  o.tenancy.disk_quota = as_u64(st, "tenant_disk_quota");
+  {
+    std::istringstream rules(st->at("tenant").value);
+    std::string line, err;
+    while (std::getline(rules, line)) {
+      if (line.find_first_not_of(" \t") == std::string::npos) continue;
+      TenantRule r;
+      if (!parse_tenant_rule(line, &r, &err)) {
+        why << "dpukv agent: " << setting_origin(st->at("tenant")) << ": " << err << "\n";
+        return false;
+      }
+      o.tenancy.rules.push_back(std::move(r));
+    }
+    const std::string& admins = st->at("tenant_admin_group").value;
+    if (!admins.empty()) {
+      group gr{}, *found = nullptr;
+      char buf[4096];
+      if (getgrnam_r(admins.c_str(), &gr, buf, sizeof(buf), &found) != 0 || found == nullptr) {
+        why << "dpukv agent: " << setting_origin(st->at("tenant_admin_group")) << ": no group '"
+            << admins << "'\n";
+        return false;
+      }
+      o.tenancy.admin_gids.push_back(gr.gr_gid);
+    }
+  }
   o.cache.dma.num_threads = std::max<uint32_t>(1, static_cast<uint32_t>(as_u64(st, "dma_threads")));
   o.cache.compress = as_bool(st, "compress");
   o.gpu.enabled = st->at("gpu").value != "off";

@@ -262,11 +262,45 @@ std::string format_stats_json(const AgentStatsSources& s) {
     }
     out += "]";
   }
+  if (!s.asker_tenant.empty())
+    out += ",\"tenant\":\"" + json_escape(s.asker_tenant) +
+           "\",\"admin\":" + (s.asker_admin ? "true" : "false");
+  out += ",\"tenants\":[";
+  for (size_t i = 0; i < s.tenants.size(); ++i) {
+    const AgentStatsSources::TenantRow& t = s.tenants[i];
+    char tag[16];
+    std::snprintf(tag, sizeof(tag), "%08x", t.tag);
+    out += std::string(i ? "," : "") + "{\"name\":\"" + json_escape(t.name) + "\",\"tag\":\"" +
+           tag + "\",\"clients\":" + std::to_string(t.clients) +
+           ",\"chunks\":" + std::to_string(t.use.chunks) +
+           ",\"memory_bytes\":" + std::to_string(t.use.memory_bytes) +
+           ",\"disk_bytes\":" + std::to_string(t.use.disk_bytes) +
+           ",\"memory_quota\":" + std::to_string(t.use.memory_quota) +
+           ",\"disk_quota\":" + std::to_string(t.use.disk_quota) +
+           ",\"quota_evictions\":" + std::to_string(t.use.quota_evictions) + "}";
+  }
+  out += "]";
   const LatencyHistogram& l = s.latencies.lookup;
   char buf[64];
   std::snprintf(buf, sizeof(buf), ",\"lookup_mean_us\":%.2f}", l.n ? l.sum / l.n * 1e6 : 0.0);
   return out + buf;
 }
+
+namespace {
+// A Prometheus label value: backslash, quote and newline escaped.
+std::string prom_label(const std::string& v) {
+  std::string o;
+  for (char c : v) {
+    if (c == '\\' || c == '"') o += '\\';
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+}  // namespace
 
 std::string format_metrics_text(const AgentStatsSources& s) {
   std::string out =
@@ -310,6 +344,32 @@ std::string format_metrics_text(const AgentStatsSources& s) {
              &ClusterNode::PeerStats::served_bytes);
     per_peer("dpukv_peer_errors_total", "Failed asks and reads with this peer.",
              &ClusterNode::PeerStats::errors);
+  }
+  auto per_tenant = [&](const char* name, const char* type, const char* help,
+                        uint64_t (*f)(const AgentStatsSources::TenantRow&)) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+    for (const AgentStatsSources::TenantRow& t : s.tenants)
+      out += std::string(name) + "{tenant=\"" + prom_label(t.name) + "\"} " + std::to_string(f(t)) +
+             "\n";
+  };
+  if (!s.tenants.empty()) {
+    per_tenant("dpukv_tenant_memory_bytes", "gauge", "Bytes of the tenant's chunks in memory.",
+               [](const AgentStatsSources::TenantRow& t) { return t.use.memory_bytes; });
+    per_tenant("dpukv_tenant_disk_bytes", "gauge", "Bytes of the tenant's chunks on disk.",
+               [](const AgentStatsSources::TenantRow& t) { return t.use.disk_bytes; });
+    per_tenant("dpukv_tenant_chunks", "gauge", "The tenant's chunks in any tier.",
+               [](const AgentStatsSources::TenantRow& t) { return t.use.chunks; });
+    per_tenant("dpukv_tenant_memory_quota_bytes", "gauge",
+               "The tenant's share of the memory tier (0: none).",
+               [](const AgentStatsSources::TenantRow& t) { return t.use.memory_quota; });
+    per_tenant("dpukv_tenant_disk_quota_bytes", "gauge",
+               "The tenant's share of the disk tier (0: none).",
+               [](const AgentStatsSources::TenantRow& t) { return t.use.disk_quota; });
+    per_tenant("dpukv_tenant_quota_evictions_total", "counter",
+               "The tenant's own chunks that left a tier for its quota.",
+               [](const AgentStatsSources::TenantRow& t) { return t.use.quota_evictions; });
+    per_tenant("dpukv_tenant_clients", "gauge", "Connected clients of the tenant.",
+               [](const AgentStatsSources::TenantRow& t) { return t.clients; });
   }
   histogram("dpukv_store_batch_seconds", s.latencies.store);
   histogram("dpukv_retrieve_batch_seconds", s.latencies.retrieve);

@@ -77,6 +77,18 @@ struct AgentStatsSources {
   uint64_t gpu_regions = 0;
   std::optional<ClusterStatsSnapshot> cluster;  // empty: not in a cluster
   AgentLatencies latencies;
+  // Tenants (agent/tenants.h): the asker's (empty for the metrics endpoint), and
+  // the tenants shown: every tenant for an admin and the metrics endpoint, the
+  // asker's own otherwise.
+  struct TenantRow {
+    std::string name;
+    uint32_t tag = 0;
+    uint64_t clients = 0;
+    TenantUsage use;
+  };
+  std::string asker_tenant;
+  bool asker_admin = false;
+  std::vector<TenantRow> tenants;
 };
 
 struct MetricRow {

@@ -128,8 +128,8 @@ Status CacheEngine::remove(const ChunkKey& key) {
   return placement_.remove(key);
 }
 
-uint64_t CacheEngine::clear(uint64_t model) {
-  return placement_.clear(model);
+uint64_t CacheEngine::clear(uint64_t model, uint32_t tenant) {
+  return placement_.clear(model, tenant);
 }
 
 CacheStats CacheEngine::stats() const {

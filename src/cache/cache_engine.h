@@ -85,9 +85,15 @@ class CacheEngine final : public Context {
   void unpin(const ChunkKey* keys, uint32_t n);
   bool contains(const ChunkKey& key) const;
   Status remove(const ChunkKey& key);  // BAD_STATE while in use
-  // Drops every chunk of model (0: of every model) that is not in use or pinned;
+  // Drops every chunk of model (0: of every model) and tenant (a tag,
+  // protocol/tenant_key.h; 0: of every tenant) that is not in use or pinned;
   // returns how many.
-  uint64_t clear(uint64_t model = 0);
+  uint64_t clear(uint64_t model = 0, uint32_t tenant = 0);
+  // Tenants' shares of the tiers (cache/placement.h): quotas in bytes, 0: none.
+  void set_tenant_quota(uint32_t tag, uint64_t memory_bytes, uint64_t disk_bytes) {
+    placement_.set_tenant_quota(tag, memory_bytes, disk_bytes);
+  }
+  TenantUsage tenant_usage(uint32_t tag) const { return placement_.tenant_usage(tag); }
   // Size of a stored chunk, or 0.
   uint64_t chunk_size(const ChunkKey& key) const;
 

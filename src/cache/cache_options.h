@@ -50,6 +50,18 @@ inline constexpr const char* kRequestStateMetrics[kRequestStates] = {
     "dpukv_cache_requests_encode",    "dpukv_cache_requests_shrink",
     "dpukv_cache_requests_decode"};
 
+// One tenant's share of the tiers (keys folded with its tag, protocol/tenant_key.h):
+// what its present chunks take, its quotas (0: none) and what the quotas evicted.
+// memory_filling: slots its stores in flight hold, counted against its memory
+// quota too, or one large batch would overshoot it and push the tier's global
+// eviction onto other tenants.
+struct TenantUsage {
+  uint64_t memory_bytes = 0, disk_bytes = 0, chunks = 0;
+  uint64_t memory_filling = 0;
+  uint64_t memory_quota = 0, disk_quota = 0;
+  uint64_t quota_evictions = 0;  // its own chunks that left a tier for its quota
+};
+
 struct CacheStats {
   uint64_t chunks = 0, memory_chunks = 0, disk_chunks = 0;
   uint64_t memory_used = 0, memory_capacity = 0, disk_used = 0, disk_capacity = 0;

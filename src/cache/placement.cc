@@ -6,6 +6,7 @@
 
 #include "cache/eviction_policies.h"
 #include "engines/compress/kv_codec.h"
+#include "protocol/tenant_key.h"
 #include "runtime/chunk_checksum.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
@@ -68,6 +69,8 @@ Status Placement::init() {
     en.checksum = r.checksum;
     en.disk_off = r.offset;
     en.disk = ChunkEntry::Disk::kReady;
+    usage_of(en).disk_bytes += en.stored;
+    ++usage_of(en).chunks;
     table_.disk_push_front(e);  // log order: later records are more recent
   }
   st_->recovered = rec.size();
@@ -133,6 +136,11 @@ bool Placement::evictable(int32_t e) const {
 void Placement::drop_memory(int32_t e) {
   ChunkEntry& en = table_.at(e);
   if (en.has_memory()) {
+    if (en.mem_ready()) {
+      TenantUsage& u = usage_of(en);
+      u.memory_bytes -= en.stored;
+      if (!en.on_disk()) --u.chunks;
+    }
     if (en.on_disk() && en.mem_ready()) mem_clean_bytes_ -= en.stored;
     mem_alloc_.free(en.mem_off);
     policy_->remove(e);
@@ -161,6 +169,9 @@ void Placement::drop_entry(int32_t e) {
 void Placement::drop_disk_copy(int32_t e) {
   ChunkEntry& en = table_.at(e);
   if (!en.on_disk()) return;
+  TenantUsage& u = usage_of(en);
+  u.disk_bytes -= en.stored;
+  if (!en.mem_ready()) --u.chunks;
   if (en.has_memory() && en.mem_ready()) mem_clean_bytes_ -= en.stored;
   table_.disk_unlink(e);
   disk_->allocator().free(en.disk_off);
@@ -198,11 +209,25 @@ bool Placement::make_room(uint64_t size, uint64_t queued, uint64_t* off) {
   }
 }
 
+// A reload or a peer's push lands without a charge taken beforehand: the tenant's
+// quota is checked again here.
+void Placement::memory_present(int32_t e) {
+  ChunkEntry& en = table_.at(e);
+  TenantUsage& u = usage_of(en);
+  u.memory_bytes += en.stored;
+  if (!en.on_disk()) ++u.chunks;
+  // (Room freed here serves waiting stores at the next room event: this runs inside
+  // a completion, where the pipeline is not to be re-entered.)
+  if (u.memory_quota != 0 && u.memory_bytes + u.memory_filling > u.memory_quota)
+    (void)fit_tenant_memory(key_tenant(en.key), 0, e);
+}
+
 void Placement::store_landed(int32_t e, uint64_t checksum) {
   ChunkEntry& en = table_.at(e);
   en.checksum = checksum;
   en.memory = ChunkEntry::Memory::kReady;
   policy_->insert(e, en.key_hash, en.stored);
+  memory_present(e);
   table_.announce(e);
 }
 
@@ -210,6 +235,7 @@ void Placement::reload_landed(int32_t e) {
   ChunkEntry& en = table_.at(e);
   en.memory = ChunkEntry::Memory::kReady;
   policy_->insert(e, en.key_hash, en.stored);
+  memory_present(e);
   // The disk copy is now redundant: first to go when the disk tier needs room.
   mem_clean_bytes_ += en.stored;
   table_.disk_unlink(e);
@@ -260,6 +286,7 @@ Placement::SpillStart Placement::start_spill(int32_t e) {
     return SpillStart::kRefused;
   if (spills_in_flight_ == kMaxSpills) return SpillStart::kBusy;
   uint64_t off;
+  if (!fit_tenant_disk(key_tenant(en.key), en.stored, e)) return SpillStart::kRefused;
   if (!make_disk_room(en.stored, &off)) return SpillStart::kRefused;  // only pinned or busy
   const uint32_t slot = free_spills_[kMaxSpills - 1 - spills_in_flight_];
   Status st = disk_->write(off, arena_at(en.mem_off), en.stored, kSpillTag | slot);
@@ -333,6 +360,7 @@ void Placement::spill_done(uint64_t tag, Status st, int err) {
   if (wrote && disk_->log_put(en.key, s.disk_off, en.stored, en.checksum, en.size, en.encoded)) {
     en.disk = ChunkEntry::Disk::kReady;
     en.disk_off = s.disk_off;
+    usage_of(en).disk_bytes += en.stored;
     mem_clean_bytes_ += en.stored;
     table_.disk_push_front(e);
     ++st_->spills;
@@ -423,17 +451,92 @@ Status Placement::remove(const ChunkKey& key) {
   return Code::kSuccess;
 }
 
-uint64_t Placement::clear(uint64_t model) {
+uint64_t Placement::clear(uint64_t model, uint32_t tenant) {
   uint64_t removed = 0;
   const uint64_t now = monotonic_ns();
   for (int32_t e = 0; e < static_cast<int32_t>(table_.capacity()); ++e) {
     const ChunkEntry& en = table_.at(e);
     if (!en.used || (model != 0 && en.key.model != model)) continue;
+    if (tenant != 0 && key_tenant(en.key) != tenant) continue;
     if (en.busy(now)) continue;
     drop_entry(e);
     ++removed;
   }
   return removed;
+}
+
+// ---------------------------------------------------------------- tenants
+
+TenantUsage& Placement::usage_of(const ChunkEntry& en) {
+  return tenants_[key_tenant(en.key)];
+}
+
+void Placement::set_tenant_quota(uint32_t tag, uint64_t memory_bytes, uint64_t disk_bytes) {
+  TenantUsage& u = tenants_[tag];
+  u.memory_quota = memory_bytes;
+  u.disk_quota = disk_bytes;
+}
+
+TenantUsage Placement::tenant_usage(uint32_t tag) const {
+  auto it = tenants_.find(tag);
+  return it == tenants_.end() ? TenantUsage{} : it->second;
+}
+
+bool Placement::fit_tenant_memory(uint32_t tag, uint64_t size, int32_t keep) {
+  auto it = tenants_.find(tag);
+  if (it == tenants_.end() || it->second.memory_quota == 0) return true;
+  TenantUsage& u = it->second;
+  if (size > u.memory_quota) return false;  // its own chunks need not go for nothing
+  struct Mine {
+    const Placement* self;
+    uint32_t tag;
+    int32_t keep;
+  } mine{this, tag, keep};
+  while (u.memory_bytes + u.memory_filling + size > u.memory_quota) {
+    const int32_t v = policy_->victim(
+        [](const void* ctx, int32_t c) {
+          const auto* m = static_cast<const Mine*>(ctx);
+          return c != m->keep && key_tenant(m->self->table_.at(c).key) == m->tag &&
+                 m->self->evictable(c);
+        },
+        &mine);
+    if (v < 0) return false;  // the rest is pinned or in flight
+    ++u.quota_evictions;
+    ++st_->evictions;
+    drop_memory(v);  // a copy on disk stays (the disk quota is its own)
+  }
+  return true;
+}
+
+// Before a write-back of the tenant's chunk `keep`: its own coldest disk copies go
+// while its disk bytes plus size are over its quota. False if that cannot be.
+bool Placement::fit_tenant_disk(uint32_t tag, uint64_t size, int32_t keep) {
+  auto it = tenants_.find(tag);
+  if (it == tenants_.end() || it->second.disk_quota == 0) return true;
+  TenantUsage& u = it->second;
+  if (size > u.disk_quota) return false;
+  const uint64_t now = monotonic_ns();
+  int32_t v = table_.disk_coldest();
+  while (u.disk_bytes + size > u.disk_quota) {
+    while (v >= 0) {
+      const ChunkEntry& en = table_.at(v);
+      if (v != keep && key_tenant(en.key) == tag && !en.filling() &&
+          !(en.pinned(now) && !en.mem_ready()))
+        break;
+      v = table_.disk_warmer(v);
+    }
+    if (v < 0) return false;
+    const int32_t victim = v;
+    v = table_.disk_warmer(v);
+    ++u.quota_evictions;
+    if (table_.at(victim).mem_ready()) {
+      drop_disk_copy(victim);
+    } else {
+      ++st_->disk_evictions;
+      drop_entry(victim);
+    }
+  }
+  return true;
 }
 
 uint64_t Placement::index_bytes_per_chunk() const {
@@ -515,6 +618,7 @@ Status Placement::end_ingest(const ChunkKey& key, bool bytes_ok) {
   en.memory = ChunkEntry::Memory::kReady;
   en.replica_unread = true;
   policy_->insert_cold(e, en.key_hash, en.stored);
+  memory_present(e);
   ++st_->ingests;
   st_->ingest_bytes += en.size;
   table_.announce(e);

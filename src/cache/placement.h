@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
 
 #include "cache/cache_options.h"
 #include "cache/chunk_table.h"
@@ -106,7 +107,20 @@ class Placement {
   bool contains(const ChunkKey& key) const;
   uint64_t chunk_size(const ChunkKey& key) const;
   Status remove(const ChunkKey& key);
-  uint64_t clear(uint64_t model);
+  uint64_t clear(uint64_t model, uint32_t tenant);
+
+  // ---- tenants: each tag's bytes in each tier and its quotas. A tenant over its
+  // quota loses its own coldest chunks, never another tenant's: before a store
+  // takes room and when a chunk lands (memory), before a write-back (disk).
+  void set_tenant_quota(uint32_t tag, uint64_t memory_bytes, uint64_t disk_bytes);
+  TenantUsage tenant_usage(uint32_t tag) const;
+  // Evicts the tenant's own coldest chunks (never `keep`) while its memory (present
+  // and filling) plus `size` is over its quota; false if what is left is pinned or
+  // in flight and it still does not fit.
+  bool fit_tenant_memory(uint32_t tag, uint64_t size, int32_t keep);
+  // A store's slot, held against its tenant's quota from room taken to landing.
+  void charge_fill(uint32_t tag, uint64_t bytes) { tenants_[tag].memory_filling += bytes; }
+  void release_fill(uint32_t tag, uint64_t bytes) { tenants_[tag].memory_filling -= bytes; }
   uint64_t index_bytes_per_chunk() const;
 
   // ---- sharing (CacheEngine's)
@@ -124,6 +138,9 @@ class Placement {
   int32_t pick_victim();
   int32_t pick_index_victim();
   bool make_disk_room(uint64_t size, uint64_t* off);
+  bool fit_tenant_disk(uint32_t tag, uint64_t size, int32_t keep);
+  TenantUsage& usage_of(const ChunkEntry& en);
+  void memory_present(int32_t e);  // a chunk's bytes count in memory from now
   void drop_disk_copy(int32_t e);
   bool spilling_allowed() const;
   void drain_write_queue();
@@ -149,6 +166,7 @@ class Placement {
   uint64_t evict_pending_bytes_ = 0;  // memory freed when the writes under way land
   uint64_t spill_off_until_ns_ = 0;   // writing back stopped until then (after an error)
   uint64_t last_disk_log_ns_ = 0, disk_errors_unlogged_ = 0;
+  std::unordered_map<uint32_t, TenantUsage> tenants_;  // by tag
   void (*room_cb_)(void*) = nullptr;
   void* room_arg_ = nullptr;
 };

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "engines/compress/kv_codec.h"
+#include "protocol/tenant_key.h"
 #include "runtime/chunk_checksum.h"
 #include "runtime/log.h"
 
@@ -92,6 +93,7 @@ RequestPipeline::Request* RequestPipeline::new_request() {
   r->user = r->arena_buf = r->arena_buf2 = nullptr;
   r->device = false;
   r->big_off = UINT64_MAX;
+  r->tenant_charge = 0;
   r->cb = nullptr;
   r->arg = nullptr;
   return r;
@@ -126,8 +128,15 @@ void RequestPipeline::release_arena_bufs(Request* r) {
   }
 }
 
+void RequestPipeline::release_tenant_charge(Request* r) {
+  if (r->tenant_charge == 0) return;
+  placement_->release_fill(key_tenant(r->key), r->tenant_charge);
+  r->tenant_charge = 0;
+}
+
 void RequestPipeline::finish(Request* r, Status st) {
   release_arena_bufs(r);
+  release_tenant_charge(r);
   if (r->big_off != UINT64_MAX) {  // an encode slot that was not needed in the end
     placement_->memory().free(r->big_off);
     r->big_off = UINT64_MAX;
@@ -320,6 +329,21 @@ Status RequestPipeline::begin_store_request(Request* r, uint64_t size) {
 void RequestPipeline::begin_store(Request* r) {
   ChunkEntry& en = table_.at(r->entry);
   uint64_t off;
+  // A tenant at its quota makes room from its own chunks first; while the rest of
+  // its quota is in flight it waits for those fills to land (they become its
+  // victims), and with nothing in flight its store is refused, never taken from
+  // another tenant's share.
+  const uint32_t tenant = key_tenant(en.key);
+  if (!placement_->fit_tenant_memory(tenant, en.stored, r->entry)) {
+    if (room_may_come()) {
+      wait_for_room(r, 0);
+      return;
+    }
+    table_.erase(r->entry);
+    ++st_->store_rejects;
+    finish(r, Code::kNoMemory);
+    return;
+  }
   if (!placement_->make_room(en.stored, room_wanted_bytes_, &off)) {
     if (room_may_come()) {
       wait_for_room(r, en.stored);
@@ -332,6 +356,8 @@ void RequestPipeline::begin_store(Request* r) {
   }
   en.mem_off = off;
   en.memory = ChunkEntry::Memory::kFilling;
+  placement_->charge_fill(tenant, en.stored);
+  r->tenant_charge = en.stored;
   Status st;
   if (r->device) {
     st = start_device_copy(r, false);
@@ -344,6 +370,7 @@ void RequestPipeline::begin_store(Request* r) {
   }
   if (!st.ok()) {
     placement_->fill_failed(r->entry);
+    release_tenant_charge(r);
     if (wait_for_engine(r, st)) {
       table_.at(r->entry).memory = ChunkEntry::Memory::kAwaitingRoom;  // held, as for room
       return;
@@ -390,6 +417,7 @@ void RequestPipeline::after_encode(Request* r, Status st, uint64_t out_len) {
 
 void RequestPipeline::complete_store(Request* r, uint64_t cs) {
   const int32_t e = r->entry;
+  release_tenant_charge(r);  // its bytes count as present from here
   placement_->store_landed(e, cs);
   ++st_->stores;
   st_->store_bytes += table_.at(e).size;
@@ -497,6 +525,9 @@ Status RequestPipeline::start_reload(Request* r) {
     return Code::kSuccess;
   }
   uint64_t off;
+  // A reload is the tenant's own chunk: its own coldest make room first where
+  // they can (if they cannot, it lands over the quota and is trimmed back then).
+  (void)placement_->fit_tenant_memory(key_tenant(en.key), en.stored, r->entry);
   if (!placement_->make_room(en.stored, room_wanted_bytes_, &off)) {
     if (room_may_come()) {
       wait_for_room(r, en.stored);

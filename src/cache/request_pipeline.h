@@ -98,6 +98,7 @@ class RequestPipeline {
     Buf* arena_buf = nullptr;
     Buf* arena_buf2 = nullptr;      // the final slot while shrinking
     uint64_t big_off = UINT64_MAX;  // the encode slot while shrinking
+    uint64_t tenant_charge = 0;     // memory held against its tenant's quota while filling
     DoneCb cb = nullptr;
     void* arg = nullptr;
     Status result;              // of the last engine operation (DMA, codec, disk I/O)
@@ -117,6 +118,7 @@ class RequestPipeline {
   bool room_may_come() const;
   bool wait_for_engine(Request* r, Status st);  // true: r waits for a ring slot
   void release_arena_bufs(Request* r);
+  void release_tenant_charge(Request* r);
   void wait_for_room(Request* r, uint64_t bytes);
 
   Status begin_store_request(Request* r, uint64_t size);

@@ -152,7 +152,7 @@ Status Client::open_channel(uint32_t timeout_ms) {
   }
   if (subscribed_) {  // the event feed again (what happened meanwhile is lost)
     std::vector<uint8_t> r;
-    DPUKV_RETURN_IF_ERROR(call(Op::kSubscribe, 0, nullptr, 0, 0, &r));
+    DPUKV_RETURN_IF_ERROR(call(Op::kSubscribe, subscribe_flags_, nullptr, 0, 0, &r));
     events_lost_ = true;
   }
   // GPU exports too. One the new agent refuses (no GPU path there) is logged and
@@ -245,11 +245,13 @@ void Client::take_event_message(const AgentHeader& h, const uint8_t* body, uint3
   }
 }
 
-Status Client::subscribe_events() {
+Status Client::subscribe_events(bool every_tenant) {
   std::lock_guard<std::mutex> g(mu_);
   DPUKV_RETURN_IF_ERROR(ensure_connected());
   std::vector<uint8_t> resp;
-  DPUKV_RETURN_IF_ERROR(call(Op::kSubscribe, 0, nullptr, 0, 0, &resp));
+  const uint16_t flags = every_tenant ? agent::kAllTenants : 0;
+  DPUKV_RETURN_IF_ERROR(call(Op::kSubscribe, flags, nullptr, 0, 0, &resp));
+  subscribe_flags_ = flags;
   subscribed_ = true;
   return Code::kSuccess;
 }
@@ -768,11 +770,12 @@ Status Client::push(uint64_t node, const ChunkKey* keys, uint32_t n, Status* per
   return static_cast<Code>(r.status);
 }
 
-Status Client::clear(uint64_t* removed) {
+Status Client::clear(uint64_t* removed, bool every_tenant) {
   std::lock_guard<std::mutex> g(mu_);
   DPUKV_RETURN_IF_ERROR(ensure_connected());
   std::vector<uint8_t> resp;
-  DPUKV_RETURN_IF_ERROR(call(Op::kClear, 0, nullptr, 0, 0, &resp));
+  DPUKV_RETURN_IF_ERROR(
+      call(Op::kClear, every_tenant ? agent::kAllTenants : 0, nullptr, 0, 0, &resp));
   if (resp.size() < sizeof(AgentHeader) + sizeof(uint64_t)) return Code::kCorrupted;
   if (removed != nullptr) std::memcpy(removed, resp.data() + sizeof(AgentHeader), sizeof(*removed));
   return Code::kSuccess;

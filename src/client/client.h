@@ -100,7 +100,9 @@ class Client {
   // are. take_events() hands over what arrived (never blocks); *lost is true when
   // some were dropped since the last call (a slow reader, a reconnect): the
   // consumer should rebuild its view. Subscriptions survive reconnects.
-  Status subscribe_events();
+  // The chunks are this client's tenant's; every_tenant (admins only, else
+  // NOT_PERMITTED) asks for every tenant's, each event's tenant field its tag.
+  Status subscribe_events(bool every_tenant = false);
   Status take_events(std::vector<agent::ChunkEvent>* out, bool* lost);
 
   // Batch operations over regions of one staging buffer. per_entry (may be null)
@@ -132,9 +134,10 @@ class Client {
   // per_entry[i] is SUCCESS once the destination holds keys[i]. At most
   // agent::kMaxPushKeys keys; NOT_SUPPORTED if the agent is not in a cluster.
   Status push(uint64_t node, const ChunkKey* keys, uint32_t n, Status* per_entry);
-  // Drops every chunk of this client's model (every model if it named none) that
-  // is not in use or pinned.
-  Status clear(uint64_t* removed);
+  // Drops every chunk of this client's tenant and model (every model if it named
+  // none) that is not in use or pinned; every_tenant: of every tenant (admins
+  // only, else NOT_PERMITTED).
+  Status clear(uint64_t* removed, bool every_tenant = false);
 
   // Asynchronous forms: submit now, collect later. The ticket finishes when every
   // entry has a status (written to per_entry, which must stay valid until then).
@@ -198,6 +201,7 @@ class Client {
                       std::string* why);
   void take_event_message(const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   bool subscribed_ = false;
+  uint16_t subscribe_flags_ = 0;
   std::vector<agent::ChunkEvent> events_;  // arrived, not taken
   bool events_lost_ = false;
   static constexpr size_t kMaxEvents = 1 << 20;

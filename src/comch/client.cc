@@ -90,8 +90,12 @@ void ComchClient::on_handshake_msg(ComchConnection* c, const comch::MsgHeader& h
     last_error_ = why == comch::RefuseReason::kNotAllowed ? Code::kNotPermitted
                   : why == comch::RefuseReason::kBadHello ? Code::kInvalidValue
                                                           : Code::kFull;
-    LOG_WARN_LIMITED("comch: %s refused the connection: %s (limit %u)", copts_.path.c_str(),
-                     refusal_, r.limit);
+    if (r.limit != 0) {
+      LOG_WARN_LIMITED("comch: %s refused the connection: %s (limit %u)", copts_.path.c_str(),
+                       refusal_, r.limit);
+    } else {
+      LOG_WARN_LIMITED("comch: %s refused the connection: %s", copts_.path.c_str(), refusal_);
+    }
     close_connection(c, Code::kConnectionReset, "refused by the server");
     if (final) {
       const Status keep = last_error_;

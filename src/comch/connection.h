@@ -22,6 +22,17 @@ struct PeerCred {
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
+  // Its supplementary groups as the kernel saw them at connect (SO_PEERGROUPS),
+  // the first kMaxGroups; tenancy rules and the admin group match on them too.
+  static constexpr uint32_t kMaxGroups = 32;
+  uint32_t ngroups = 0;
+  gid_t groups[kMaxGroups] = {};
+  bool in_group(gid_t g) const {
+    if (gid == g) return true;
+    for (uint32_t i = 0; i < ngroups; ++i)
+      if (groups[i] == g) return true;
+    return false;
+  }
 };
 
 // One peer. Owned by its channel; valid from on_connect until on_disconnect returns.

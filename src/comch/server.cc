@@ -296,6 +296,26 @@ void ComchServer::take(int fd, RefuseReason full) {
     refuse(fd, RefuseReason::kNotAllowed, 0);
     return;
   }
+  PeerCred peer;
+  peer.pid = cred.pid;
+  peer.uid = cred.uid;
+  peer.gid = cred.gid;
+  socklen_t glen = sizeof(peer.groups);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, peer.groups, &glen) == 0 ||
+      (errno == ERANGE && glen > 0))
+    peer.ngroups = std::min<uint32_t>(glen / sizeof(gid_t), PeerCred::kMaxGroups);
+  if (peer.ngroups > 0 && glen > sizeof(peer.groups)) {
+    // More groups than fit: read them all once, keep the first kMaxGroups.
+    std::vector<gid_t> all(glen / sizeof(gid_t));
+    socklen_t alen = glen;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, all.data(), &alen) == 0)
+      std::copy_n(all.begin(), peer.ngroups, peer.groups);
+  }
+  if (sopts_.admit_peer != nullptr && !sopts_.admit_peer(sopts_.admit_arg, peer)) {
+    LOG_WARN_LIMITED("comch: refused pid %d uid %u: not let in", cred.pid, cred.uid);
+    refuse(fd, RefuseReason::kNotAllowed, 0);
+    return;
+  }
   RefuseReason why{};
   uint32_t limit = 0;
   if (!admit(cred.uid, &why, &limit)) {
@@ -312,7 +332,7 @@ void ComchServer::take(int fd, RefuseReason full) {
     ++refused_;
     return;
   }
-  c->peer_ = {cred.pid, cred.uid, cred.gid};
+  c->peer_ = peer;
   conns_.emplace(c->id(), c);
   ++per_uid_[cred.uid];
   ++accepted_;

@@ -27,6 +27,9 @@ struct ComchServerOptions : ComchOptions {
   uint32_t hello_timeout_ms = 2000;        // a client must say HELLO within this
   uint32_t max_peer_heartbeat_ms = 60000;  // a HELLO asking for a longer interval is refused
   std::vector<uid_t> allowed_uids;         // empty: any uid the socket mode lets in
+  // Asked at accept, with the peer's credentials: false refuses it (kNotAllowed).
+  bool (*admit_peer)(void* arg, const PeerCred& peer) = nullptr;
+  void* admit_arg = nullptr;
 };
 
 class ComchServer final : public ComchBase {

@@ -79,7 +79,8 @@ const char* refuse_reason_text(uint32_t reason) {
     case RefuseReason::kFdLimit:
       return "the agent is out of file descriptors (raise LimitNOFILE in its unit, or ulimit -n)";
     case RefuseReason::kNotAllowed:
-      return "this user is not allowed by the agent (its allow-list of uids)";
+      return "this user is not let in by the agent (its tenants: no rule names this user, and "
+             "tenant_by is refuse; or its allow-list of uids)";
     case RefuseReason::kBadHello:
       return "the agent refused this client's HELLO (a heartbeat above its bound, or a bad field)";
   }

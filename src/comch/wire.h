@@ -32,7 +32,7 @@ enum class RefuseReason : uint32_t {
   kFull = 1,        // the server holds max_connections
   kPeerLimit = 2,   // this uid holds its share (max_connections_per_uid)
   kFdLimit = 3,     // the server is out of file descriptors
-  kNotAllowed = 4,  // the uid is not in the server's allow-list
+  kNotAllowed = 4,  // no tenant for this peer, or a uid outside the server's allow-list
   kBadHello = 5,    // the HELLO asked for what the server does not allow
 };
 

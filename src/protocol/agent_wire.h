@@ -26,8 +26,9 @@ enum class Op : uint16_t {
   kPrefetch = 7,     // entries: ChunkKey
   kUnpin = 8,        // entries: ChunkKey
   kStats = 9,        // no entries; response: JSON
-  kClear = 10,       // no entries: drops every chunk of the session's model (all: model 0)
-                     // that is not in use or pinned; response: u64 chunks removed
+  kClear = 10,       // no entries: drops every chunk of the session's tenant and model
+                     // (all: model 0) that is not in use or pinned; flags & kAllTenants:
+                     // of every tenant (admins only); response: u64 chunks removed
   kPush = 11,        // body: PushHeader, then count ChunkKeys (at most kMaxPushKeys): the
                      // agent offers those chunks to another agent of its cluster (a
                      // prefill-to-decode transfer); response: a status byte per key,
@@ -39,8 +40,9 @@ enum class Op : uint16_t {
   kGpuRelease = 13,  // entry: u64 map id of a GPU export; the agent closes it
   kSubscribe = 14,   // no entries: from now on the agent sends this session EVENTS
   kEvents = 15,      // agent -> client, unsolicited (op | kResponse, request_id 0):
-                     // count ChunkEvents, chunks of the session's model (all: model
-                     // 0) that became present or left every tier, in order;
+                     // count ChunkEvents, chunks of the session's tenant and model
+                     // (all: model 0) that became present or left every tier, in order
+                     // (an admin's SUBSCRIBE with kAllTenants: of every tenant);
                      // flags & kEventsLost: some were dropped before these
   kGpuProof = 16,    // no entries; response: kGpuProofBytes random bytes, the session's
                      // proof for its next kGpuExport (one use; a new one replaces it)
@@ -58,7 +60,8 @@ inline constexpr uint16_t kEventsLost = 1;
 struct ChunkEvent {
   ChunkKey key;
   uint8_t present;  // 1: stored (present in a tier); 0: removed from every tier
-  uint8_t reserved[7];
+  uint8_t reserved[3];
+  uint32_t tenant;  // an admin's feed of every tenant (kAllTenants): the chunk's tenant tag; else 0
 };
 static_assert(sizeof(ChunkEvent) == 40);
 
@@ -85,6 +88,10 @@ struct PushHeader {
 static_assert(sizeof(PushHeader) == 16);
 
 inline constexpr uint16_t kPin = 1;
+// SUBSCRIBE and CLEAR: every tenant's events or chunks, not the session's own
+// tenant's. Admins only (root, the agent's user, tenant_admin_group); others get
+// NOT_PERMITTED.
+inline constexpr uint16_t kAllTenants = 2;
 
 struct AgentHeader {
   uint16_t op;

@@ -1,5 +1,7 @@
 #include "protocol/chunk_key.h"
 
+#include "protocol/tenant_key.h"
+
 // XXH3 compiled into this file: a key is 32 bytes, hashed on every table probe,
 // and the library's call and length dispatch cost more than the hash (same digest).
 #define XXH_INLINE_ALL
@@ -51,6 +53,12 @@ void chunk_keys(const KeyContext& ctx, const int32_t* tokens, size_t n, uint32_t
 ChunkKey key_from_block_id(const KeyContext& ctx, uint64_t block_id) {
   return ChunkKey{ctx.model, ctx.world_size, ctx.rank, ctx.layout,
                   XXH3_64bits_withSeed(&block_id, sizeof(block_id), kPrefixSeed)};
+}
+
+uint32_t tenant_tag(std::string_view tenant_name) {
+  const uint32_t t = static_cast<uint32_t>(
+      XXH3_64bits_withSeed(tenant_name.data(), tenant_name.size(), 0x74656e616e74));
+  return t != 0 ? t : 1;
 }
 
 }  // namespace dpukv

@@ -181,6 +181,20 @@ int run_stat(const std::string& socket, bool json) {
   std::printf("agent          dpukv %s\n", j.value("version", std::string("?")).c_str());
   std::printf("clients        %llu connected (besides this one)\n",
               (unsigned long long)u("clients"));
+  if (j.contains("tenant"))
+    std::printf("tenant         %s%s\n", j.value("tenant", std::string("?")).c_str(),
+                j.value("admin", false) ? " (admin: every tenant below)" : "");
+  if (j.contains("tenants") && j["tenants"].is_array())
+    for (const auto& t : j["tenants"]) {
+      auto q = [&](const char* k) { return t.value(k, uint64_t{0}); };
+      const std::string mq = q("memory_quota") ? " of " + size_text(q("memory_quota")) : "";
+      const std::string dq = q("disk_quota") ? " of " + size_text(q("disk_quota")) : "";
+      std::printf(
+          "  %-12s %llu chunks, memory %s%s, disk %s%s, %llu quota evictions, %llu clients\n",
+          t.value("name", std::string("?")).c_str(), (unsigned long long)q("chunks"),
+          size_text(q("memory_bytes")).c_str(), mq.c_str(), size_text(q("disk_bytes")).c_str(),
+          dq.c_str(), (unsigned long long)q("quota_evictions"), (unsigned long long)q("clients"));
+    }
   std::printf("chunks         %llu (%llu in memory, %llu on disk, %llu of them in both)\n",
               (unsigned long long)u("chunks"), (unsigned long long)u("memory_chunks"),
               (unsigned long long)u("disk_chunks"), (unsigned long long)u("both_tier_chunks"));
@@ -315,6 +329,15 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
        "Client connections (default 1024; lowered to fit the descriptor limit)"},
       {"--max-clients-per-uid", "max_clients_per_uid",
        "One uid's share of the connections (default 256; 0: no share limit)"},
+      {"--tenant-by", "tenant_by",
+       "The tenant of a client no --tenant rule names: user (one a user, the default), group "
+       "(one a primary group), shared (one for everyone), refuse"},
+      {"--tenant-admin-group", "tenant_admin_group",
+       "Members may clear and watch every tenant (besides root and the agent's user)"},
+      {"--tenant-memory-quota", "tenant_memory_quota",
+       "Each tenant's share of the memory tier, bytes with a unit (default: none)"},
+      {"--tenant-disk-quota", "tenant_disk_quota",
+       "Each tenant's share of the disk tier, bytes with a unit (default: none)"},
       {"--max-staging-size", "max_staging_size",
        "Staging memory one client may export, host and GPU together, GiB or bytes with a unit "
        "(default: half the available RAM)"},
@@ -358,6 +381,11 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
     while (std::string(st->all[idx].name) != f.name) ++idx;
     opts.emplace_back(cmd->add_option(f.flag, (*flag_values)[idx], f.help), f.name);
   }
+  auto tenant_rules = std::make_shared<std::vector<std::string>>();
+  CLI::Option* tenant_opt = cmd->add_option(
+      "--tenant", *tenant_rules,
+      "A tenant rule, repeatable: 'NAME uid:N user:NAME gid:N group:NAME socket:PATH "
+      "memory:SIZE disk:SIZE' (docs/cli.md, Tenants)");
   auto compress = std::make_shared<bool>(false);
   auto write_through = std::make_shared<bool>(false);
   cmd->add_flag("--compress", *compress,
@@ -386,6 +414,12 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
       x->value = (*flag_values)[static_cast<size_t>(x - s.all.data())];
       x->origin = opts[i].first->get_name();
     }
+    if (tenant_opt->count() > 0) {
+      std::string rules;
+      for (const std::string& r : *tenant_rules) rules += (rules.empty() ? "" : "\n") + r;
+      s.at("tenant").value = rules;
+      s.at("tenant").origin = "--tenant";
+    }
     if (*compress) s.at("compress").value = "true", s.at("compress").origin = "--compress";
     if (*write_through)
       s.at("write_through").value = "true", s.at("write_through").origin = "--write-through";
@@ -401,20 +435,36 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
 
   auto csock = std::make_shared<std::string>();
   auto model = std::make_shared<std::string>();
+  auto every_tenant = std::make_shared<bool>(false);
   CLI::App* cache = app->add_subcommand("cache", "Manage the chunks a running agent holds");
   cache->require_subcommand(1);
   CLI::App* clear = cache->add_subcommand(
-      "clear", "Drop every chunk (of one model with --model) that is not in use or pinned");
+      "clear",
+      "Drop every chunk of your tenant (of one model with --model) that is not in use or pinned");
   clear->add_option("--socket", *csock, "Agent socket");
   clear->add_option("--model", *model, "Only this model's chunks (its name, as clients give it)");
-  clear->callback([csock, model, exit_code] {
+  clear->add_flag("--all-tenants", *every_tenant,
+                  "Every tenant's chunks (an admin's: root, the agent's user, tenant_admin_group)");
+  clear->callback([csock, model, every_tenant, exit_code] {
     ClientOptions o;
     o.socket_path = *csock;
     o.connect_timeout_ms = 1000;
     o.model = model->empty() ? 0 : model_id(*model);
     std::unique_ptr<Client> c;
     uint64_t removed = 0;
-    if (!Client::connect(o, &c).ok() || !c->clear(&removed).ok()) {
+    if (!Client::connect(o, &c).ok()) {
+      std::cerr << "dpukv cache clear: " << no_agent_at(*csock) << "\n";
+      *exit_code = 1;
+      return;
+    }
+    const Status cleared = c->clear(&removed, *every_tenant);
+    if (cleared == Code::kNotPermitted) {
+      std::cerr << "dpukv cache clear: only an admin may clear every tenant (root, the agent's "
+                   "user, or a member of its tenant_admin_group)\n";
+      *exit_code = 1;
+      return;
+    }
+    if (!cleared.ok()) {
       std::cerr << "dpukv cache clear: " << no_agent_at(*csock) << "\n";
       *exit_code = 1;
       return;

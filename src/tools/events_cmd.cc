@@ -19,31 +19,41 @@ namespace {
 
 std::atomic<bool> g_events_stop{false};
 
-void print_event(const agent::ChunkEvent& e, bool json) {
+// every_tenant: an admin's feed, each event with its tenant's tag.
+void print_event(const agent::ChunkEvent& e, bool json, bool every_tenant) {
   const ChunkKey& k = e.key;
+  char tenant[32] = "";
   if (json) {
+    if (every_tenant) std::snprintf(tenant, sizeof(tenant), ",\"tenant\":\"%08x\"", e.tenant);
     std::printf(
         "{\"event\":\"%s\",\"model\":\"%016llx\",\"prefix_hash\":\"%016llx\",\"layout\":\"%"
         "016llx\","
-        "\"rank\":%u,\"world_size\":%u}\n",
+        "\"rank\":%u,\"world_size\":%u%s}\n",
         e.present ? "stored" : "removed", static_cast<unsigned long long>(k.model),
         static_cast<unsigned long long>(k.prefix_hash), static_cast<unsigned long long>(k.layout),
-        k.rank, k.world_size);
+        k.rank, k.world_size, tenant);
   } else {
-    std::printf("%-8s model %016llx prefix %016llx layout %016llx rank %u/%u\n",
+    if (every_tenant) std::snprintf(tenant, sizeof(tenant), " tenant %08x", e.tenant);
+    std::printf("%-8s model %016llx prefix %016llx layout %016llx rank %u/%u%s\n",
                 e.present ? "stored" : "removed", static_cast<unsigned long long>(k.model),
                 static_cast<unsigned long long>(k.prefix_hash),
-                static_cast<unsigned long long>(k.layout), k.rank, k.world_size);
+                static_cast<unsigned long long>(k.layout), k.rank, k.world_size, tenant);
   }
 }
 
-int run_events(const std::string& socket, const std::string& model, bool json, uint64_t count) {
+int run_events(const std::string& socket, const std::string& model, bool json, uint64_t count,
+               bool every_tenant) {
   ClientOptions o;
   o.socket_path = socket;
   o.connect_timeout_ms = 1000;
   o.model = model.empty() ? 0 : model_id(model);
   std::unique_ptr<Client> c;
-  if (!Client::connect(o, &c).ok() || !c->subscribe_events().ok()) {
+  if (Client::connect(o, &c).ok() && c->subscribe_events(every_tenant) == Code::kNotPermitted) {
+    std::cerr << "dpukv events: only an admin may watch every tenant (root, the agent's user, or "
+                 "a member of its tenant_admin_group)\n";
+    return 1;
+  }
+  if (c == nullptr || !c->subscribe_events(every_tenant).ok()) {
     const std::string why = Client::last_connect_error();
     std::cerr << "dpukv events: "
               << (why.empty() ? "no agent answered" + (socket.empty() ? "" : " on " + socket) : why)
@@ -74,7 +84,7 @@ int run_events(const std::string& socket, const std::string& model, bool json, u
       std::printf(json ? "{\"event\":\"lost\"}\n" : "LOST     some events were dropped: rebuild\n");
     }
     for (const agent::ChunkEvent& e : batch) {
-      print_event(e, json);
+      print_event(e, json, every_tenant);
       if (count != 0 && ++seen >= count) break;
     }
     std::fflush(stdout);
@@ -92,6 +102,7 @@ void add_events_command(CLI::App* app, int* exit_code) {
   auto model = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
   auto count = std::make_shared<uint64_t>(0);
+  auto every_tenant = std::make_shared<bool>(false);
   CLI::App* cmd = app->add_subcommand(
       "events",
       "Print the agent's event feed (chunks stored, and removed from every tier) as it comes, "
@@ -99,6 +110,9 @@ void add_events_command(CLI::App* app, int* exit_code) {
   cmd->add_option("--socket", *socket, "Agent socket");
   cmd->add_option("--model", *model, "Only this model's chunks (its name, as clients give it)");
   cmd->add_flag("--json", *json, "One JSON object per line");
+  cmd->add_flag("--all-tenants", *every_tenant,
+                "Every tenant's chunks, each with its tenant's tag (an admin's: root, the agent's "
+                "user, tenant_admin_group); default: your tenant's");
   cmd->add_option("--count", *count, "Exit after this many events (0: never)")
       // "-1" would wrap to "never" in an unsigned count: refused as it reads.
       ->check(CLI::Validator(
@@ -107,7 +121,7 @@ void add_events_command(CLI::App* app, int* exit_code) {
                                                     : "--count is a number of events, 0 or more";
           },
           "COUNT"));
-  cmd->callback([=] { *exit_code = run_events(*socket, *model, *json, *count); });
+  cmd->callback([=] { *exit_code = run_events(*socket, *model, *json, *count, *every_tenant); });
 }
 
 }  // namespace dpukv
