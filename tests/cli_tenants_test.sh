@@ -185,4 +185,39 @@ peer 1001 "$tmp/r.sock" lookup 7 1 >/dev/null || fail "a named user was refused"
 if as 1002 "$bin" stat --socket "$tmp/r.sock" >"$tmp/refused.out" 2>&1; then fail "an unnamed user got in"; fi
 grep -q "not let in" "$tmp/refused.out" || fail "no reason: $(cat "$tmp/refused.out")"
 echo "refuse: $(cat "$tmp/refused.out")"
+# --- A cluster: the namespace travels with the key. Two agents share a Redis
+# directory; what the victim stored through c1 is a hit for the victim through c2
+# (read from c1), and a miss for the attacker there. The team, a rule named alike
+# on both agents, shares across them too.
+if command -v redis-server >/dev/null; then
+  port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --logfile /dev/null &
+  pids+=("$!")
+  disown "$!"
+  wait_for "redis-server did not start" eval "(exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null"
+  for n in c1 c2; do
+    start_agent "$n" --memory-bytes 16M --max-chunk-size 64K --cluster "redis://127.0.0.1:$port" \
+      --cluster-prefix "t$$" --advertise 127.0.0.1 --directory-replica-keys 0 --tenant "team gid:4242"
+  done
+  c2_sees_c1() {
+    "$bin" stat --socket "$tmp/c2.sock" --json |
+      /usr/bin/python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin).get("cluster_live_nodes",0) >= 2 else 1)'
+  }
+  wait_for "c2 never saw c1" c2_sees_c1
+  peer 1001 "$tmp/c1.sock" store 90 3 60 >/dev/null
+  peer 1003:4242 "$tmp/c1.sock" store 91 2 70 >/dev/null
+  victim_hits_on_c2() { [ "$(field "$(peer 1001 "$tmp/c2.sock" lookup 90 3)" '["hits"]')" = 3 ]; }
+  wait_for "the victim's chunks stored through c1 were never a hit through c2" victim_hits_on_c2
+  r=$(peer 1001 "$tmp/c2.sock" retrieve 90 3)
+  [ "$(field "$r" '["first_bytes"]')" = '[60, 61, 62]' ] || fail "the victim through c2: $r"
+  r=$(peer 1002 "$tmp/c2.sock" lookup 90 3)
+  [ "$(field "$r" '["hits"]')" = 0 ] || fail "the attacker found the victim's chunks through the cluster: $r"
+  team_hits_on_c2() { [ "$(field "$(peer 1004:4242 "$tmp/c2.sock" lookup 91 2)" '["hits"]')" = 2 ]; }
+  wait_for "the team's chunks stored through c1 were never a hit through c2" team_hits_on_c2
+  r=$(peer 1004:4242 "$tmp/c2.sock" retrieve 91 2)
+  [ "$(field "$r" '["first_bytes"]')" = '[70, 71]' ] || fail "the team did not share across agents: $r"
+  echo "cluster: the victim's chunks through c1 are hits for it through c2 and misses for the attacker; the team shares across agents"
+else
+  echo "cluster part skipped: no redis-server"
+fi
 echo "cli tenants: ok"

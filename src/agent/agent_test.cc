@@ -800,5 +800,31 @@ TEST_F(AgentTest, KeysOfAnotherModelAreCountedAsNotPermitted) {
   EXPECT_NE(stats.find("\"not_permitted\":2"), std::string::npos) << stats;
 }
 
+// The agent folds the client's tenant into every key (protocol/tenant_key.h): a
+// key whose world size or rank does not fit the fold is refused with
+// INVALID_VALUE, on every op that carries keys, and the agent goes on.
+TEST_F(AgentTest, KeysTheTenantFoldCannotHoldAreInvalid) {
+  start_agent();
+  auto c = client();
+  Staging s;
+  ASSERT_TRUE(c->alloc_staging(1 << 20, &s).ok());
+  const uint64_t off = 0, len = 4096;
+  for (auto [ws, rank] : {std::pair<uint32_t, uint32_t>{70000, 0}, {0, 0}, {4, 4}}) {
+    ChunkKey k = key_from_block_id(KeyContext{0, ws, rank, 0}, 1);
+    Status st;
+    EXPECT_FALSE(c->store(s, &k, &off, &len, 1, &st).ok());
+    EXPECT_EQ(st, Code::kInvalidValue) << ws << " " << rank;
+    EXPECT_EQ(c->lookup(&k, 1, false), 0u);
+    EXPECT_EQ(c->contains(&k, 1, &st), Code::kInvalidValue);
+  }
+  ChunkKey ok = key_from_block_id(KeyContext{0, 65535, 65534, 0}, 1);
+  Status st;
+  EXPECT_TRUE(c->store(s, &ok, &off, &len, 1, &st).ok());
+  EXPECT_EQ(c->lookup(&ok, 1, false), 1u);
+  std::string stats;
+  ASSERT_TRUE(c->stats_json(&stats).ok());
+  EXPECT_NE(stats.find("\"tenant\":\"user:"), std::string::npos) << stats;
+}
+
 }  // namespace
 }  // namespace dpukv

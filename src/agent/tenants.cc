@@ -203,7 +203,7 @@ const Tenant* Tenants::resolve(const PeerCred& p, int socket, std::string* why) 
       return t;
     }
     case TenantFallback::kShared:
-      return named("shared", why);
+      return named("shared:all", why);  // a rule cannot take the name (no ':')
     case TenantFallback::kRefuse:
       break;
   }

@@ -27,6 +27,14 @@ ChunkKey key(uint64_t n) {
   return k;
 }
 
+// A kept key of tenant `tag` (protocol/tenant_key.h: the tag is the world size).
+ChunkKey tenant_key(uint32_t tag, uint64_t n) {
+  ChunkKey k = key(n);
+  k.world_size = tag;
+  k.rank = 1u << 16;
+  return k;
+}
+
 class PlacementTest : public ::testing::Test {
  protected:
   void TearDown() override {
@@ -49,8 +57,14 @@ class PlacementTest : public ::testing::Test {
     p_->set_room_listener([](void* self) { ++*static_cast<int*>(self); }, &room_calls_);
   }
   // A chunk in memory as a store leaves it; false if there was no room now.
-  bool put(uint64_t n) {
-    const ChunkKey k = key(n);
+  bool put(uint64_t n) { return put_key(key(n)); }
+  // As the pipeline's store does for a tenant: its quota first, then the tier.
+  bool put_tenant(uint32_t tag, uint64_t n) {
+    if (!p_->fit_tenant_memory(tag, kChunk, -1)) return false;
+    return put_key(tenant_key(tag, n));
+  }
+  bool put_key(const ChunkKey& k) {
+    const uint64_t n = k.prefix_hash;
     const int32_t e = p_->insert_entry(k, k.hash());
     if (e < 0) return false;
     ChunkEntry& en = p_->table().at(e);
@@ -67,8 +81,9 @@ class PlacementTest : public ::testing::Test {
     p_->store_landed(e, chunk_checksum(p_->arena_at(off), kChunk));
     return true;
   }
-  bool in_memory(uint64_t n) {
-    const int32_t e = p_->table().find(key(n));
+  bool in_memory(uint64_t n) { return key_in_memory(key(n)); }
+  bool key_in_memory(const ChunkKey& k) {
+    const int32_t e = p_->table().find(k);
     return e >= 0 && p_->table().at(e).mem_ready();
   }
   // Reaps the disk tier's completions (write-backs only here) until `n` landed.
@@ -164,6 +179,56 @@ TEST_F(PlacementTest, AFailedIngestGivesItsRoomBack) {
   EXPECT_TRUE(p_->contains(key(7)));
   EXPECT_EQ(p_->begin_ingest(key(7), cp, false, 0, &dst), Code::kBadState);  // present
   EXPECT_EQ(p_->begin_ingest(key(8), cp, true, 0, &dst), Code::kNotSupported);
+}
+
+// A tenant over its memory share loses its own coldest chunk, never another
+// tenant's, even where the other's are colder; the figures follow.
+TEST_F(PlacementTest, ATenantOverItsQuotaEvictsItsOwnChunksOnly) {
+  make(8, false);
+  constexpr uint32_t kA = 0xa, kB = 0xb;
+  p_->set_tenant_quota(kA, 3 * kChunk, 0);
+  for (uint64_t n = 1; n <= 2; ++n) ASSERT_TRUE(put_tenant(kB, n));  // colder than A's
+  for (uint64_t n = 1; n <= 3; ++n) ASSERT_TRUE(put_tenant(kA, n));
+  EXPECT_EQ(p_->tenant_usage(kA).memory_bytes, 3 * kChunk);
+  ASSERT_TRUE(put_tenant(kA, 4));
+  EXPECT_FALSE(key_in_memory(tenant_key(kA, 1))) << "A's coldest goes for A's store";
+  for (uint64_t n = 1; n <= 2; ++n) EXPECT_TRUE(key_in_memory(tenant_key(kB, n))) << n;
+  for (uint64_t n = 2; n <= 4; ++n) EXPECT_TRUE(key_in_memory(tenant_key(kA, n))) << n;
+  const TenantUsage a = p_->tenant_usage(kA), b = p_->tenant_usage(kB);
+  EXPECT_EQ(a.memory_bytes, 3 * kChunk);
+  EXPECT_EQ(a.chunks, 3u);
+  EXPECT_EQ(a.quota_evictions, 1u);
+  EXPECT_EQ(b.memory_bytes, 2 * kChunk);
+  EXPECT_EQ(b.quota_evictions, 0u);
+  // Pinned, A's chunks stay and its next store does not fit: refused, not taken
+  // from B.
+  std::vector<ChunkKey> mine = {tenant_key(kA, 2), tenant_key(kA, 3), tenant_key(kA, 4)};
+  EXPECT_EQ(p_->lookup(mine.data(), 3, /*pin=*/true), 3u);
+  EXPECT_FALSE(put_tenant(kA, 5));
+  EXPECT_EQ(p_->tenant_usage(kB).memory_bytes, 2 * kChunk);
+  // A chunk larger than the whole share evicts nothing.
+  p_->unpin(mine.data(), 3);
+  EXPECT_FALSE(p_->fit_tenant_memory(kA, 4 * kChunk, -1));
+  EXPECT_EQ(p_->tenant_usage(kA).memory_bytes, 3 * kChunk);
+}
+
+// Slots of stores in flight count against the share: a batch that would
+// overshoot it finds no victim while its own fills are under way (the pipeline
+// then waits for them to land), and once they land they are its victims.
+TEST_F(PlacementTest, StoresInFlightCountAgainstTheTenantsShare) {
+  make(8, false);
+  constexpr uint32_t kA = 0xa;
+  p_->set_tenant_quota(kA, 2 * kChunk, 0);
+  ASSERT_TRUE(put_tenant(kA, 1));
+  p_->charge_fill(kA, kChunk);  // a second store of A's is filling
+  EXPECT_EQ(p_->tenant_usage(kA).memory_filling, kChunk);
+  EXPECT_TRUE(p_->fit_tenant_memory(kA, kChunk, -1)) << "its landed chunk makes room";
+  EXPECT_FALSE(key_in_memory(tenant_key(kA, 1)));
+  p_->charge_fill(kA, kChunk);  // both slots of the share are in flight
+  EXPECT_FALSE(p_->fit_tenant_memory(kA, kChunk, -1));
+  p_->release_fill(kA, 2 * kChunk);
+  EXPECT_TRUE(p_->fit_tenant_memory(kA, kChunk, -1));
+  EXPECT_EQ(p_->tenant_usage(kA).memory_filling, 0u);
 }
 
 }  // namespace
