@@ -81,14 +81,15 @@ int dpukv_clear(dpukv_client* c, uint64_t* removed);
  * *len, if not NULL, gets the length either way). */
 int dpukv_stats_json(dpukv_client* c, char* buf, size_t cap, size_t* len);
 
-/* The agent's event feed: chunks of this session's model stored, or removed from
- * every tier. After subscribing, dpukv_take_events hands over at most max events
+/* The agent's event feed: chunks of this session's tenant and model stored, or
+ * removed from every tier. After subscribing, dpukv_take_events hands over at most max events
  * that arrived (never blocks): *n written, *lost 1 when some were dropped since
  * the last call (rebuild your view). Events not taken stay for the next call. */
 typedef struct dpukv_event {
   dpukv_key key;
   uint8_t stored; /* 1 stored, 0 removed */
-  uint8_t reserved[7];
+  uint8_t reserved[3];
+  uint32_t tenant; /* the chunk's tenant tag in an admin's feed of every tenant; else 0 */
 } dpukv_event;
 int dpukv_subscribe_events(dpukv_client* c);
 int dpukv_take_events(dpukv_client* c, dpukv_event* out, uint32_t max, uint32_t* n, int* lost);

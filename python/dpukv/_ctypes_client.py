@@ -30,7 +30,8 @@ class ChunkKey(ctypes.Structure):
 
 
 class _Event(ctypes.Structure):
-    _fields_ = [("key", ChunkKey), ("stored", ctypes.c_uint8), ("reserved", ctypes.c_uint8 * 7)]
+    _fields_ = [("key", ChunkKey), ("stored", ctypes.c_uint8), ("reserved", ctypes.c_uint8 * 3),
+                ("tenant", ctypes.c_uint32)]
 
 
 _LIB = os.environ.get("DPUKV_CLIENT_LIB", "libdpukv_client.so.0")

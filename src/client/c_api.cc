@@ -2,6 +2,7 @@
 #include "dpukv/client.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -11,6 +12,7 @@
 #include "client/client.h"
 
 static_assert(sizeof(dpukv_event) == sizeof(dpukv::agent::ChunkEvent));
+static_assert(offsetof(dpukv_event, tenant) == offsetof(dpukv::agent::ChunkEvent, tenant));
 
 struct dpukv_client {
   std::unique_ptr<dpukv::Client> c;

@@ -37,9 +37,12 @@ def _lora(request):
 
 def request_salt(request):
     """What a request's KV depends on besides its tokens and the model, for the
-    whole prompt: its LoRA adapter and its cache_salt (vLLM's per-tenant isolation),
-    as 64 bits folded into every key's layout (0: neither). A keyed hash
-    (BLAKE2b): a tenant cannot choose a salt that lands on another's keys."""
+    whole prompt: its LoRA adapter and its cache_salt, as 64 bits folded into every
+    key's layout (0: neither). BLAKE2b with a personalization string: a namespace,
+    not a secret (anyone who knows the salt computes the keys). Isolation between
+    users is the agent's: it puts each client in a tenant from its uid, group or
+    socket and keeps tenants' chunks apart (docs/protocols.md, Tenants); the salt
+    only separates requests of one tenant, as vLLM's prefix cache does."""
     parts = []
     lora = getattr(request, "lora_request", None)
     if lora is not None:
