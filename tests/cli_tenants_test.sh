@@ -185,6 +185,30 @@ peer 1001 "$tmp/r.sock" lookup 7 1 >/dev/null || fail "a named user was refused"
 if as 1002 "$bin" stat --socket "$tmp/r.sock" >"$tmp/refused.out" 2>&1; then fail "an unnamed user got in"; fi
 grep -q "not let in" "$tmp/refused.out" || fail "no reason: $(cat "$tmp/refused.out")"
 echo "refuse: $(cat "$tmp/refused.out")"
+# --- Staging: a tenant's clients together export at most its share (96 KiB).
+# The team's first engine holds 64 KiB; its second cannot export 64 KiB more,
+# while a client of another tenant can; alone, the second one can.
+start_agent st --memory-bytes 16M --max-chunk-size 64K --tenant "team gid:4242" \
+  --tenant-staging-quota 96K
+S=$tmp/st.sock
+rm -f "$tmp/go"
+WATCH_GO=$tmp/go as 1003:4242 /usr/bin/python3 "$tmp/peer.py" "$tmp/py" "$S" hold 16 >"$tmp/hold.out" 2>&1 &
+pids+=("$!")
+wait_for "the holder did not export its staging" grep -q HOLDING "$tmp/hold.out"
+r=$(peer 1004:4242 "$S" store 95 16 1)
+grep -q '"error"' <<<"$r" || fail "a second client of the team exported past the tenant's share: $r"
+r=$(peer 1001 "$S" store 95 16 1)
+[ "$(field "$r" '["status"].count("SUCCESS")')" = 16 ] || fail "another tenant's client was held to the team's share: $r"
+echo READY >"$tmp/go"
+wait_for "the holder did not end" grep -q '"held"' "$tmp/hold.out"
+held_gone() { [ "$(field "$(peer 1001 "$S" stats)" '["stats"]["clients"]')" = 0 ]; }
+wait_for "the holder's session did not end" held_gone
+r=$(peer 1004:4242 "$S" store 95 16 1)
+[ "$(field "$r" '["status"].count("SUCCESS")')" = 16 ] || fail "the team's second client alone: $r"
+"$bin" stat --socket "$S" | grep -qE "^  team .*staging 0.0 MiB of 0.1 MiB" || fail "stat: $("$bin" stat --socket "$S")"
+grep -q "over its tenant's staging share" "$tmp/st.log" || fail "the agent did not say why"
+echo "staging: with 64 KiB held by the team, its second client's 64 KiB was refused and another tenant's taken"
+
 # --- A cluster: the namespace travels with the key. Two agents share a Redis
 # directory; what the victim stored through c1 is a hit for the victim through c2
 # (read from c1), and a miss for the attacker there. The team, a rule named alike

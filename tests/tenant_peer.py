@@ -12,6 +12,8 @@ byte of chunk i equal to (FILL + i) % 256: a reader can tell whose bytes it got.
     tenant_peer.py PYDIR SOCK remove   SEED N
     tenant_peer.py PYDIR SOCK clear
     tenant_peer.py PYDIR SOCK stats
+    tenant_peer.py PYDIR SOCK hold     N           -> staging of N chunks exported and
+        held (HOLDING printed) until READY is in the file named by $WATCH_GO
     tenant_peer.py PYDIR SOCK watch    SEED        -> every event until the chunk of
         prompt SEED (1 chunk), which this client stores itself once subscribed and
         once READY is in the file named by $WATCH_GO: what came before it in the
@@ -41,7 +43,30 @@ def main():
         return d.chunk_keys(d.model_id(MODEL), tokens, 256)
 
     out = {"action": action, "uid": os.getuid()}
-    if action in ("store", "retrieve"):
+    try:
+        act(c, d, keys, action, args, out)
+    except Exception as e:  # what the agent refused, as the caller sees it
+        out["error"] = f"{type(e).__name__}: {e}"
+    print(json.dumps(out), flush=True)
+
+
+def wait_go():
+    go = os.environ["WATCH_GO"]
+    deadline = time.monotonic() + 120
+    while not (os.path.exists(go) and open(go).read().strip() == "READY"):
+        if time.monotonic() > deadline:
+            sys.exit("never told to go on")
+        time.sleep(0.02)
+
+
+def act(c, d, keys, action, args, out):
+    if action == "hold":
+        st = c.alloc_staging(CHUNK * args[0])
+        memoryview(st).cast("B")[:CHUNK] = b"\1" * CHUNK  # touched: exported and mapped
+        print("HOLDING", flush=True)
+        wait_go()
+        out["held"] = CHUNK * args[0]
+    elif action in ("store", "retrieve"):
         seed, n = args[0], args[1]
         ks = keys(seed, n)
         st = c.alloc_staging(CHUNK * n)
@@ -74,12 +99,8 @@ def main():
         marker = keys(args[0], 1)[0]
         c.subscribe_events()
         print("SUBSCRIBED", flush=True)
-        go = os.environ["WATCH_GO"]
+        wait_go()
         deadline = time.monotonic() + 120
-        while not (os.path.exists(go) and open(go).read().strip() == "READY"):
-            if time.monotonic() > deadline:
-                sys.exit("watch: never told to go on")
-            time.sleep(0.02)
         st = c.alloc_staging(CHUNK)
         memoryview(st).cast("B")[:] = b"\x77" * CHUNK
         assert c.store(st, [marker], [0], [CHUNK]) == ["SUCCESS"]
@@ -91,7 +112,6 @@ def main():
             for key, stored in events:
                 if key.prefix_hash == marker.prefix_hash and stored:
                     out["events_before_marker"] = seen
-                    print(json.dumps(out), flush=True)
                     return
                 seen.append({"prefix_hash": "%016x" % key.prefix_hash, "stored": stored,
                              "world_size": key.world_size, "rank": key.rank})
@@ -99,7 +119,6 @@ def main():
         sys.exit("watch: the marker's event never came")
     else:
         sys.exit(f"unknown action {action}")
-    print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":

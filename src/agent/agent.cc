@@ -166,6 +166,8 @@ Status Agent::open_door(Door* d) {
     return false;
   };
   so.admit_arg = d;
+  so.import_allowed = &Agent::staging_allowed;
+  so.import_arg = d;
   DPUKV_RETURN_IF_ERROR(ComchServer::create(pe_.get(), so, &d->server));
   UserData ud;
   ud.ptr = d;
@@ -179,6 +181,37 @@ Status Agent::open_door(Door* d) {
   DPUKV_RETURN_IF_ERROR(d->server->set_callbacks(cb));
   DPUKV_RETURN_IF_ERROR(d->server->set_send_conf(512));  // replies in flight over all clients
   return Code::kSuccess;
+}
+
+// Staging over every socket of the agent (each server alone sees its own), and
+// the client's tenant's share over all its clients. Exports are rare (a client's
+// staging, at start): summing the connections each time is cheap enough.
+bool Agent::staging_allowed(void* arg, const ComchConnection* c, uint64_t more, const char** why) {
+  const Agent* a = static_cast<Door*>(arg)->agent;
+  const auto* s = static_cast<const Session*>(c->user_data().ptr);
+  const Tenant* mine = s != nullptr ? s->tenant : nullptr;
+  const auto any = [](const void*, const ComchConnection*) { return true; };
+  const auto same_tenant = [](const void* t, const ComchConnection* other) {
+    const auto* os = static_cast<const Session*>(other->user_data().ptr);
+    return os != nullptr && os->tenant == t;
+  };
+  uint64_t all = 0, tenant = 0;
+  for (const auto& d : a->doors_) {
+    all += d->server->import_bytes_of(any, nullptr);
+    if (mine != nullptr && mine->staging_quota != 0)
+      tenant += d->server->import_bytes_of(same_tenant, mine);
+  }
+  const uint64_t total_cap = a->opts_.max_staging_total_bytes;
+  if (total_cap != 0 && (more > total_cap || all > total_cap - more)) {
+    *why = "exported memory over the limit for all clients together";
+    return false;
+  }
+  if (mine != nullptr && mine->staging_quota != 0 &&
+      (more > mine->staging_quota || tenant > mine->staging_quota - more)) {
+    *why = "exported memory over its tenant's staging share (tenant_staging_quota)";
+    return false;
+  }
+  return true;
 }
 
 void Agent::stop_doors() {
@@ -916,6 +949,14 @@ AgentStatsSources Agent::stats_sources(bool asker_connected, const Session* aske
     row.tag = t->tag;
     row.clients = t->index < tenant_clients_.size() ? tenant_clients_[t->index] : 0;
     row.use = cache_->tenant_usage(t->tag);
+    row.staging_quota = t->staging_quota;
+    for (const auto& d : doors_)
+      row.staging_bytes += d->server->import_bytes_of(
+          [](const void* tn, const ComchConnection* c) {
+            const auto* cs = static_cast<const Session*>(c->user_data().ptr);
+            return cs != nullptr && cs->tenant == tn;
+          },
+          t.get());
   }
   s.clients = connected_ - (asker_connected && connected_ > 0 ? 1 : 0);
   s.agent = counters_;

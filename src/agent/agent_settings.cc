@@ -134,6 +134,7 @@ AgentSettings default_agent_settings() {
       {"tenant_admin_group", nullptr, SettingKind::kText, 0, nullptr, "", ""},
       {"tenant_memory_quota", nullptr, SettingKind::kBytes, 0, nullptr, "", ""},
       {"tenant_disk_quota", nullptr, SettingKind::kBytes, 0, nullptr, "", ""},
+      {"tenant_staging_quota", nullptr, SettingKind::kBytes, 0, nullptr, "", ""},
       {"max_staging_size", "DPUKV_MAX_STAGING_SIZE", SettingKind::kGib, 0, nullptr, "", ""},
       {"max_staging_total", "DPUKV_MAX_STAGING_TOTAL", SettingKind::kGib, 0, nullptr, "", ""},
       {"cluster", "DPUKV_CLUSTER", SettingKind::kText, 0, nullptr, "", ""},
@@ -466,6 +467,7 @@ bool agent_options_from_settings(AgentSettings* st, AgentOptions* out, std::ostr
   (void)parse_tenant_fallback(st->at("tenant_by").value, &o.tenancy.fallback);
   o.tenancy.memory_quota = as_u64(st, "tenant_memory_quota");
   o.tenancy.disk_quota = as_u64(st, "tenant_disk_quota");
+  o.tenancy.staging_quota = as_u64(st, "tenant_staging_quota");
   {
     std::istringstream rules(st->at("tenant").value);
     std::string line, err;

@@ -277,7 +277,9 @@ std::string format_stats_json(const AgentStatsSources& s) {
            ",\"disk_bytes\":" + std::to_string(t.use.disk_bytes) +
            ",\"memory_quota\":" + std::to_string(t.use.memory_quota) +
            ",\"disk_quota\":" + std::to_string(t.use.disk_quota) +
-           ",\"quota_evictions\":" + std::to_string(t.use.quota_evictions) + "}";
+           ",\"quota_evictions\":" + std::to_string(t.use.quota_evictions) +
+           ",\"staging_bytes\":" + std::to_string(t.staging_bytes) +
+           ",\"staging_quota\":" + std::to_string(t.staging_quota) + "}";
   }
   out += "]";
   const LatencyHistogram& l = s.latencies.lookup;
@@ -370,6 +372,12 @@ std::string format_metrics_text(const AgentStatsSources& s) {
                [](const AgentStatsSources::TenantRow& t) { return t.use.quota_evictions; });
     per_tenant("dpukv_tenant_clients", "gauge", "Connected clients of the tenant.",
                [](const AgentStatsSources::TenantRow& t) { return t.clients; });
+    per_tenant("dpukv_tenant_staging_bytes", "gauge",
+               "Staging memory (host and GPU) the tenant's clients exported.",
+               [](const AgentStatsSources::TenantRow& t) { return t.staging_bytes; });
+    per_tenant("dpukv_tenant_staging_quota_bytes", "gauge",
+               "The tenant's share of staging memory (0: none).",
+               [](const AgentStatsSources::TenantRow& t) { return t.staging_quota; });
   }
   histogram("dpukv_store_batch_seconds", s.latencies.store);
   histogram("dpukv_retrieve_batch_seconds", s.latencies.retrieve);

@@ -84,6 +84,7 @@ struct AgentStatsSources {
     std::string name;
     uint32_t tag = 0;
     uint64_t clients = 0;
+    uint64_t staging_bytes = 0, staging_quota = 0;  // host and GPU staging of its clients
     TenantUsage use;
   };
   std::string asker_tenant;

@@ -82,18 +82,19 @@ bool parse_tenant_rule(const std::string& text, TenantRule* out, std::string* er
       r.gids.push_back(gr.gr_gid);
     } else if (kind == "socket" && !value.empty() && r.socket.empty()) {
       r.socket = value;
-    } else if ((kind == "memory" || kind == "disk") && !value.empty()) {
+    } else if ((kind == "memory" || kind == "disk" || kind == "staging") && !value.empty()) {
       uint64_t b = 0;
       std::string e;
       if (!parse_byte_size(value, &b, &e)) {
         *err = "tenant " + r.name + ": " + kind + " '" + value + "': " + e;
         return false;
       }
-      (kind == "memory" ? r.memory_quota : r.disk_quota) = b;
+      (kind == "memory" ? r.memory_quota : kind == "disk" ? r.disk_quota : r.staging_quota) = b;
       continue;
     } else {
       *err = "tenant " + r.name + ": '" + word +
-             "' is none of uid:N user:NAME gid:N group:NAME socket:PATH memory:SIZE disk:SIZE";
+             "' is none of uid:N user:NAME gid:N group:NAME socket:PATH memory:SIZE disk:SIZE "
+             "staging:SIZE";
       return false;
     }
     members = true;
@@ -138,8 +139,7 @@ Status Tenants::create(const TenancyOptions& o, std::unique_ptr<Tenants>* out, s
       *why = "tenant " + r.name + " is named by two rules";
       return Code::kInvalidValue;
     }
-    Tenant* tn = t->add(r.name, r.memory_quota ? r.memory_quota : o.memory_quota,
-                        r.disk_quota ? r.disk_quota : o.disk_quota, why);
+    Tenant* tn = t->add(r.name, &r, why);
     if (tn == nullptr) return Code::kInvalidValue;
     t->rule_tenants_.push_back(tn);
     if (!r.socket.empty()) t->sockets_.emplace_back(r.socket, tn);
@@ -148,8 +148,8 @@ Status Tenants::create(const TenancyOptions& o, std::unique_ptr<Tenants>* out, s
   return Code::kSuccess;
 }
 
-Tenant* Tenants::add(const std::string& name, uint64_t memory_quota, uint64_t disk_quota,
-                     std::string* why) {
+// A rule's own quotas win over the defaults.
+Tenant* Tenants::add(const std::string& name, const TenantRule* rule, std::string* why) {
   const uint32_t tag = tenant_tag(name);
   auto clash = by_tag_.find(tag);
   if (clash != by_tag_.end()) {  // one in 2^32 a pair: refused, never merged
@@ -165,8 +165,12 @@ Tenant* Tenants::add(const std::string& name, uint64_t memory_quota, uint64_t di
   t->name = name;
   t->tag = tag;
   t->index = static_cast<uint32_t>(tenants_.size());
-  t->memory_quota = memory_quota;
-  t->disk_quota = disk_quota;
+  const auto pick = [rule](uint64_t TenantRule::*q, uint64_t fallback) {
+    return rule != nullptr && rule->*q != 0 ? rule->*q : fallback;
+  };
+  t->memory_quota = pick(&TenantRule::memory_quota, opts_.memory_quota);
+  t->disk_quota = pick(&TenantRule::disk_quota, opts_.disk_quota);
+  t->staging_quota = pick(&TenantRule::staging_quota, opts_.staging_quota);
   Tenant* p = t.get();
   tenants_.push_back(std::move(t));
   by_tag_[tag] = p;
@@ -177,7 +181,7 @@ Tenant* Tenants::add(const std::string& name, uint64_t memory_quota, uint64_t di
 Tenant* Tenants::named(const std::string& name, std::string* why) {
   auto it = by_name_.find(name);
   if (it != by_name_.end()) return it->second;
-  return add(name, opts_.memory_quota, opts_.disk_quota, why);
+  return add(name, nullptr, why);
 }
 
 const Tenant* Tenants::resolve(const PeerCred& p, int socket, std::string* why) {

@@ -8,6 +8,7 @@
 //
 // Rules, in the order given, name a tenant and who is in it:
 //   NAME uid:1000 user:alice gid:2000 group:vllm socket:/run/dpukv/a.sock memory:2G disk:20G
+//        staging:4G
 // A peer on a tenant's own socket is in that tenant; a peer on the main socket is
 // in the first rule that names its uid or one of its groups, else in the fallback
 // (tenant_by): a tenant of its own per user (the default), per primary group, one
@@ -31,9 +32,10 @@ struct TenantRule {
   std::string name;
   std::vector<uid_t> uids;
   std::vector<gid_t> gids;
-  std::string socket;         // a socket of its own ("" if none)
-  uint64_t memory_quota = 0;  // bytes of the memory tier; 0: the default
-  uint64_t disk_quota = 0;    // bytes of the disk tier; 0: the default
+  std::string socket;          // a socket of its own ("" if none)
+  uint64_t memory_quota = 0;   // bytes of the memory tier; 0: the default
+  uint64_t disk_quota = 0;     // bytes of the disk tier; 0: the default
+  uint64_t staging_quota = 0;  // staging all its clients may export; 0: the default
 };
 
 enum class TenantFallback { kUser, kGroup, kShared, kRefuse };
@@ -44,9 +46,11 @@ struct TenancyOptions {
   std::vector<gid_t> admin_gids;  // besides root and the agent's own uid
   uint64_t memory_quota = 0;      // each tenant's share of the memory tier (0: none)
   uint64_t disk_quota = 0;        // each tenant's share of the disk tier (0: none)
+  uint64_t staging_quota = 0;     // staging each tenant's clients may export together (0: none)
 };
 
-// "NAME uid:N user:NAME gid:N group:NAME socket:PATH memory:SIZE disk:SIZE" (any
+// "NAME uid:N user:NAME gid:N group:NAME socket:PATH memory:SIZE disk:SIZE
+// staging:SIZE" (any
 // number of members, at least one; names resolved now). False and *err if bad.
 bool parse_tenant_rule(const std::string& text, TenantRule* out, std::string* err);
 // "user", "group", "shared" or "refuse".
@@ -58,6 +62,7 @@ struct Tenant {
   uint32_t tag = 0;                           // folded into its keys
   uint32_t index = 0;                         // dense, for figures
   uint64_t memory_quota = 0, disk_quota = 0;  // 0: none
+  uint64_t staging_quota = 0;                 // host and GPU staging of all its clients
 };
 
 class Tenants {
@@ -80,8 +85,7 @@ class Tenants {
 
  private:
   explicit Tenants(const TenancyOptions& o) : opts_(o) {}
-  Tenant* add(const std::string& name, uint64_t memory_quota, uint64_t disk_quota,
-              std::string* why);
+  Tenant* add(const std::string& name, const TenantRule* rule, std::string* why);
   Tenant* named(const std::string& name, std::string* why);
 
   TenancyOptions opts_;

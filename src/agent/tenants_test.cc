@@ -28,13 +28,16 @@ TenantRule rule(const std::string& text) {
 }
 
 TEST(TenantRules, WhatAnAdminWritesIsReadAndMistakesSayWhy) {
-  TenantRule r = rule("chat uid:1200 gid:4242 group:root socket:/run/a.sock memory:2G disk:64M");
+  TenantRule r = rule(
+      "chat uid:1200 gid:4242 group:root socket:/run/a.sock memory:2G disk:64M "
+      "staging:1M");
   EXPECT_EQ(r.name, "chat");
   EXPECT_EQ(r.uids, std::vector<uid_t>({1200}));
   EXPECT_EQ(r.gids, std::vector<gid_t>({4242, 0}));
   EXPECT_EQ(r.socket, "/run/a.sock");
   EXPECT_EQ(r.memory_quota, 2ull << 30);
   EXPECT_EQ(r.disk_quota, 64ull << 20);
+  EXPECT_EQ(r.staging_quota, 1ull << 20);
   EXPECT_EQ(rule("ops user:root").uids, std::vector<uid_t>({0}));
 
   const std::pair<const char*, const char*> bad[] = {
@@ -67,6 +70,7 @@ TEST(Tenants, PeersLandByRuleBySocketOrByFallbackNeverInAnothers) {
   TenancyOptions o;
   o.rules = {rule("team gid:4242"), rule("batch uid:1200 memory:1M"), rule("pod socket:/x.sock")};
   o.memory_quota = 8 << 20;
+  o.staging_quota = 4 << 20;
   std::unique_ptr<Tenants> t;
   std::string why;
   ASSERT_TRUE(Tenants::create(o, &t, &why).ok()) << why;
@@ -77,7 +81,8 @@ TEST(Tenants, PeersLandByRuleBySocketOrByFallbackNeverInAnothers) {
   EXPECT_EQ(t->resolve(peer(1004, 100, {7, 4242}), -1, &why)->name, "team");  // supplementary
   const Tenant* batch = t->resolve(peer(1200, 100), -1, &why);
   EXPECT_EQ(batch->name, "batch");
-  EXPECT_EQ(batch->memory_quota, 1u << 20);  // the rule's own
+  EXPECT_EQ(batch->memory_quota, 1u << 20);   // the rule's own
+  EXPECT_EQ(batch->staging_quota, 4u << 20);  // the default
   // The socket decides, whoever connects there (even a team member).
   EXPECT_EQ(t->resolve(peer(1003, 4242), 0, &why)->name, "pod");
   // Others: one tenant a user, made once, with the default quota.

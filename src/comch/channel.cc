@@ -48,7 +48,7 @@ bool ComchBase::import_fits(const ComchConnection* c, uint64_t more, const char*
     *why = "exported memory over the limit for all clients together";
     return false;
   }
-  return true;
+  return opts_.import_allowed == nullptr || opts_.import_allowed(opts_.import_arg, c, more, why);
 }
 
 Mmap* ComchConnection::imported_map(uint64_t peer_map_id) const {

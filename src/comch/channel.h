@@ -54,6 +54,12 @@ struct ComchOptions {
   // The same over every connection together (the agent's staging cap for all its
   // clients): a few clients cannot take the host's memory between them.
   uint64_t max_import_bytes_total = UINT64_MAX;
+  // Asked last, before an import past the limits above is mapped: false refuses
+  // it, *why a static text. (The agent: staging over all of its sockets, and a
+  // tenant's share over all of its clients.)
+  bool (*import_allowed)(void* arg, const ComchConnection* c, uint64_t more,
+                         const char** why) = nullptr;
+  void* import_arg = nullptr;
 
   bool valid() const {
     return max_msg_size != 0 && max_msg_size <= comch::kMaxMsgLimit && send_queue_depth != 0 &&

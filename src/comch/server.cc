@@ -191,6 +191,14 @@ uint64_t ComchServer::import_bytes_all() const {
   return n;
 }
 
+uint64_t ComchServer::import_bytes_of(bool (*pick)(const void*, const ComchConnection*),
+                                      const void* arg) const {
+  uint64_t n = 0;
+  for (const auto& [id, c] : conns_)
+    if (pick(arg, c)) n += c->imported_bytes() + c->other_import_bytes();
+  return n;
+}
+
 void ComchServer::disconnect(ComchConnection* c) {
   close_connection(c, Code::kConnectionReset, "closed by server");
 }

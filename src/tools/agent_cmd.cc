@@ -189,11 +189,14 @@ int run_stat(const std::string& socket, bool json) {
       auto q = [&](const char* k) { return t.value(k, uint64_t{0}); };
       const std::string mq = q("memory_quota") ? " of " + size_text(q("memory_quota")) : "";
       const std::string dq = q("disk_quota") ? " of " + size_text(q("disk_quota")) : "";
+      const std::string sq = q("staging_quota") ? " of " + size_text(q("staging_quota")) : "";
       std::printf(
-          "  %-12s %llu chunks, memory %s%s, disk %s%s, %llu quota evictions, %llu clients\n",
+          "  %-12s %llu chunks, memory %s%s, disk %s%s, %llu quota evictions, %llu clients, "
+          "staging %s%s\n",
           t.value("name", std::string("?")).c_str(), (unsigned long long)q("chunks"),
           size_text(q("memory_bytes")).c_str(), mq.c_str(), size_text(q("disk_bytes")).c_str(),
-          dq.c_str(), (unsigned long long)q("quota_evictions"), (unsigned long long)q("clients"));
+          dq.c_str(), (unsigned long long)q("quota_evictions"), (unsigned long long)q("clients"),
+          size_text(q("staging_bytes")).c_str(), sq.c_str());
     }
   std::printf("chunks         %llu (%llu in memory, %llu on disk, %llu of them in both)\n",
               (unsigned long long)u("chunks"), (unsigned long long)u("memory_chunks"),
@@ -336,6 +339,9 @@ void add_agent_commands(CLI::App* app, int* exit_code) {
        "Members may clear and watch every tenant (besides root and the agent's user)"},
       {"--tenant-memory-quota", "tenant_memory_quota",
        "Each tenant's share of the memory tier, bytes with a unit (default: none)"},
+      {"--tenant-staging-quota", "tenant_staging_quota",
+       "Staging memory each tenant's clients may export together, bytes with a unit (default: "
+       "none)"},
       {"--tenant-disk-quota", "tenant_disk_quota",
        "Each tenant's share of the disk tier, bytes with a unit (default: none)"},
       {"--max-staging-size", "max_staging_size",
