@@ -32,6 +32,12 @@ cp -r "$here/python/dpukv" "$tmp/py/"
 cp "$here/tests/tenant_peer.py" "$tmp/peer.py"
 chmod -R a+rX "$tmp"
 bin=$tmp/dpukv
+# The peers load the client library into Python: an ASan build's needs its runtime first.
+py=(/usr/bin/python3)
+if ldd "$lib_src" | grep -q libasan; then
+  py=(env "LD_PRELOAD=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
+      ASAN_OPTIONS=detect_leaks=0 /usr/bin/python3)
+fi
 export DPUKV_CLIENT_LIB=$tmp/libdpukv_client.so.0 DPUKV_PY_CLIENT=ctypes
 as() {  # as UID[:GID] CMD...
   local uid=${1%%:*} gid=${1#*:}
@@ -41,7 +47,7 @@ as() {  # as UID[:GID] CMD...
 }
 peer() {  # peer UID[:GID] SOCK ACTION ARGS...: one JSON line
   local who=$1 s=$2; shift 2
-  as "$who" /usr/bin/python3 "$tmp/peer.py" "$tmp/py" "$s" "$@"
+  as "$who" "${py[@]}" "$tmp/peer.py" "$tmp/py" "$s" "$@"
 }
 field() { /usr/bin/python3 -c "import json,sys; print(json.dumps(json.loads(sys.argv[1])$2))" "$1"; }
 wait_for() {
@@ -109,7 +115,7 @@ r=$(peer 1002 "$P" stats)
 # --- The event feed: the victim watches while the attacker and the team store.
 watch() {  # watch UID SEED OUT: a subscriber in the background until told to go on
   rm -f "$tmp/go"
-  WATCH_GO=$tmp/go as "$1" /usr/bin/python3 "$tmp/peer.py" "$tmp/py" "$A" watch "$2" >"$3" 2>&1 &
+  WATCH_GO=$tmp/go as "$1" "${py[@]}" "$tmp/peer.py" "$tmp/py" "$A" watch "$2" >"$3" 2>&1 &
   pids+=("$!")
   wait_for "watcher $1 did not subscribe" grep -q SUBSCRIBED "$3"
 }
@@ -192,7 +198,7 @@ start_agent st --memory-bytes 16M --max-chunk-size 64K --tenant "team gid:4242" 
   --tenant-staging-quota 96K
 S=$tmp/st.sock
 rm -f "$tmp/go"
-WATCH_GO=$tmp/go as 1003:4242 /usr/bin/python3 "$tmp/peer.py" "$tmp/py" "$S" hold 16 >"$tmp/hold.out" 2>&1 &
+WATCH_GO=$tmp/go as 1003:4242 "${py[@]}" "$tmp/peer.py" "$tmp/py" "$S" hold 16 >"$tmp/hold.out" 2>&1 &
 pids+=("$!")
 wait_for "the holder did not export its staging" grep -q HOLDING "$tmp/hold.out"
 r=$(peer 1004:4242 "$S" store 95 16 1)
