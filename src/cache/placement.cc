@@ -468,11 +468,11 @@ uint64_t Placement::clear(uint64_t model, uint32_t tenant) {
 // ---------------------------------------------------------------- tenants
 
 TenantUsage& Placement::usage_of(const ChunkEntry& en) {
-  return tenants_[key_tenant(en.key)];
+  return usage(key_tenant(en.key));
 }
 
 void Placement::set_tenant_quota(uint32_t tag, uint64_t memory_bytes, uint64_t disk_bytes) {
-  TenantUsage& u = tenants_[tag];
+  TenantUsage& u = usage(tag);
   u.memory_quota = memory_bytes;
   u.disk_quota = disk_bytes;
 }
@@ -483,9 +483,8 @@ TenantUsage Placement::tenant_usage(uint32_t tag) const {
 }
 
 bool Placement::fit_tenant_memory(uint32_t tag, uint64_t size, int32_t keep) {
-  auto it = tenants_.find(tag);
-  if (it == tenants_.end() || it->second.memory_quota == 0) return true;
-  TenantUsage& u = it->second;
+  TenantUsage& u = usage(tag);
+  if (u.memory_quota == 0) return true;
   if (size > u.memory_quota) return false;  // its own chunks need not go for nothing
   struct Mine {
     const Placement* self;
@@ -511,9 +510,8 @@ bool Placement::fit_tenant_memory(uint32_t tag, uint64_t size, int32_t keep) {
 // Before a write-back of the tenant's chunk `keep`: its own coldest disk copies go
 // while its disk bytes plus size are over its quota. False if that cannot be.
 bool Placement::fit_tenant_disk(uint32_t tag, uint64_t size, int32_t keep) {
-  auto it = tenants_.find(tag);
-  if (it == tenants_.end() || it->second.disk_quota == 0) return true;
-  TenantUsage& u = it->second;
+  TenantUsage& u = usage(tag);
+  if (u.disk_quota == 0) return true;
   if (size > u.disk_quota) return false;
   const uint64_t now = monotonic_ns();
   int32_t v = table_.disk_coldest();

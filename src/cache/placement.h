@@ -119,8 +119,11 @@ class Placement {
   // in flight and it still does not fit.
   bool fit_tenant_memory(uint32_t tag, uint64_t size, int32_t keep);
   // A store's slot, held against its tenant's quota from room taken to landing.
-  void charge_fill(uint32_t tag, uint64_t bytes) { tenants_[tag].memory_filling += bytes; }
-  void release_fill(uint32_t tag, uint64_t bytes) { tenants_[tag].memory_filling -= bytes; }
+  // Only tenants with a memory quota are charged (the pipeline asks): the others'
+  // stores cost no bookkeeping beyond their landing.
+  bool has_memory_quota(uint32_t tag) { return usage(tag).memory_quota != 0; }
+  void charge_fill(uint32_t tag, uint64_t bytes) { usage(tag).memory_filling += bytes; }
+  void release_fill(uint32_t tag, uint64_t bytes) { usage(tag).memory_filling -= bytes; }
   uint64_t index_bytes_per_chunk() const;
 
   // ---- sharing (CacheEngine's)
@@ -140,6 +143,15 @@ class Placement {
   bool make_disk_room(uint64_t size, uint64_t* off);
   bool fit_tenant_disk(uint32_t tag, uint64_t size, int32_t keep);
   TenantUsage& usage_of(const ChunkEntry& en);
+  // A tag's entry (made on first use). One tenant's stores come in runs: the last
+  // tag's entry is kept at hand (entries are never erased, so it stays valid).
+  TenantUsage& usage(uint32_t tag) {
+    if (tag != last_tag_ || last_usage_ == nullptr) {
+      last_usage_ = &tenants_[tag];
+      last_tag_ = tag;
+    }
+    return *last_usage_;
+  }
   void memory_present(int32_t e);  // a chunk's bytes count in memory from now
   void drop_disk_copy(int32_t e);
   bool spilling_allowed() const;
@@ -167,6 +179,8 @@ class Placement {
   uint64_t spill_off_until_ns_ = 0;   // writing back stopped until then (after an error)
   uint64_t last_disk_log_ns_ = 0, disk_errors_unlogged_ = 0;
   std::unordered_map<uint32_t, TenantUsage> tenants_;  // by tag
+  uint32_t last_tag_ = 0;
+  TenantUsage* last_usage_ = nullptr;
   void (*room_cb_)(void*) = nullptr;
   void* room_arg_ = nullptr;
 };

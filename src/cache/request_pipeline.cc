@@ -356,8 +356,10 @@ void RequestPipeline::begin_store(Request* r) {
   }
   en.mem_off = off;
   en.memory = ChunkEntry::Memory::kFilling;
-  placement_->charge_fill(tenant, en.stored);
-  r->tenant_charge = en.stored;
+  if (placement_->has_memory_quota(tenant)) {
+    placement_->charge_fill(tenant, en.stored);
+    r->tenant_charge = en.stored;
+  }
   Status st;
   if (r->device) {
     st = start_device_copy(r, false);
