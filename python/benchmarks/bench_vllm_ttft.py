@@ -11,11 +11,17 @@ second is a full hit from the configuration's cache (vLLM's own prefix cache is
 off, so a hit can only come from the connector). TTFT is the wall time of the
 request in the engine (LLM.generate of one prompt, one token).
 
-Configurations: none (no connector: the baseline), dpukv (DpukvConnectorV1 as the
-README configures it, against an agent this bench starts), vllm-offload (vLLM's
-kv_offloading_size, its native CPU offloading), lmcache (kv_offloading_backend
-lmcache). One that cannot start here is reported with vLLM's own words, not
-measured.
+Configurations: none (no connector: the baseline), prefix-cache (no connector,
+vLLM's own prefix cache on: the KV never leaves the engine, the limit a connector's
+hit can approach), dpukv (DpukvConnectorV1 as the README configures it, against an
+agent this bench starts), vllm-offload (vLLM's kv_offloading_size, its native CPU
+offloading), lmcache (vLLM's LMCacheMPConnector, what kv_offloading_backend
+"lmcache" picks, against an LMCache server this bench starts: `lmcache server
+--chunk-size 256 --l1-size-gb 2 --eviction-policy LRU --supported-transfer-mode
+auto`, the CPU worker asking for engine-driven transfers; run the bench with a
+python whose environment has LMCache, e.g. the vLLM venv plus `pip install
+--no-deps lmcache==0.5.6 sortedcontainers aiofile caio`). One that cannot start
+here is reported with its own words, not measured.
 
 Each row: the configuration's median hit TTFT, the same run's median miss TTFT
 (the baseline) and their ratio; and the ratio to dpukv's hit where both ran.
@@ -39,7 +45,7 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_
           "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "torch_dtype": "bfloat16",
           "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 1,
           "eos_token_id": 2}
-CONFIGS = ("none", "dpukv", "vllm-offload", "lmcache")
+CONFIGS = ("none", "prefix-cache", "dpukv", "vllm-offload", "lmcache")
 
 
 def prompt(seed, n):
@@ -50,7 +56,7 @@ def prompt(seed, n):
     return out
 
 
-def worker(model, config, socket, lengths, reps):
+def worker(model, config, socket, lengths, reps, lmcache_port=None):
     """One engine with one configuration: per length and repetition, a miss then a hit."""
     from vllm import LLM, SamplingParams
     kw = {}
@@ -62,11 +68,14 @@ def worker(model, config, socket, lengths, reps):
     elif config == "vllm-offload":
         kw["kv_offloading_size"] = 2.0  # GiB of CPU memory
     elif config == "lmcache":
-        kw["kv_offloading_size"] = 2.0
-        kw["kv_offloading_backend"] = "lmcache"
+        from vllm.config import KVTransferConfig
+        kw["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="LMCacheMPConnector", kv_role="kv_both",
+            kv_connector_extra_config={"lmcache.mp.host": "tcp://127.0.0.1",
+                                       "lmcache.mp.port": lmcache_port})
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=max(lengths) + 16, enforce_eager=True, seed=0, max_num_seqs=1,
-              kv_cache_memory_bytes=1 << 30, enable_prefix_caching=False,
+              kv_cache_memory_bytes=1 << 30, enable_prefix_caching=config == "prefix-cache",
               max_num_batched_tokens=max(lengths) + 16, **kw)
     params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     llm.generate([{"prompt_token_ids": prompt(999, 64)}], params, use_tqdm=False)  # warm-up
@@ -86,16 +95,57 @@ def worker(model, config, socket, lengths, reps):
                 tokens.append(list(out[0].outputs[0].token_ids))
                 if config == "dpukv" and not times[1:]:
                     # dpukv stores asynchronously: the hit is asked for once the
-                    # agent holds the prompt's chunks (not timed).
-                    stored += n // 256 * CONFIG["num_hidden_layers"]
+                    # agent holds the prompt's chunks, its partial last one too
+                    # (not timed).
+                    stored += -(-n // 256) * CONFIG["num_hidden_layers"]
                     while json.loads(client.stats())["chunks"] < stored:
                         time.sleep(0.001)
+                elif config == "lmcache" and not times[1:]:
+                    # LMCache's server stores asynchronously and says nothing to the
+                    # engine when it is done: the hit is asked for after a pause
+                    # (not timed) long enough for the store to land.
+                    time.sleep(1.0)
             rows.append({"tokens": n, "miss_s": times[0], "hit_s": times[1],
                          "same_token": tokens[0] == tokens[1]})
     print("ROWS " + json.dumps(rows), flush=True)
 
 
-def run_config(py, pkg, model, config, socket, lengths, reps):
+def free_port():
+    import socket as sk
+    with sk.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_lmcache(py):
+    """LMCache's MP server from the environment of `py`; (process, port) once it
+    listens, or (None, why)."""
+    exe = os.path.join(os.path.dirname(py), "lmcache")
+    if not os.path.exists(exe):
+        return None, "LMCache is not installed in this python's environment"
+    port = free_port()
+    log = tempfile.TemporaryFile()
+    p = subprocess.Popen([exe, "server", "--chunk-size", "256", "--l1-size-gb", "2",
+                          "--eviction-policy", "LRU", "--supported-transfer-mode", "auto",
+                          "--host", "127.0.0.1", "--port", str(port),
+                          "--http-port", str(free_port()), "--disable-observability",
+                          "--disable-metrics"],
+                         stdout=log, stderr=subprocess.STDOUT,
+                         env=dict(os.environ, LMCACHE_DISABLE_BANNER="1"))
+    deadline = time.monotonic() + 300
+    while True:
+        log.seek(0)
+        text = log.read().decode(errors="replace")
+        if "cache server is running" in text:
+            return p, port
+        if p.poll() is not None or time.monotonic() > deadline:
+            p.kill()
+            errs = [l for l in text.splitlines() if "Error" in l]
+            return None, (errs[-1] if errs else "the LMCache server did not start")[:300]
+        time.sleep(0.1)
+
+
+def run_config(py, pkg, model, config, socket, lengths, reps, lmcache_port=None):
     # vLLM's CPU engine keeps cores for its scheduler process: one without a KV
     # connector, two with one (for NIXL's threads) - on a 2-core machine none, and
     # the worker computes on both. Every configuration gets vLLM's default without
@@ -104,7 +154,8 @@ def run_config(py, pkg, model, config, socket, lengths, reps):
                PYTHONDONTWRITEBYTECODE="1", VLLM_CPU_NUM_OF_RESERVED_CPU="1")
     p = subprocess.run([py, os.path.abspath(__file__), "--worker", config, "--model", model,
                         "--socket", socket, "--lengths", ",".join(map(str, lengths)),
-                        "--reps", str(reps), pkg, "-"], env=env, capture_output=True, text=True)
+                        "--reps", str(reps), "--lmcache-port", str(lmcache_port or 0), pkg, "-"],
+                       env=env, capture_output=True, text=True)
     lines = [l for l in p.stdout.splitlines() if l.startswith("ROWS ")]
     if p.returncode != 0 or not lines:
         # vLLM's root cause: the first exception line other than "initialization failed".
@@ -125,10 +176,11 @@ def main():
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--socket", help=argparse.SUPPRESS)
+    ap.add_argument("--lmcache-port", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
     if a.worker:
-        worker(a.model, a.worker, a.socket, lengths, a.reps)
+        worker(a.model, a.worker, a.socket, lengths, a.reps, a.lmcache_port)
         return
     tmp = tempfile.mkdtemp(prefix="dpukv-bench-ttft-")
     model = os.path.join(tmp, "llama-prefill")
@@ -146,8 +198,19 @@ def main():
             time.sleep(0.05)
         for config in a.configs.split(","):
             print(f"bench vllm_ttft: {config} ...", file=sys.stderr, flush=True)
-            rows, why = run_config(sys.executable, os.path.abspath(a.package_dir), model, config,
-                                   sock, lengths, a.reps)
+            server, port = None, None
+            if config == "lmcache":
+                server, port = start_lmcache(sys.executable)
+                if server is None:
+                    results.append({"config": config, "ran": False, "why": port})
+                    continue
+            try:
+                rows, why = run_config(sys.executable, os.path.abspath(a.package_dir), model,
+                                       config, sock, lengths, a.reps, port)
+            finally:
+                if server is not None:
+                    server.terminate()
+                    server.wait()
             if rows is None:
                 results.append({"config": config, "ran": False, "why": why})
                 continue

@@ -189,18 +189,20 @@ def main():
         def same(got, names):
             assert [r["tokens"] for r in got] == [want[n] for n in names], (got, names, want)
 
-        # Stored: 3 + 2 whole chunks of 2 layers; the short prompt has none; and the
-        # salted prompt's 2 chunks under tenant-a's salt.
+        # Stored, of 2 layers: 3 + 2 whole chunks and each prompt's partial last
+        # chunk (the short prompt's is all it has); the salted prompt's 2 + 1 chunks
+        # under tenant-a's salt.
         same(run(model, sock, [a, b, short, {"tokens": salted, "salt": "tenant-a"}]),
              ["a", "b", "short", "salted"])
         s = stat(sock)
-        assert s["stores"] == (3 + 2 + 2) * 2 and s["chunks"] == (3 + 2 + 2) * 2, s
+        assert s["stores"] == (4 + 3 + 1 + 3) * 2 and s["chunks"] == (4 + 3 + 1 + 3) * 2, s
 
         second = run(model, sock, [a, b, short])  # a new engine process
         same(second, ["a", "b", "short"])
         s2 = stat(sock)
-        assert s2["retrieves"] - s["retrieves"] == (3 + 2) * 2, (s, s2)
-        assert [r["cached"] >= 512 for r in second[:2]] == [True, True], second
+        # Each a full hit: all of the prompt but its last token.
+        assert s2["retrieves"] - s["retrieves"] == (4 + 3 + 1) * 2, (s, s2)
+        assert [r["cached"] for r in second] == [799, 699, 39], second
 
         # A full hit, a partial hit and a miss in one batch.
         same(run(model, sock, [a, partial, miss]), ["a", "partial", "miss"])
@@ -212,7 +214,7 @@ def main():
         # The same tokens under two tenants' cache_salt never share KV: a miss under
         # tenant-b's, found under tenant-a's.
         s4 = s3
-        for salt, loads in (("tenant-b", 0), ("tenant-a", 2 * 2)):
+        for salt, loads in (("tenant-b", 0), ("tenant-a", 3 * 2)):
             same(run(model, sock, [{"tokens": salted, "salt": salt}]), ["salted"])
             s5 = stat(sock)
             assert s5["retrieves"] - s4["retrieves"] == loads, (salt, s4, s5)
@@ -222,7 +224,7 @@ def main():
         # second engine of team-a loads all of it, tokens always the reference's.
         tenants_note = "tenants by group skipped (not root)"
         if os.geteuid() == 0:
-            shared = tokens(21, 600)  # 2 whole chunks: 4 chunk stores over 2 layers
+            shared = tokens(21, 600)  # 2 whole chunks and a partial one: 6 over 2 layers
             ref_shared = [r["tokens"] for r in run(model, None, [shared])]
             loads = []
             for who in ("team-a", "team-b", "team-a"):
@@ -230,9 +232,9 @@ def main():
                 got = run(model, sock, [shared], gid=TENANT_GIDS[who])
                 assert [r["tokens"] for r in got] == ref_shared, (who, got)
                 loads.append(stat(sock)["retrieves"] - before)
-            assert loads == [0, 0, 2 * 2], f"chunk loads by team-a, team-b, team-a: {loads}"
+            assert loads == [0, 0, 3 * 2], f"chunk loads by team-a, team-b, team-a: {loads}"
             rows = {t["name"]: t["chunks"] for t in stat(sock)["tenants"]}
-            assert rows.get("team-a") == 4 and rows.get("team-b") == 4, rows
+            assert rows.get("team-a") == 6 and rows.get("team-b") == 6, rows
             tenants_note = (f"tenants by group: chunk loads {loads} (team-a, team-b, team-a "
                             f"again), {rows['team-a']} + {rows['team-b']} chunks kept apart")
         s4 = stat(sock)

@@ -65,8 +65,10 @@ class DpukvConnector:
         # when the step's saves are collected.
         self._step_keys = {}
 
-    def _layer_keys(self, tokens, salt):
-        return native.chunk_keys_layers(self.model, tokens, self.chunk_tokens, False,
+    def _layer_keys(self, tokens, salt, partial=False):
+        """Every layer's keys of tokens' whole chunks; with partial, also of the
+        last, partial chunk (its own key: the hash of fewer tokens)."""
+        return native.chunk_keys_layers(self.model, tokens, self.chunk_tokens, partial,
                                         self.world_size, self.rank,
                                         [lay ^ salt for lay in self.layout.layouts])
 
@@ -94,27 +96,35 @@ class DpukvConnector:
         if self.stage is not None:
             self.stage.close()
 
+    def _tail(self, tokens, end):
+        """Blocks of chunk end-1 when it is the prompt's partial last chunk, else 0."""
+        left = tokens - (end - 1) * self.chunk_tokens
+        return self.layout.tail_blocks(left) if 0 < left < self.chunk_tokens else 0
+
     def prepare_load(self, request_id, tokens, block_ids, first: int, end: int, salt: int = 0):
         """A load the caller looked up (and pinned) elsewhere, as a vLLM worker
         gets it from its scheduler: chunks [first, end) of tokens into their blocks
-        of block_ids (the request's whole block table). start_load_kv next; the
-        pins stay the caller's (request_finished here releases none)."""
+        of block_ids (the request's whole block table); chunk end-1 may be the
+        prompt's partial last chunk (stored by save_kv_layer with partial).
+        start_load_kv next; the pins stay the caller's (request_finished here
+        releases none)."""
         if self.worker is None:
             raise ValueError("register_kv_caches first")
         if not 0 <= first < end:
             raise ValueError(f"chunks [{first}, {end}) is not a range to load")
-        block_ids = self.layout.check_blocks(block_ids, end, f"request {request_id!r}")
+        tokens = list(tokens)
+        tail = self._tail(len(tokens), end)
+        block_ids = self.layout.check_blocks(block_ids, end, f"request {request_id!r}", tail)
         if request_id in self.worker.requests:
             raise ValueError(f"request {request_id!r} has a load prepared already")
-        tokens = list(tokens)
-        keys = self._layer_keys(tokens, salt)
+        keys = self._layer_keys(tokens, salt, partial=True)
         if len(keys[0]) < end:
             raise ValueError(f"request {request_id!r}: {len(tokens)} tokens hold "
-                             f"{len(keys[0])} whole chunks, not {end}")
+                             f"{len(keys[0])} chunks, not {end}")
         bpc = self.layout.blocks_per_chunk
         self.worker.requests[request_id] = LoadRequest(
             keys=[k[first:end] for k in keys], chunks=end - first,
-            block_ids=block_ids[first * bpc:end * bpc])
+            block_ids=block_ids[first * bpc:end * bpc], tail=tail)
 
     def start_load_kv(self, request_id):
         """Starts the retrieve of every layer that fits in the load staging now;
@@ -126,21 +136,27 @@ class DpukvConnector:
         self.worker.wait_for_layer_load(request_id, layer)
 
     def save_kv_layer(self, request_id, layer: int, tokens, block_ids, skip_chunks: int = 0,
-                      salt: int = 0):
+                      salt: int = 0, partial: bool = False):
         """Saves the whole chunks of layer `layer` of a request after the layer has
         written its KV; returns at once (wait_for_save collects). Chunks below
-        skip_chunks (loaded from dpukv) are not stored again."""
+        skip_chunks (loaded from dpukv) are not stored again. With partial, the
+        tokens' last, partial chunk too (the whole prompt is computed): a later
+        hit then loads all of the prompt but its last token."""
         if not 0 <= layer < len(self.kv):
             raise ValueError(f"layer {layer} is not in [0, {len(self.kv)})")
         if skip_chunks < 0:
             raise ValueError(f"skip_chunks must be >= 0, not {skip_chunks}")
-        step = (request_id, len(tokens), salt)
+        step = (request_id, len(tokens), salt, partial)
         layers_keys = self._step_keys.get(step)
         if layers_keys is None:
-            layers_keys = self._step_keys[step] = self._layer_keys(list(tokens), salt)
+            layers_keys = self._step_keys[step] = self._layer_keys(list(tokens), salt, partial)
         all_keys = layers_keys[layer]
-        block_ids = self.layout.check_blocks(block_ids, len(all_keys), f"save of {request_id!r}")
-        self.worker.save(request_id, layer, all_keys[skip_chunks:], block_ids, skip_chunks)
+        tail = self._tail(len(tokens), len(all_keys)) if partial else 0
+        block_ids = self.layout.check_blocks(block_ids, len(all_keys), f"save of {request_id!r}",
+                                             tail)
+        if skip_chunks < len(all_keys):
+            self.worker.save(request_id, layer, all_keys[skip_chunks:], block_ids, skip_chunks,
+                             tail)
 
     def collect_saves(self, block: bool = False):
         """Counts the stores that have finished (all of them with block); the

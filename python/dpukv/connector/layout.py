@@ -127,21 +127,45 @@ class KvLayout:
                                 v.storage_offset())
         return v.as_strided((self.num_blocks, 1, row), (v.stride(0), row, 1), v.storage_offset())
 
-    def rows(self, block_ids, chunks, device):
+    def tail_blocks(self, tokens):
+        """Blocks of a prompt's last, partial chunk of `tokens` tokens (0: none)."""
+        return -(-tokens // self.block_size)
+
+    def chunk_rows(self, tail=0):
+        """Rows of a chunk: a whole one (tail 0), or a partial one of `tail` blocks."""
+        return self.parts * (tail or self.blocks_per_chunk)
+
+    def stored_bytes(self, tail=0):
+        """Bytes of a chunk as stored: a whole one, or a partial one of `tail` blocks
+        (its blocks only: the last may hold slots past the prompt, as written)."""
+        return self.chunk_bytes // self.rows_per_chunk * self.chunk_rows(tail)
+
+    def rows(self, block_ids, chunks, device, tail=0):
         """The rows of `chunks` chunks in the caches' row view, in staging's order:
         per chunk its K blocks' rows, then its V blocks' rows (one part: its blocks'
-        rows). Strided caches: a (blocks, parts) pair of index tensors."""
-        b = torch.tensor(block_ids[:chunks * self.blocks_per_chunk],
-                         dtype=torch.int64).view(chunks, self.blocks_per_chunk)
+        rows); with tail, the last of them is a partial chunk of `tail` blocks.
+        Strided caches: a (blocks, parts) pair of index tensors."""
+        whole = chunks - (1 if tail else 0)
+        bpc = self.blocks_per_chunk
+        groups = [torch.tensor(block_ids[:whole * bpc], dtype=torch.int64).view(whole, bpc)]
+        if tail:
+            groups.append(torch.tensor(block_ids[whole * bpc:whole * bpc + tail],
+                                       dtype=torch.int64).view(1, tail))
         if self.strided:
-            if self.parts == 1:
-                return (b.reshape(-1).to(device), torch.zeros(b.numel(), dtype=torch.int64,
-                                                              device=device))
-            parts = torch.cat([torch.zeros_like(b), torch.ones_like(b)], dim=1)
-            return (torch.cat([b, b], dim=1).reshape(-1).to(device), parts.reshape(-1).to(device))
+            blocks, parts = [], []
+            for b in groups:
+                if self.parts == 1:
+                    blocks.append(b.reshape(-1))
+                    parts.append(torch.zeros(b.numel(), dtype=torch.int64))
+                else:
+                    blocks.append(torch.cat([b, b], dim=1).reshape(-1))
+                    parts.append(torch.cat([torch.zeros_like(b), torch.ones_like(b)],
+                                           dim=1).reshape(-1))
+            return torch.cat(blocks).to(device), torch.cat(parts).to(device)
         if self.parts == 1:
-            return b.reshape(-1).to(device)
-        return torch.cat([b, b + self.num_blocks], dim=1).reshape(-1).to(device)
+            return torch.cat([b.reshape(-1) for b in groups]).to(device)
+        return torch.cat([torch.cat([b, b + self.num_blocks], dim=1).reshape(-1)
+                          for b in groups]).to(device)
 
     def scatter(self, layer, rows, k, src):
         """Staging rows src into the first k rows of `rows` of a layer's cache."""
@@ -159,10 +183,11 @@ class KvLayout:
         else:  # host-pinned: gathered on the device, then copied down
             dst.copy_(torch.index_select(self.kv_rows[layer], 0, rows[a:b]))
 
-    def check_blocks(self, block_ids, chunks, what):
-        """The blocks of the first `chunks` chunks: enough of them, each a block of
-        the cache (torch would wrap a negative id onto another block)."""
-        need = chunks * self.blocks_per_chunk
+    def check_blocks(self, block_ids, chunks, what, tail=0):
+        """The blocks of the first `chunks` chunks (the last a partial one of `tail`
+        blocks, if tail): enough of them, each a block of the cache (torch would
+        wrap a negative id onto another block)."""
+        need = chunks * self.blocks_per_chunk - (self.blocks_per_chunk - tail if tail else 0)
         ids = list(block_ids)
         if len(ids) < need:
             raise ValueError(f"{what}: {chunks} chunks need {need} block ids, got {len(ids)}")

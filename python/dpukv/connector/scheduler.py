@@ -31,12 +31,14 @@ def release_pins(client, key_lists):
 
 class Lookup:
     """A lookup's answer: hits per layer (leading keys found), the keys it pinned
-    per layer, and `chunks`, the whole chunks an engine may load."""
+    per layer, `chunks`, the chunks an engine may load, and `tokens`, the prompt
+    tokens they give it (never the last one)."""
 
-    def __init__(self, hits, pinned, chunks):
+    def __init__(self, hits, pinned, chunks, tokens):
         self.hits = hits
         self.pinned = pinned
         self.chunks = chunks
+        self.tokens = tokens
 
     @property
     def leading(self):
@@ -44,10 +46,15 @@ class Lookup:
         return min(self.hits) if self.hits else 0
 
 
-def lookup(client, keys, prompt_tokens, chunk_tokens, max_chunks=None, on_refused=None):
+def lookup(client, keys, prompt_tokens, chunk_tokens, max_chunks=None, on_refused=None,
+           partial=False):
     """keys: per layer (and rank) the prompt's chunk keys. max_chunks: the most a
     worker's staging loads (the rest is recomputed). on_refused(error): a refused
-    lookup (the agent said no) is a miss after it; without it the error is raised."""
+    lookup (the agent said no) is a miss after it; without it the error is raised.
+    partial: the keys end with the prompt's partial last chunk (if it has one), and
+    a hit of every chunk gives the engine all of the prompt but its last token (as
+    a prompt of whole chunks does: its last chunk is loaded, one token computed);
+    without, the hit is whole chunks short of the prompt's end."""
     hits = [0] * len(keys)  # a prompt shorter than a chunk has nothing to find
     if keys and keys[0]:
         try:  # every layer's lookup in one round trip
@@ -60,11 +67,16 @@ def lookup(client, keys, prompt_tokens, chunk_tokens, max_chunks=None, on_refuse
             on_refused(e)
     pinned = [k[:n] for k, n in zip(keys, hits)]
     chunks = min(hits) if hits else 0
-    if chunks * chunk_tokens >= prompt_tokens:
-        chunks -= 1  # the engine computes at least one token of the prompt
     if max_chunks is not None:
         chunks = min(chunks, max_chunks)
-    return Lookup(hits, pinned, max(chunks, 0))
+    if chunks * chunk_tokens >= prompt_tokens and not partial:
+        chunks -= 1  # the engine computes at least one token of the prompt
+    chunks = max(chunks, 0)
+    # The engine computes at least one token of the prompt: the last.
+    tokens = min(chunks * chunk_tokens, prompt_tokens - 1) if prompt_tokens else 0
+    if tokens <= (chunks - 1) * chunk_tokens:  # a last chunk of one token: not worth a load
+        chunks -= 1
+    return Lookup(hits, pinned, chunks, max(tokens, 0))
 
 
 class Scheduler:

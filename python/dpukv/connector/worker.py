@@ -49,10 +49,12 @@ class _Failed:
 
 @dataclass
 class LoadRequest:
-    """A request's load: chunks [0, chunks) of keys (per layer) into block_ids."""
+    """A request's load: chunks [0, chunks) of keys (per layer) into block_ids;
+    with tail, the last of them is a prompt's partial chunk of `tail` blocks."""
     keys: list  # per layer: the chunk keys to load
     chunks: int
     block_ids: list = field(default_factory=list)
+    tail: int = 0
     pinned: list = field(default_factory=list)  # per layer: keys pinned by a lookup here
     rows_t: object = None  # the chunks' rows in the caches' row view (layout.rows)
     loads: list = field(default_factory=list)  # per layer: _Load, _Queued, _Failed or None
@@ -166,9 +168,11 @@ class Worker:
         st = self.staging
         st.ready(slot, n)
         offsets = [st.offset(slot + c) for c in range(n)]
+        lengths = [st.chunk_bytes] * n
+        if req.tail:
+            lengths[-1] = self.layout.stored_bytes(req.tail)
         try:
-            pending = self.client.submit_retrieve(st.buf, req.keys[l][:n], offsets,
-                                                  [st.chunk_bytes] * n)
+            pending = self.client.submit_retrieve(st.buf, req.keys[l][:n], offsets, lengths)
         except (native.AgentUnavailable, RuntimeError) as e:  # away, or refused
             st.give_run(slot, n)
             for m in range(l, self.layout.layers):
@@ -225,15 +229,17 @@ class Worker:
         n = load.n
         kv = self.layout.kv[layer]
         if req.rows_t is None:
-            req.rows_t = self.layout.rows(req.block_ids, req.chunks, kv.device)
+            req.rows_t = self.layout.rows(req.block_ids, req.chunks, kv.device, req.tail)
+        # A partial last chunk's rows are the first of its slot.
+        k = (n - 1) * self.layout.rows_per_chunk + self.layout.chunk_rows(req.tail)
         # On the connector's stream (the host-pinned path's copy to the device
         # first); the compute stream waits for its event, and the slots are written
         # again only after it (Staging.ready). On the host: one row scatter, the
         # bytes moving once, staging to blocks.
         side = self.dev.stream()
         with self.dev.use(side):
-            src = st.slot_rows(load.slot, n).to(kv.device, non_blocking=True)
-            self.layout.scatter(layer, req.rows_t, n * self.layout.rows_per_chunk, src)
+            src = st.slot_rows(load.slot, n)[:k].to(kv.device, non_blocking=True)
+            self.layout.scatter(layer, req.rows_t, k, src)
             ev = self.dev.record(side)
         self.dev.compute_wait(ev)
         st.read_until(load.slot, n, ev)
@@ -260,9 +266,10 @@ class Worker:
 
     # ---- saves -----------------------------------------------------------------
 
-    def save(self, request_id, layer, keys, block_ids, first_chunk):
+    def save(self, request_id, layer, keys, block_ids, first_chunk, tail=0):
         """Stores `keys`, the chunks from first_chunk on of a layer whose blocks are
-        block_ids (the request's whole table, checked); returns at once."""
+        block_ids (the request's whole table, checked); with tail, the last key is
+        a prompt's partial chunk of `tail` blocks. Returns at once."""
         lay, st = self.layout, self.staging
         kv = lay.kv[layer]
         rows = lay.rows_per_chunk
@@ -272,26 +279,31 @@ class Worker:
             if self.saving_chunks + len(batch) > st.slots:
                 self.wait_for_save()
             # One row gather for the batch's chunks, straight into consecutive slots
-            # (two runs when the ring of slots wraps).
+            # (two runs when the ring of slots wraps); a partial chunk fills the
+            # first rows of its slot.
             c0 = first_chunk + first
             n = len(batch)
-            idx = lay.rows(block_ids[c0 * lay.blocks_per_chunk:], n, kv.device)
+            t = tail if first + n == len(keys) else 0
+            idx = lay.rows(block_ids[c0 * lay.blocks_per_chunk:], n, kv.device, t)
+            total = (n - 1) * rows + lay.chunk_rows(t)
             offsets = []
             side = self.dev.stream()
             self.dev.compute_done_first(side)  # the gather reads what compute wrote
             with self.dev.use(side):
                 done = 0
                 for slot, run in st.save_runs(n):
-                    lay.gather(layer, idx, done * rows, (done + run) * rows,
-                               st.slot_rows(slot, run))
+                    a, b = done * rows, min((done + run) * rows, total)
+                    lay.gather(layer, idx, a, b, st.slot_rows(slot, run)[:b - a])
                     offsets += [st.offset(slot + i) for i in range(run)]
                     done += run
                 # The agent reads staging: the gather must have landed.
                 self.dev.host_wait(self.dev.record(side))
             self.saving_chunks += n
+            lengths = [st.chunk_bytes] * n
+            if t:
+                lengths[-1] = lay.stored_bytes(t)
             try:
-                pending = self.client.submit_store(st.buf, batch, offsets,
-                                                   [st.chunk_bytes] * n)
+                pending = self.client.submit_store(st.buf, batch, offsets, lengths)
             except native.AgentUnavailable:
                 self.counters["save_failures"] += n  # the cache is away
                 self.saving_chunks -= n  # its slots are free again

@@ -2,8 +2,10 @@
 request, pinned (a lease, released by request_finished, by a new lookup of the
 same request, or by the agent's pin timeout); the blocks vLLM allocates; per step,
 the metadata saying what each worker loads (the hit chunks beyond what vLLM's own
-prefix cache computed) and saves (whole prompt chunks computed by the end of the
-step, never a partial one); KV events from the agent's feed with the engine's
+prefix cache computed: a full hit is the whole prompt but its last token, the
+prompt's partial last chunk stored under a key of its own) and saves (whole
+prompt chunks computed by the end of the step, and the partial last chunk once
+the whole prompt is); KV events from the agent's feed with the engine's
 block hashes; the seen-twice save policy; a reset of the model's chunks."""
 import logging
 import time
@@ -56,10 +58,11 @@ class VllmScheduler:
         self._seen = OrderedDict()  # seen_twice: prefix hash -> lookups that saw it
 
     def _keys_all_ranks(self, tokens, salt=0):
+        """Every layer's and rank's keys of the prompt, its partial last chunk's too."""
         layouts = [l ^ salt for l in self.layouts]
         out = []
         for rank in range(self.world_size):
-            out += native.chunk_keys_layers(self.model, tokens, self.chunk_tokens, False,
+            out += native.chunk_keys_layers(self.model, tokens, self.chunk_tokens, True,
                                             self.world_size, rank, layouts)
         return out
 
@@ -98,11 +101,11 @@ class VllmScheduler:
         found = lookup(self.client, keys, len(tokens), self.chunk_tokens, self.max_load_chunks,
                        on_refused=lambda e: logger.warning(
                            "dpukv: lookup of request %s refused (%s): a miss",
-                           request.request_id, e))
+                           request.request_id, e), partial=True)
         st.pinned = found.pinned
         st.hit_chunks = found.chunks
         self._remember(st, 0, found.leading)  # present: removals name them
-        new = st.hit_chunks * self.chunk_tokens - num_computed_tokens
+        new = found.tokens - num_computed_tokens
         if new <= 0:  # vLLM's own prefix cache has it all
             self._unpin(st)
             st.hit_chunks = 0
@@ -126,8 +129,10 @@ class VllmScheduler:
             # computed head, if any, is written again with the same bytes).
             # vLLM sets request.num_computed_tokens only after this call: the local
             # hit is the one get_num_new_matched_tokens was told.
+            # The last chunk loaded may be the prompt's partial one, or hold the
+            # prompt's last token (computed again by vLLM, over the same bytes).
             st.load_from = st.local // self.chunk_tokens
-            st.load_to = (st.local + num_external_tokens) // self.chunk_tokens
+            st.load_to = -(-(st.local + num_external_tokens) // self.chunk_tokens)
             st.saved = max(st.saved, st.load_to)
 
     def build_connector_meta(self, scheduler_output):
@@ -153,9 +158,12 @@ class VllmScheduler:
         return meta
 
     def _plan(self, meta, req_id, st, computed_after_step):
-        # Save the prompt's whole chunks computed by the end of this step (with
-        # seen_twice, only a prefix an earlier request's lookup saw too).
-        done = min(computed_after_step, len(st.tokens)) // self.chunk_tokens
+        # Save the prompt's whole chunks computed by the end of this step, and its
+        # partial last chunk once all of it is (with seen_twice, only a prefix an
+        # earlier request's lookup saw too).
+        done = -(-min(computed_after_step, len(st.tokens)) // self.chunk_tokens)
+        if computed_after_step < len(st.tokens):
+            done = computed_after_step // self.chunk_tokens
         done = min(done, st.savable)
         rm = ReqMeta(req_id, st.key_tokens if st.key_tokens is not None else st.tokens,
                      list(st.block_ids), salt=st.salt)
@@ -213,8 +221,11 @@ class VllmScheduler:
     def _remember(self, st, first, end):
         """The engine's block hashes of chunks [first, end), for their events."""
         bpc = self.chunk_tokens // self.block_size
-        if not st.keys0 or len(st.block_hashes) < end * bpc:
-            return  # no block hashes (an engine without prefix caching): no events
+        # Chunks with vLLM block hashes: whole ones (a partial chunk's last block
+        # has none); none at all in an engine without prefix caching.
+        end = min(end, len(st.block_hashes) // bpc)
+        if not st.keys0:
+            return
         for c in range(first, min(end, len(st.keys0))):
             hashes = st.block_hashes[c * bpc:(c + 1) * bpc]
             parent = st.block_hashes[c * bpc - 1] if c else None

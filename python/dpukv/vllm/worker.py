@@ -105,9 +105,14 @@ class VllmWorker:
         logger.info("dpukv: %s registered, %s path%s", what, self.core.path,
                     (": " + self.core.path_reason) if self.core.path_reason else "")
 
+    def _load_blocks(self, rm):
+        """The blocks a load writes: its chunks', the last partial chunk's own only."""
+        bpc = self.chunk_tokens // self.block_size
+        end = min(rm.load_to * bpc, -(-len(rm.token_ids) // self.block_size))
+        return rm.block_ids[rm.load_from * bpc:end]
+
     def start_load_kv(self, meta):
         self._loading = []
-        bpc = self.chunk_tokens // self.block_size
         now = time.monotonic_ns()
         for rm in meta.requests:
             if rm.load_to <= rm.load_from:
@@ -115,7 +120,7 @@ class VllmWorker:
             # dpukv.lease_ms: a hit looked up longer ago than that is not loaded; its
             # blocks are reported and vLLM recomputes them.
             if self.lease_ns > 0 and now - rm.lookup_ns > self.lease_ns:
-                self._load_errors.update(rm.block_ids[rm.load_from * bpc:rm.load_to * bpc])
+                self._load_errors.update(self._load_blocks(rm))
                 continue
             try:
                 self.core.prepare_load(rm.req_id, rm.token_ids, rm.block_ids, rm.load_from,
@@ -124,7 +129,7 @@ class VllmWorker:
             except (ValueError, RuntimeError) as e:
                 # Never an exception out of the step: the blocks are recomputed.
                 logger.warning("dpukv: load of request %s not started (%s)", rm.req_id, e)
-                self._load_errors.update(rm.block_ids[rm.load_from * bpc:rm.load_to * bpc])
+                self._load_errors.update(self._load_blocks(rm))
                 self.core.request_finished(rm.req_id)
                 continue
             self._loading.append(rm)
@@ -138,8 +143,7 @@ class VllmWorker:
                 self.core.wait_for_layer_load(rm.req_id, layer)
             except LoadMiss as e:
                 # Never a crash of the step: vLLM recomputes these blocks.
-                bpc = self.chunk_tokens // self.block_size
-                failed = rm.block_ids[rm.load_from * bpc:rm.load_to * bpc]
+                failed = self._load_blocks(rm)
                 if failed[0] not in self._load_errors:
                     logger.warning("dpukv: load of request %s failed (%s); %d blocks to "
                                    "recompute", rm.req_id, e, len(failed))
@@ -151,9 +155,11 @@ class VllmWorker:
             return
         for rm in meta.requests:
             if rm.save_to > rm.save_from:
-                self.core.save_kv_layer(rm.req_id, layer,
-                                        rm.token_ids[:rm.save_to * self.chunk_tokens],
-                                        rm.block_ids, skip_chunks=rm.save_from, salt=rm.salt)
+                tokens = rm.token_ids[:rm.save_to * self.chunk_tokens]
+                # Fewer tokens than whole chunks: the last is the prompt's partial one.
+                self.core.save_kv_layer(rm.req_id, layer, tokens, rm.block_ids,
+                                        skip_chunks=rm.save_from, salt=rm.salt,
+                                        partial=len(tokens) % self.chunk_tokens != 0)
 
     def wait_for_save(self):
         # The step's gathers copied its blocks into staging already: the stores
