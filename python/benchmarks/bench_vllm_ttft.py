@@ -16,7 +16,9 @@ vLLM's own prefix cache on: the KV never leaves the engine, the limit a connecto
 hit can approach), dpukv (DpukvConnectorV1 as the README configures it, against an
 agent this bench starts), vllm-offload (vLLM's kv_offloading_size, its native CPU
 offloading), lmcache (vLLM's LMCacheMPConnector, what kv_offloading_backend
-"lmcache" picks, against an LMCache server this bench starts: `lmcache server
+"lmcache" picks; lmcache-shm: the same in LMCache's lmcache-driven mode, its
+server moving the KV through shared memory; each against an LMCache server this
+bench starts: `lmcache server
 --chunk-size 256 --l1-size-gb 2 --eviction-policy LRU --supported-transfer-mode
 auto`, the CPU worker asking for engine-driven transfers; run the bench with a
 python whose environment has LMCache, e.g. the vLLM venv plus `pip install
@@ -41,11 +43,11 @@ import time
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
           "intermediate_size": 2048, "num_attention_heads": 8, "num_key_value_heads": 2,
-          "num_hidden_layers": 8, "vocab_size": 4096, "max_position_embeddings": 16384,
+          "num_hidden_layers": 8, "vocab_size": 4096, "max_position_embeddings": 65536,
           "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "torch_dtype": "bfloat16",
           "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 1,
           "eos_token_id": 2}
-CONFIGS = ("none", "prefix-cache", "dpukv", "vllm-offload", "lmcache")
+CONFIGS = ("none", "prefix-cache", "dpukv", "vllm-offload", "lmcache", "lmcache-shm")
 
 
 def prompt(seed, n):
@@ -67,12 +69,14 @@ def worker(model, config, socket, lengths, reps, lmcache_port=None):
             kv_role="kv_both", kv_connector_extra_config={"dpukv.socket": socket})
     elif config == "vllm-offload":
         kw["kv_offloading_size"] = 2.0  # GiB of CPU memory
-    elif config == "lmcache":
+    elif config in ("lmcache", "lmcache-shm"):
         from vllm.config import KVTransferConfig
+        extra = {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": lmcache_port}
+        if config == "lmcache-shm":  # the server reads and writes the KV through shared memory
+            extra["lmcache.mp.mp_transfer_mode"] = "lmcache_driven"
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="LMCacheMPConnector", kv_role="kv_both",
-            kv_connector_extra_config={"lmcache.mp.host": "tcp://127.0.0.1",
-                                       "lmcache.mp.port": lmcache_port})
+            kv_connector_extra_config=extra)
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=max(lengths) + 16, enforce_eager=True, seed=0, max_num_seqs=1,
               kv_cache_memory_bytes=1 << 30, enable_prefix_caching=config == "prefix-cache",
@@ -100,7 +104,7 @@ def worker(model, config, socket, lengths, reps, lmcache_port=None):
                     stored += -(-n // 256) * CONFIG["num_hidden_layers"]
                     while json.loads(client.stats())["chunks"] < stored:
                         time.sleep(0.001)
-                elif config == "lmcache" and not times[1:]:
+                elif config.startswith("lmcache") and not times[1:]:
                     # LMCache's server stores asynchronously and says nothing to the
                     # engine when it is done: the hit is asked for after a pause
                     # (not timed) long enough for the store to land.
@@ -199,7 +203,7 @@ def main():
         for config in a.configs.split(","):
             print(f"bench vllm_ttft: {config} ...", file=sys.stderr, flush=True)
             server, port = None, None
-            if config == "lmcache":
+            if config.startswith("lmcache"):
                 server, port = start_lmcache(sys.executable)
                 if server is None:
                     results.append({"config": config, "ran": False, "why": port})
