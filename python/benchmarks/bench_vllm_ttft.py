@@ -29,7 +29,8 @@ Each row: the configuration's median hit TTFT, the same run's median miss TTFT
 (the baseline) and their ratio; and the ratio to dpukv's hit where both ran.
 Prints a table, or with --json {"bench": "vllm_ttft", "results": [...]}.
 
-  bench_vllm_ttft.py PACKAGE_DIR DPUKV_BIN [--lengths 2048,8192] [--reps 3] [--json]
+  bench_vllm_ttft.py PACKAGE_DIR DPUKV_BIN [--lengths 2048,8192] [--reps 3] [--batch 1]
+                     [--configs none,prefix-cache,dpukv,...] [--json]
 
 Run with the vLLM venv's python (scripts/vllm_venv.sh prints it)."""
 import argparse
@@ -58,7 +59,7 @@ def prompt(seed, n):
     return out
 
 
-def worker(model, config, socket, lengths, reps, lmcache_port=None):
+def worker(model, config, socket, lengths, reps, lmcache_port=None, batch=1):
     """One engine with one configuration: per length and repetition, a miss then a hit."""
     from vllm import LLM, SamplingParams
     kw = {}
@@ -78,9 +79,9 @@ def worker(model, config, socket, lengths, reps, lmcache_port=None):
             kv_connector="LMCacheMPConnector", kv_role="kv_both",
             kv_connector_extra_config=extra)
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-              max_model_len=max(lengths) + 16, enforce_eager=True, seed=0, max_num_seqs=1,
+              max_model_len=max(lengths) + 16, enforce_eager=True, seed=0, max_num_seqs=batch,
               kv_cache_memory_bytes=1 << 30, enable_prefix_caching=config == "prefix-cache",
-              max_num_batched_tokens=max(lengths) + 16, **kw)
+              max_num_batched_tokens=batch * max(lengths) + 16, **kw)
     params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     llm.generate([{"prompt_token_ids": prompt(999, 64)}], params, use_tqdm=False)  # warm-up
     rows = []
@@ -90,18 +91,18 @@ def worker(model, config, socket, lengths, reps, lmcache_port=None):
         stored = json.loads(client.stats())["chunks"]
     for n in lengths:
         for r in range(reps):
-            p = {"prompt_token_ids": prompt(1000 * n + r, n)}
+            ps = [{"prompt_token_ids": prompt(1000 * n + 100 * r + b, n)} for b in range(batch)]
             times, tokens = [], []
             for _ in range(2):  # the miss (stores), then the hit
                 t0 = time.perf_counter()
-                out = llm.generate([p], params, use_tqdm=False)
+                out = llm.generate(ps, params, use_tqdm=False)
                 times.append(time.perf_counter() - t0)
-                tokens.append(list(out[0].outputs[0].token_ids))
+                tokens.append([list(o.outputs[0].token_ids) for o in out])
                 if config == "dpukv" and not times[1:]:
                     # dpukv stores asynchronously: the hit is asked for once the
                     # agent holds the prompt's chunks, its partial last one too
                     # (not timed).
-                    stored += -(-n // 256) * CONFIG["num_hidden_layers"]
+                    stored += batch * -(-n // 256) * CONFIG["num_hidden_layers"]
                     while json.loads(client.stats())["chunks"] < stored:
                         time.sleep(0.001)
                 elif config.startswith("lmcache") and not times[1:]:
@@ -149,7 +150,7 @@ def start_lmcache(py):
         time.sleep(0.1)
 
 
-def run_config(py, pkg, model, config, socket, lengths, reps, lmcache_port=None):
+def run_config(py, pkg, model, config, socket, lengths, reps, lmcache_port=None, batch=1):
     # vLLM's CPU engine keeps cores for its scheduler process: one without a KV
     # connector, two with one (for NIXL's threads) - on a 2-core machine none, and
     # the worker computes on both. Every configuration gets vLLM's default without
@@ -158,7 +159,8 @@ def run_config(py, pkg, model, config, socket, lengths, reps, lmcache_port=None)
                PYTHONDONTWRITEBYTECODE="1", VLLM_CPU_NUM_OF_RESERVED_CPU="1")
     p = subprocess.run([py, os.path.abspath(__file__), "--worker", config, "--model", model,
                         "--socket", socket, "--lengths", ",".join(map(str, lengths)),
-                        "--reps", str(reps), "--lmcache-port", str(lmcache_port or 0), pkg, "-"],
+                        "--reps", str(reps), "--lmcache-port", str(lmcache_port or 0),
+                        "--batch", str(batch), pkg, "-"],
                        env=env, capture_output=True, text=True)
     lines = [l for l in p.stdout.splitlines() if l.startswith("ROWS ")]
     if p.returncode != 0 or not lines:
@@ -175,6 +177,8 @@ def main():
     ap.add_argument("dpukv_bin")
     ap.add_argument("--lengths", default="2048,8192")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1,
+                    help="prompts sent together (each row: the batch's time to its first tokens)")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -184,7 +188,7 @@ def main():
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
     if a.worker:
-        worker(a.model, a.worker, a.socket, lengths, a.reps, a.lmcache_port)
+        worker(a.model, a.worker, a.socket, lengths, a.reps, a.lmcache_port, a.batch)
         return
     tmp = tempfile.mkdtemp(prefix="dpukv-bench-ttft-")
     model = os.path.join(tmp, "llama-prefill")
@@ -210,7 +214,7 @@ def main():
                     continue
             try:
                 rows, why = run_config(sys.executable, os.path.abspath(a.package_dir), model,
-                                       config, sock, lengths, a.reps, port)
+                                       config, sock, lengths, a.reps, port, a.batch)
             finally:
                 if server is not None:
                     server.terminate()
@@ -224,7 +228,7 @@ def main():
                 hit = statistics.median(r["hit_s"] for r in mine)
                 medians[(config, n)] = hit
                 results.append({
-                    "config": config, "ran": True, "tokens": n,
+                    "config": config, "ran": True, "tokens": n, "batch": a.batch,
                     "ttft_hit_ms": round(hit * 1e3, 1),
                     "baseline": "the same run's miss (full prefill)",
                     "baseline_ttft_ms": round(miss * 1e3, 1),
