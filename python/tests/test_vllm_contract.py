@@ -569,6 +569,29 @@ def test_a_local_prefix_cache_hit_loads_only_what_lies_beyond_it():
     eng.finish(a)
 
 
+def test_a_full_hit_is_all_of_the_prompt_but_its_last_token_whatever_its_length():
+    # Issue 47: a prompt's partial last chunk is stored under its own key, and a
+    # full hit gives vLLM all of the prompt but its last token: a whole number of
+    # chunks (64: the last chunk loaded, one token computed over it), one token
+    # past it (65: a partial chunk of one token is not worth a load), two past (66)
+    # and 100. Each hit's logits equal the same model reusing those n-1 tokens' KV.
+    eng = Engine(cfg, model, "contract-tail")
+    st = eng.worker.core.counters
+    for n in (64, 65, 66, 100):
+        a = eng.stored(f"t{n}", n)
+        kv = token_kv(eng, a, n - 1)
+        b = Request(f"u{n}", a.prompt_token_ids)
+        assert eng.sched.get_num_new_matched_tokens(b, 0) == (n - 1, False), n
+        loaded = st["loaded_chunks"]
+        eng.add(b)
+        assert eng.step() == [b.request_id]
+        assert b.num_computed_tokens == n
+        assert st["loaded_chunks"] - loaded == -(-(n - 1) // CHUNK) * cfg.layers, (n, st)
+        assert torch.equal(eng.prefill_logits[b.request_id],
+                           reference_after(model, cfg, a.prompt_token_ids, kv, n - 1)), n
+        eng.finish(b)
+
+
 def test_asking_twice_before_allocation_looks_up_once():
     # Issue 35: vLLM may ask get_num_new_matched_tokens about a request more than
     # once before it allocates (no room this step: again the next) and documents it
