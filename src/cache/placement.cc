@@ -262,22 +262,36 @@ bool Placement::make_disk_room(uint64_t size, uint64_t* off) {
   const uint64_t now = monotonic_ns();
   int32_t v = table_.disk_coldest();
   while (!disk_->allocator().alloc(size, off)) {
-    while (v >= 0) {
-      const ChunkEntry& en = table_.at(v);
-      if (!en.filling() && !(en.pinned(now) && !en.mem_ready())) break;
-      v = table_.disk_warmer(v);
-    }
+    v = disk_victim_from(v, now, 0, -1);
     if (v < 0) return false;
     const int32_t victim = v;
     v = table_.disk_warmer(v);
-    if (table_.at(victim).mem_ready()) {
-      drop_disk_copy(victim);
-    } else {
-      ++st_->disk_evictions;
-      drop_entry(victim);
-    }
+    evict_disk_copy(victim);
   }
   return true;
+}
+
+// From v toward the warmer end of the disk queue: the first disk copy that may go
+// (not being filled, not a pinned disk-only chunk), of tenant `tag` (0: any) and
+// not `keep`; -1 if none.
+int32_t Placement::disk_victim_from(int32_t v, uint64_t now, uint32_t tag, int32_t keep) const {
+  for (; v >= 0; v = table_.disk_warmer(v)) {
+    const ChunkEntry& en = table_.at(v);
+    if (v != keep && (tag == 0 || key_tenant(en.key) == tag) && !en.filling() &&
+        !(en.pinned(now) && !en.mem_ready()))
+      return v;
+  }
+  return -1;
+}
+
+// A chunk also in memory loses only its disk copy; a disk-only chunk leaves.
+void Placement::evict_disk_copy(int32_t victim) {
+  if (table_.at(victim).mem_ready()) {
+    drop_disk_copy(victim);
+  } else {
+    ++st_->disk_evictions;
+    drop_entry(victim);
+  }
 }
 
 Placement::SpillStart Placement::start_spill(int32_t e) {
@@ -516,23 +530,12 @@ bool Placement::fit_tenant_disk(uint32_t tag, uint64_t size, int32_t keep) {
   const uint64_t now = monotonic_ns();
   int32_t v = table_.disk_coldest();
   while (u.disk_bytes + size > u.disk_quota) {
-    while (v >= 0) {
-      const ChunkEntry& en = table_.at(v);
-      if (v != keep && key_tenant(en.key) == tag && !en.filling() &&
-          !(en.pinned(now) && !en.mem_ready()))
-        break;
-      v = table_.disk_warmer(v);
-    }
+    v = disk_victim_from(v, now, tag, keep);
     if (v < 0) return false;
     const int32_t victim = v;
     v = table_.disk_warmer(v);
     ++u.quota_evictions;
-    if (table_.at(victim).mem_ready()) {
-      drop_disk_copy(victim);
-    } else {
-      ++st_->disk_evictions;
-      drop_entry(victim);
-    }
+    evict_disk_copy(victim);
   }
   return true;
 }

@@ -141,6 +141,8 @@ class Placement {
   int32_t pick_victim();
   int32_t pick_index_victim();
   bool make_disk_room(uint64_t size, uint64_t* off);
+  int32_t disk_victim_from(int32_t v, uint64_t now, uint32_t tag, int32_t keep) const;
+  void evict_disk_copy(int32_t victim);
   bool fit_tenant_disk(uint32_t tag, uint64_t size, int32_t keep);
   TenantUsage& usage_of(const ChunkEntry& en);
   // A tag's entry (made on first use). One tenant's stores come in runs: the last

@@ -231,5 +231,33 @@ TEST_F(PlacementTest, StoresInFlightCountAgainstTheTenantsShare) {
   EXPECT_EQ(p_->tenant_usage(kA).memory_filling, 0u);
 }
 
+// A tenant over its disk share makes room from its own coldest disk copies before a
+// write-back, never another tenant's, even a colder one.
+TEST_F(PlacementTest, ATenantOverItsDiskQuotaDropsItsOwnDiskCopiesOnly) {
+  make(2, true);
+  constexpr uint32_t kA = 0xa, kB = 0xb;
+  p_->set_tenant_quota(kA, 0, kChunk);
+  uint64_t off;
+  auto spill_one = [&] {  // memory full: its coldest chunk is written back, then leaves
+    ASSERT_FALSE(p_->make_room(kChunk, 0, &off));
+    land_spills(1);
+    ASSERT_TRUE(p_->make_room(kChunk, 0, &off));
+    p_->memory().free(off);
+  };
+  ASSERT_TRUE(put_tenant(kB, 1));
+  ASSERT_TRUE(put_tenant(kA, 1));
+  spill_one();  // B1 to disk
+  ASSERT_TRUE(put_tenant(kA, 2));
+  spill_one();  // A1 to disk: A's share is full
+  ASSERT_TRUE(put_tenant(kA, 3));
+  spill_one();  // A2's write-back: A1's disk copy goes, not B1's (colder)
+  EXPECT_TRUE(p_->contains(tenant_key(kB, 1)));
+  EXPECT_FALSE(p_->contains(tenant_key(kA, 1)));
+  EXPECT_TRUE(p_->contains(tenant_key(kA, 2)));
+  EXPECT_EQ(p_->tenant_usage(kA).disk_bytes, kChunk);
+  EXPECT_EQ(p_->tenant_usage(kA).quota_evictions, 1u);
+  EXPECT_EQ(p_->tenant_usage(kB).disk_bytes, kChunk);
+}
+
 }  // namespace
 }  // namespace dpukv
