@@ -183,24 +183,39 @@ Status Agent::open_door(Door* d) {
   return Code::kSuccess;
 }
 
+// Staging (host and GPU) the clients exported, over every socket: in all, and per
+// tenant (by Tenant::index) into by_tenant if given. One pass over the
+// connections: for exports (rare: a client's staging, at start) and figures.
+uint64_t Agent::staging_bytes(std::vector<uint64_t>* by_tenant) const {
+  struct Sum {
+    std::vector<uint64_t>* by;
+    uint64_t all;
+  } sum{by_tenant, 0};
+  for (const auto& d : doors_)
+    d->server->for_each_connection(
+        [](void* arg, const ComchConnection* c) {
+          auto* s = static_cast<Sum*>(arg);
+          const uint64_t n = c->imported_bytes() + c->other_import_bytes();
+          s->all += n;
+          const auto* cs = static_cast<const Session*>(c->user_data().ptr);
+          if (s->by == nullptr || cs == nullptr || cs->tenant == nullptr) return;
+          if (s->by->size() <= cs->tenant->index) s->by->resize(cs->tenant->index + 1);
+          (*s->by)[cs->tenant->index] += n;
+        },
+        &sum);
+  return sum.all;
+}
+
 // Staging over every socket of the agent (each server alone sees its own), and
-// the client's tenant's share over all its clients. Exports are rare (a client's
-// staging, at start): summing the connections each time is cheap enough.
+// the client's tenant's share over all its clients.
 bool Agent::staging_allowed(void* arg, const ComchConnection* c, uint64_t more, const char** why) {
   const Agent* a = static_cast<Door*>(arg)->agent;
   const auto* s = static_cast<const Session*>(c->user_data().ptr);
   const Tenant* mine = s != nullptr ? s->tenant : nullptr;
-  const auto any = [](const void*, const ComchConnection*) { return true; };
-  const auto same_tenant = [](const void* t, const ComchConnection* other) {
-    const auto* os = static_cast<const Session*>(other->user_data().ptr);
-    return os != nullptr && os->tenant == t;
-  };
-  uint64_t all = 0, tenant = 0;
-  for (const auto& d : a->doors_) {
-    all += d->server->import_bytes_of(any, nullptr);
-    if (mine != nullptr && mine->staging_quota != 0)
-      tenant += d->server->import_bytes_of(same_tenant, mine);
-  }
+  std::vector<uint64_t> by_tenant;
+  const uint64_t all = a->staging_bytes(&by_tenant);
+  const uint64_t tenant =
+      mine != nullptr && mine->index < by_tenant.size() ? by_tenant[mine->index] : 0;
   const uint64_t total_cap = a->opts_.max_staging_total_bytes;
   if (total_cap != 0 && (more > total_cap || all > total_cap - more)) {
     *why = "exported memory over the limit for all clients together";
@@ -942,6 +957,8 @@ AgentStatsSources Agent::stats_sources(bool asker_connected, const Session* aske
     s.asker_tenant = asker->tenant->name;
     s.asker_admin = asker->admin;
   }
+  std::vector<uint64_t> staging;
+  (void)staging_bytes(&staging);
   for (const auto& t : tenants_->all()) {
     if (asker != nullptr && !asker->admin && t.get() != asker->tenant) continue;
     AgentStatsSources::TenantRow& row = s.tenants.emplace_back();
@@ -950,13 +967,7 @@ AgentStatsSources Agent::stats_sources(bool asker_connected, const Session* aske
     row.clients = t->index < tenant_clients_.size() ? tenant_clients_[t->index] : 0;
     row.use = cache_->tenant_usage(t->tag);
     row.staging_quota = t->staging_quota;
-    for (const auto& d : doors_)
-      row.staging_bytes += d->server->import_bytes_of(
-          [](const void* tn, const ComchConnection* c) {
-            const auto* cs = static_cast<const Session*>(c->user_data().ptr);
-            return cs != nullptr && cs->tenant == tn;
-          },
-          t.get());
+    row.staging_bytes = t->index < staging.size() ? staging[t->index] : 0;
   }
   s.clients = connected_ - (asker_connected && connected_ > 0 ? 1 : 0);
   s.agent = counters_;

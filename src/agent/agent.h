@@ -87,6 +87,7 @@ class Agent {
   Status open_door(Door* d);
   void stop_doors();
   static bool staging_allowed(void* arg, const ComchConnection* c, uint64_t more, const char** why);
+  uint64_t staging_bytes(std::vector<uint64_t>* by_tenant) const;
   // The key the cache keeps for a key the session names: NOT_PERMITTED for a key
   // of another model, INVALID_VALUE for one that cannot be folded.
   static Status scope_key(const Session* s, const ChunkKey& k, ChunkKey* kept);

@@ -191,12 +191,8 @@ uint64_t ComchServer::import_bytes_all() const {
   return n;
 }
 
-uint64_t ComchServer::import_bytes_of(bool (*pick)(const void*, const ComchConnection*),
-                                      const void* arg) const {
-  uint64_t n = 0;
-  for (const auto& [id, c] : conns_)
-    if (pick(arg, c)) n += c->imported_bytes() + c->other_import_bytes();
-  return n;
+void ComchServer::for_each_connection(void (*fn)(void*, const ComchConnection*), void* arg) const {
+  for (const auto& [id, c] : conns_) fn(arg, c);
 }
 
 void ComchServer::disconnect(ComchConnection* c) {

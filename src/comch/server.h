@@ -47,9 +47,8 @@ class ComchServer final : public ComchBase {
   // Closes one client (e.g. for breaking policy). Its disconnect event follows.
   void disconnect(ComchConnection* c);
   uint64_t import_bytes_all() const override;
-  // Exported bytes (imports and other) of the connections `pick` chooses.
-  uint64_t import_bytes_of(bool (*pick)(const void* arg, const ComchConnection* c),
-                           const void* arg) const;
+  // fn(arg, c) for every connection (not on a data path: figures, limits).
+  void for_each_connection(void (*fn)(void* arg, const ComchConnection* c), void* arg) const;
 
  private:
   ComchServer(ProgressEngine* pe, const ComchServerOptions& opts);
