@@ -78,12 +78,14 @@ int run_agent(AgentSettings st, const std::string& config) {
   const uint64_t mem = o.cache.memory_bytes;
 
   APP_LOG_INFO("dpukv agent %s starting (pid %d)", kDpukvVersion, static_cast<int>(::getpid()));
-  for (const AgentSetting& s : st.all)
-    if (!s.value.empty())
-      APP_LOG_INFO(
-          "  %-20s %s%s%s", s.name,
-          std::string(s.name) == "cluster" ? masked_redis_url(s.value).c_str() : s.value.c_str(),
-          s.origin.empty() ? "" : "  (from ", s.origin.empty() ? "" : (s.origin + ")").c_str());
+  for (const AgentSetting& s : st.all) {
+    if (s.value.empty()) continue;
+    // One log line a setting: tenant rules, a line each in a file, joined by "; ".
+    std::string v = std::string(s.name) == "cluster" ? masked_redis_url(s.value) : s.value;
+    for (size_t nl; (nl = v.find('\n')) != std::string::npos;) v.replace(nl, 1, "; ");
+    APP_LOG_INFO("  %-20s %s%s%s", s.name, v.c_str(), s.origin.empty() ? "" : "  (from ",
+                 s.origin.empty() ? "" : (s.origin + ")").c_str());
+  }
 
   std::unique_ptr<Agent> agent;
   Status rc = Agent::create(o, &agent);
