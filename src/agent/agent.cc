@@ -965,6 +965,9 @@ AgentStatsSources Agent::stats_sources(bool asker_connected, const Session* aske
     row.name = t->name;
     row.tag = t->tag;
     row.clients = t->index < tenant_clients_.size() ? tenant_clients_[t->index] : 0;
+    // As the clients figure: the asker's own connection is not counted.
+    if (asker_connected && asker != nullptr && asker->tenant == t.get() && row.clients > 0)
+      --row.clients;
     row.use = cache_->tenant_usage(t->tag);
     row.staging_quota = t->staging_quota;
     row.staging_bytes = t->index < staging.size() ? staging[t->index] : 0;
