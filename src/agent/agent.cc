@@ -157,7 +157,7 @@ Status Agent::open_door(Door* d) {
   so.max_connections_per_uid = opts_.max_clients_per_uid;
   so.send_queue_depth = 1024;
   if (opts_.max_staging_bytes) so.max_import_bytes_per_connection = opts_.max_staging_bytes;
-  if (opts_.max_staging_total_bytes) so.max_import_bytes_total = opts_.max_staging_total_bytes;
+  // max_staging_total spans every socket: staging_allowed checks it, not each server.
   so.admit_peer = [](void* arg, const PeerCred& p) {
     auto* door = static_cast<Door*>(arg);
     std::string why;

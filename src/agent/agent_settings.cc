@@ -1,7 +1,6 @@
 #include "agent/agent_settings.h"
 
 #include <arpa/inet.h>
-#include <grp.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -482,14 +481,13 @@ bool agent_options_from_settings(AgentSettings* st, AgentOptions* out, std::ostr
     }
     const std::string& admins = st->at("tenant_admin_group").value;
     if (!admins.empty()) {
-      group gr{}, *found = nullptr;
-      char buf[4096];
-      if (getgrnam_r(admins.c_str(), &gr, buf, sizeof(buf), &found) != 0 || found == nullptr) {
+      gid_t g = 0;
+      if (!group_id(admins, &g)) {
         why << "dpukv agent: " << setting_origin(st->at("tenant_admin_group")) << ": no group '"
             << admins << "'\n";
         return false;
       }
-      o.tenancy.admin_gids.push_back(gr.gr_gid);
+      o.tenancy.admin_gids.push_back(g);
     }
   }
   o.cache.dma.num_threads = std::max<uint32_t>(1, static_cast<uint32_t>(as_u64(st, "dma_threads")));

@@ -41,6 +41,24 @@ std::string group_name(gid_t gid) {
 
 }  // namespace
 
+bool user_id(const std::string& name, uid_t* out) {
+  passwd pw{}, *found = nullptr;
+  char buf[4096];
+  if (getpwnam_r(name.c_str(), &pw, buf, sizeof(buf), &found) != 0 || found == nullptr)
+    return false;
+  *out = pw.pw_uid;
+  return true;
+}
+
+bool group_id(const std::string& name, gid_t* out) {
+  group gr{}, *found = nullptr;
+  char buf[4096];
+  if (getgrnam_r(name.c_str(), &gr, buf, sizeof(buf), &found) != 0 || found == nullptr)
+    return false;
+  *out = gr.gr_gid;
+  return true;
+}
+
 bool parse_tenant_rule(const std::string& text, TenantRule* out, std::string* err) {
   std::istringstream in(text);
   TenantRule r;
@@ -65,21 +83,17 @@ bool parse_tenant_rule(const std::string& text, TenantRule* out, std::string* er
     } else if (kind == "gid" && number(value, &n)) {
       r.gids.push_back(n);
     } else if (kind == "user" && !value.empty()) {
-      passwd pw{}, *found = nullptr;
-      char buf[4096];
-      if (getpwnam_r(value.c_str(), &pw, buf, sizeof(buf), &found) != 0 || found == nullptr) {
+      if (!user_id(value, &n)) {
         *err = "tenant " + r.name + ": no user '" + value + "'";
         return false;
       }
-      r.uids.push_back(pw.pw_uid);
+      r.uids.push_back(n);
     } else if (kind == "group" && !value.empty()) {
-      group gr{}, *found = nullptr;
-      char buf[4096];
-      if (getgrnam_r(value.c_str(), &gr, buf, sizeof(buf), &found) != 0 || found == nullptr) {
+      if (!group_id(value, &n)) {
         *err = "tenant " + r.name + ": no group '" + value + "'";
         return false;
       }
-      r.gids.push_back(gr.gr_gid);
+      r.gids.push_back(n);
     } else if (kind == "socket" && !value.empty() && r.socket.empty()) {
       r.socket = value;
     } else if ((kind == "memory" || kind == "disk" || kind == "staging") && !value.empty()) {

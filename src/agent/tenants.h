@@ -53,6 +53,9 @@ struct TenancyOptions {
 // staging:SIZE" (any
 // number of members, at least one; names resolved now). False and *err if bad.
 bool parse_tenant_rule(const std::string& text, TenantRule* out, std::string* err);
+// A user's or group's id by name, from the system's databases; false if none.
+bool user_id(const std::string& name, uid_t* out);
+bool group_id(const std::string& name, gid_t* out);
 // "user", "group", "shared" or "refuse".
 bool parse_tenant_fallback(const std::string& text, TenantFallback* out);
 const char* tenant_fallback_name(TenantFallback f);
