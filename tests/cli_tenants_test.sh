@@ -34,7 +34,7 @@ chmod -R a+rX "$tmp"
 bin=$tmp/dpukv
 # The peers load the client library into Python: an ASan build's needs its runtime first.
 py=(/usr/bin/python3)
-if ldd "$lib_src" | grep -q libasan; then
+if ldd "$lib_src" | grep libasan >/dev/null; then  # not -q: with pipefail, ldd may die of SIGPIPE
   py=(env "LD_PRELOAD=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
       ASAN_OPTIONS=detect_leaks=0 /usr/bin/python3)
 fi
@@ -157,7 +157,9 @@ r=$(peer 1002 "$A" stats)
 "$bin" stat --socket "$A" >"$tmp/stat.out"
 grep -q "uid:1001" "$tmp/stat.out" && grep -q "team" "$tmp/stat.out" && grep -q "(admin" "$tmp/stat.out" ||
   fail "root's stat: $(cat "$tmp/stat.out")"
-"$bin" cache clear --all-tenants --socket "$A" | grep -q "cleared" || fail "root could not clear every tenant"
+# Output to a file first: grep -q leaving a pipe early can kill the writer (pipefail).
+"$bin" cache clear --all-tenants --socket "$A" >"$tmp/clear.out"
+grep -q "cleared" "$tmp/clear.out" || fail "root could not clear every tenant: $(cat "$tmp/clear.out")"
 r=$(peer 1001 "$A" lookup 7 4)
 [ "$(field "$r" '["hits"]')" = 0 ] || fail "root's clear of every tenant left the victim's: $r"
 
@@ -211,7 +213,8 @@ held_gone() { [ "$(field "$(peer 1001 "$S" stats)" '["stats"]["clients"]')" = 0 
 wait_for "the holder's session did not end" held_gone
 r=$(peer 1004:4242 "$S" store 95 16 1)
 [ "$(field "$r" '["status"].count("SUCCESS")')" = 16 ] || fail "the team's second client alone: $r"
-"$bin" stat --socket "$S" | grep -qE "^  team .*staging 0.0 MiB of 0.1 MiB" || fail "stat: $("$bin" stat --socket "$S")"
+"$bin" stat --socket "$S" >"$tmp/stat.out"
+grep -qE "^  team .*staging 0.0 MiB of 0.1 MiB" "$tmp/stat.out" || fail "stat: $(cat "$tmp/stat.out")"
 grep -q "over its tenant's staging share" "$tmp/st.log" || fail "the agent did not say why"
 echo "staging: with 64 KiB held by the team, its second client's 64 KiB was refused and another tenant's taken"
 
