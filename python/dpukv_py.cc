@@ -184,6 +184,8 @@ PYBIND11_MODULE(_dpukv, m) {
 
   py::class_<PyStaging>(m, "Staging", py::buffer_protocol())
       .def_property_readonly("size", [](const PyStaging& s) { return s.s.size; })
+      .def_property_readonly(
+          "data_ptr", [](const PyStaging& s) { return reinterpret_cast<uint64_t>(s.s.data); })
       .def_property_readonly("gpu", [](const PyStaging& s) { return s.gpu; })
       .def_property_readonly("device_ptr", [](const PyStaging& s) { return s.g.device_ptr; })
       .def_buffer([](PyStaging& s) -> py::buffer_info {
@@ -250,6 +252,48 @@ PYBIND11_MODULE(_dpukv, m) {
           },
           "Closes a GPU export at the agent")
       .def_property_readonly("agent_gpu", [](PyClient& pc) { return pc.get().agent_gpu(); })
+      .def(
+          "share_memory",
+          [](PyClient& pc, uint64_t addr, size_t bytes) {
+            PyStaging s;
+            check(pc.get().share_memory(reinterpret_cast<void*>(addr), bytes, &s.s),
+                  "share_memory");
+            return s;
+          },
+          py::arg("addr"), py::arg("nbytes"),
+          "Exports memory this process keeps using (a CPU tensor's storage: data_ptr()) in "
+          "place: the pages that hold it move onto shared memory at the same addresses, bytes "
+          "kept. The result is a staging buffer over those pages (data_ptr: the first page's "
+          "start, the origin of row offsets); nothing may write them during the call")
+      .def_property_readonly("agent_rows", [](PyClient& pc) { return pc.get().agent_rows(); })
+      .def(
+          "submit_retrieve_rows",
+          [](PyClient& pc, const PyStaging& s, const std::vector<ChunkKey>& keys,
+             const py::buffer& row_offsets, uint32_t row_bytes, uint32_t rows_per_chunk,
+             uint32_t last_rows) {
+            const py::buffer_info b = row_offsets.request();
+            if (b.itemsize != 8 || b.ndim != 1 || (b.size > 1 && b.strides[0] != 8))
+              throw std::invalid_argument(
+                  "row_offsets must be a contiguous array of 64-bit offsets");
+            const uint64_t want =
+                keys.empty() ? 0 : (keys.size() - 1) * uint64_t{rows_per_chunk} + last_rows;
+            if (keys.empty() || static_cast<uint64_t>(b.size) != want)
+              throw std::invalid_argument(
+                  "row_offsets must hold (len(keys) - 1) * rows_per_chunk "
+                  "+ last_rows offsets");
+            auto p = std::make_unique<PyPending>();
+            p->st.resize(keys.size());
+            check(
+                pc.get().submit_retrieve_rows(s.s, keys.data(), static_cast<uint32_t>(keys.size()),
+                                              static_cast<const uint64_t*>(b.ptr), row_bytes,
+                                              rows_per_chunk, last_rows, p->st.data(), &p->ticket),
+                "submit_retrieve_rows");
+            return p;
+          },
+          py::arg("staging"), py::arg("keys"), py::arg("row_offsets"), py::arg("row_bytes"),
+          py::arg("rows_per_chunk"), py::arg("last_rows"),
+          "Starts a retrieve into rows of a shared map (share_memory): chunk i fills its rows "
+          "in order; collect it with wait()")
       .def(
           "store",
           [](PyClient& pc, const PyStaging& s, const std::vector<ChunkKey>& keys,

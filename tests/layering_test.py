@@ -73,7 +73,7 @@ PARTS = {
 # without .py; a package by its folder). A module may import only modules before it:
 # the connector's parts never import the vLLM adapter, staging never the worker.
 # "_native" is the client the package root picks (compiled, or ctypes).
-PY_PARTS = ["_native", "_ctypes_client", "device", "connector/layout", "connector/staging",
+PY_PARTS = ["_native", "_ctypes_client", "device", "connector/layout", "connector/staging", "connector/shared",
             "connector/worker", "connector/scheduler", "connector/core", "connector",
             "vllm/requests", "vllm/settings", "vllm/scheduler", "vllm/worker", "vllm"]
 PY_IMPORT = re.compile(r"^\s*from\s+(\.+)([a-z_.]*)\s+import\s+([A-Za-z0-9_, ]+?)(?:\s+as\s+\w+)?\s*(?:#.*)?$")

@@ -39,6 +39,17 @@ const char* dpukv_last_connect_error(void);
 /* Shared staging memory exported to the agent; *data stays valid until close. */
 int dpukv_alloc_staging(dpukv_client* c, size_t bytes, void** data, uint64_t* staging_id);
 
+/* Memory the caller has and keeps using (an engine's paged KV cache), exported in
+ * place: the pages that hold [addr, addr + bytes) move onto shared memory at the
+ * same addresses, their bytes kept (other objects on the first or last page too).
+ * *data, *size: those pages (row offsets count from *data). Nothing may write them
+ * during the call; the caller's own free unmaps them (close the client first).
+ * TOO_BIG: past the agent's staging limit. */
+int dpukv_share_memory(dpukv_client* c, void* addr, size_t bytes, void** data, uint64_t* size,
+                       uint64_t* staging_id);
+/* 1 when the agent takes dpukv_submit_retrieve_rows (said at connect), else 0. */
+int dpukv_agent_rows(dpukv_client* c);
+
 /* GPU memory [device_ptr, device_ptr + bytes) of CUDA device `device` exported to
  * the agent, which copies into and out of it itself (CUDA IPC): store and retrieve
  * take the staging_id as for host staging. NOT_SUPPORTED: no CUDA driver in this
@@ -102,6 +113,15 @@ int dpukv_submit_store(dpukv_client* c, uint64_t staging_id, const dpukv_key* ke
 int dpukv_submit_retrieve(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,
                           const uint64_t* offsets, const uint64_t* lengths, uint32_t n,
                           int* per_entry, uint64_t* ticket);
+/* A retrieve into rows of a shared map (dpukv_share_memory): chunk i fills its
+ * rows in order, rows_per_chunk per chunk (at most 64) but the last, which has
+ * last_rows; row_offsets: (n - 1) * rows_per_chunk + last_rows offsets into the
+ * map, each row row_bytes long. Collected with dpukv_wait or dpukv_poll.
+ * NOT_SUPPORTED: the agent does not take it (dpukv_agent_rows). */
+int dpukv_submit_retrieve_rows(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,
+                               uint32_t n, const uint64_t* row_offsets, uint32_t row_bytes,
+                               uint32_t rows_per_chunk, uint32_t last_rows, int* per_entry,
+                               uint64_t* ticket);
 int dpukv_wait(dpukv_client* c, uint64_t ticket);
 /* Never blocks: *done is 0 while the call runs (IN_PROGRESS returned); once it
  * finished, *done is 1, per_entry is written, the call's status is returned and

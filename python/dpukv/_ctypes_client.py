@@ -57,6 +57,10 @@ for name, res, args in [
     ("dpukv_alloc_staging", _int, [_p, ctypes.c_size_t, ctypes.POINTER(_p), _U64S]),
     ("dpukv_export_gpu", _int, [_p, _u64, ctypes.c_size_t, _int, _U64S]),
     ("dpukv_agent_gpu", _int, [_p]),
+    ("dpukv_share_memory", _int, [_p, _p, ctypes.c_size_t, ctypes.POINTER(_p), _U64S, _U64S]),
+    ("dpukv_agent_rows", _int, [_p]),
+    ("dpukv_submit_retrieve_rows", _int, [_p, _u64, _KEYS, _u32, _U64S, _u32, _u32, _u32, _INTS,
+                                          _U64S]),
     ("dpukv_release_gpu", _int, [_p, _u64]),
     ("dpukv_lookup_status", _int, [_p, _KEYS, _u32, _int, ctypes.POINTER(_u32)]),
     ("dpukv_lookup_layers", _int, [_p, _KEYS, _u32, _u32, _int, ctypes.POINTER(_u32)]),
@@ -150,7 +154,7 @@ def _host_staging(sid, addr, size):
     as it takes the compiled module's Staging), with the same attributes."""
     cls = type("HostStaging", (ctypes.c_uint8 * size,), {})
     s = cls.from_address(addr)
-    s.id, s.size, s.device_ptr, s.gpu = sid, size, 0, False
+    s.id, s.size, s.device_ptr, s.gpu, s.data_ptr = sid, size, 0, False, addr
     return s
 
 
@@ -204,6 +208,32 @@ class Client:
     @property
     def agent_gpu(self):
         return bool(_lib.dpukv_agent_gpu(self._c))
+
+    def share_memory(self, addr, nbytes):
+        data, size, sid = ctypes.c_void_p(), _u64(), _u64()
+        _check(_lib.dpukv_share_memory(self._c, addr, nbytes, ctypes.byref(data),
+                                       ctypes.byref(size), ctypes.byref(sid)), "share_memory")
+        return _host_staging(sid.value, data.value, size.value)
+
+    @property
+    def agent_rows(self):
+        return bool(_lib.dpukv_agent_rows(self._c))
+
+    def submit_retrieve_rows(self, staging, keys, row_offsets, row_bytes, rows_per_chunk,
+                             last_rows):
+        m = memoryview(row_offsets)
+        n = len(keys)
+        if m.itemsize != 8 or m.ndim != 1 or not m.c_contiguous:
+            raise ValueError("row_offsets must be a contiguous array of 64-bit offsets")
+        if n == 0 or len(m) != (n - 1) * rows_per_chunk + last_rows:
+            raise ValueError("row_offsets must hold (len(keys) - 1) * rows_per_chunk + "
+                             "last_rows offsets")
+        rows = (_u64 * len(m)).from_buffer_copy(m.cast("B"))
+        st, ticket = (_int * n)(), _u64()
+        _check(_lib.dpukv_submit_retrieve_rows(self._c, staging.id, _keys(keys), n, rows,
+                                               row_bytes, rows_per_chunk, last_rows, st,
+                                               ctypes.byref(ticket)), "submit_retrieve_rows")
+        return Pending(ticket.value, st, n)
 
     def lookup(self, keys, pin=False):
         hits = _u32()

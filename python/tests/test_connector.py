@@ -45,6 +45,9 @@ if os.environ.get("DPUKV_TEST_DEVICE") == "cuda-double":
 elif os.environ.get("DPUKV_TEST_DEVICE") == "cuda":  # a GPU machine (scripts/gpu_check.sh)
     DEV = "cuda"
 PATH = os.environ.get("DPUKV_TEST_PATH", "host")
+# Host caches: loads go into the blocks in place (shared.py) unless the test says
+# staging (DPUKV_TEST_IN_PLACE=0); on the GPU paths never.
+IN_PLACE = PATH == "host" and os.environ.get("DPUKV_TEST_IN_PLACE", "1") == "1"
 BLOCK, CHUNK = 16, 32
 SUMMARY = []  # what the script prints once every test passed (scripts/gpu_check.sh reads it)
 
@@ -54,7 +57,8 @@ MODEL = LlamaModel(CFG, device=DEV)
 
 
 def connector(client, name, **kw):
-    """A connector of this test, on DEVICE."""
+    """A connector of this test, on DEVICE, loading in place or not as it asks."""
+    kw.setdefault("share_caches", IN_PLACE)
     return _Connector(client, name, device=DEVICE, **kw)
 
 
@@ -63,6 +67,7 @@ def registered(client, name, cache, **kw):
     c = connector(client, name, chunk_tokens=CHUNK, **kw)
     c.register_kv_caches(cache.layers)
     assert c.path == PATH, (c.path, c.path_reason)
+    assert c.loads_in_place == IN_PLACE
     return c
 
 
@@ -167,6 +172,7 @@ def test_registration_warms_the_path_and_leaves_the_cache_as_it_was():
     conn.request_finished("w0")
     saved = [kv[:, blocks[:2 * CHUNK // BLOCK]].clone() for kv in cache.layers]
     blocks2 = cache.allocate(len(tokens))
+    whole = [kv.clone() for kv in cache.layers]  # the load writes its blocks, no others
     hit = conn.get_num_new_matched_tokens("w1", tokens, 0)
     conn.update_state_after_alloc("w1", blocks2, hit)
     conn.start_load_kv("w1")
@@ -174,8 +180,9 @@ def test_registration_warms_the_path_and_leaves_the_cache_as_it_was():
         conn.wait_for_layer_load("w1", layer)
     conn.request_finished("w1")
     assert hit == 2 * CHUNK, hit
-    for kv, want in zip(cache.layers, saved):
-        assert torch.equal(kv[:, blocks2[:2 * CHUNK // BLOCK]], want)
+    for kv, want, was in zip(cache.layers, saved, whole):
+        was[:, blocks2[:2 * CHUNK // BLOCK]] = want
+        assert torch.equal(kv, was)
 
 
 def test_saves_through_a_small_staging_wrap_around_its_slots():

@@ -54,6 +54,12 @@ struct Agent::Batch {
   // submitted.
   std::vector<IoEntry> entries;
   uint32_t next = 0;
+  // RETRIEVE_ROWS: the rows' offsets into rows_map; entry i's are
+  // [entries[i].offset, + entries[i].length) of them. Grows once to the largest
+  // such message a batch has carried, then is reused.
+  bool rows = false;
+  agent::RowsHeader rows_hdr{};
+  std::vector<uint64_t> row_offsets;
   struct Slot {
     Batch* batch;
     uint32_t index;
@@ -117,7 +123,10 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
     a->cache_->set_tenant_quota(t->tag, t->memory_quota, t->disk_quota);
   const uint32_t max_entries = a->opts_.max_msg / sizeof(IoEntry) + 1;
   a->lookup_keys_.reserve(a->opts_.max_msg / sizeof(ChunkKey) + 1);
-  DPUKV_RETURN_IF_ERROR(BufInventory::create(a->opts_.cache.max_requests + 64, &a->inv_));
+  // Plus rows: a RETRIEVE_ROWS chunk takes a buffer per row (kMaxRowsPerChunk at
+  // most); a batch waits for buffers as it waits for cache requests (can_submit).
+  DPUKV_RETURN_IF_ERROR(BufInventory::create(
+      a->opts_.cache.max_requests + 64 * (agent::kMaxRowsPerChunk + 1), &a->inv_));
   for (uint32_t i = 0; i < a->opts_.max_batches; ++i) {
     a->batches_.push_back(std::make_unique<Batch>());
     Batch* b = a->batches_.back().get();
@@ -418,7 +427,7 @@ void Agent::op_done(void* arg, Status st) {
 void Agent::resume_stalled() {
   if (resuming_) return;
   resuming_ = true;
-  while (!stalled_.empty() && cache_->requests_free() > 0) {
+  while (!stalled_.empty() && can_submit()) {
     Batch* b = stalled_.front();
     stalled_.pop_front();
     submit_entries(b, /*fresh=*/false);
@@ -442,7 +451,7 @@ void Agent::submit_entries(Batch* b, bool fresh) {
       continue;
     }
     // A new batch also waits behind batches already waiting: first come, first served.
-    if (cache_->requests_free() == 0 || (fresh && !stalled_.empty())) {
+    if (!can_submit() || (fresh && !stalled_.empty())) {
       if (fresh) {
         ++counters_.stalled_batches;
         stalled_.push_back(b);
@@ -451,7 +460,8 @@ void Agent::submit_entries(Batch* b, bool fresh) {
       }
       return;
     }
-    const Status st = submit_entry(s, op, e, &b->slots[i]);
+    const Status st =
+        b->rows ? submit_rows_entry(s, *b, e, &b->slots[i]) : submit_entry(s, op, e, &b->slots[i]);
     if (st.ok()) continue;  // completes through op_done
     b->status[i] = static_cast<uint8_t>(st.code());
     --b->remaining;
@@ -491,11 +501,52 @@ Status Agent::submit_entry(Session* s, Op op, const IoEntry& e, void* slot) {
   return st;
 }
 
+// A cache request, and buffers for a chunk's rows, are free.
+bool Agent::can_submit() const {
+  return cache_->requests_free() > 0 && inv_->num_free() >= agent::kMaxRowsPerChunk;
+}
+
+// One chunk of a RETRIEVE_ROWS batch: its rows, checked against the map the session
+// exported, chained into one destination list.
+Status Agent::submit_rows_entry(Session* s, const Batch& b, const IoEntry& e, void* slot) {
+  ChunkKey key;
+  Status st = scope_key(s, e.key, &key);
+  if (st == Code::kNotPermitted) ++counters_.not_permitted;
+  if (!st.ok()) return st;
+  if ((e.map_id & agent::kGpuMapBit) != 0) return Code::kNotSupported;  // host memory only
+  Mmap* m = s->conn->imported_map(e.map_id);
+  if (m == nullptr) {
+    ++counters_.not_permitted;
+    return Code::kNotPermitted;
+  }
+  const uint64_t row = b.rows_hdr.row_bytes;
+  Buf* head = nullptr;
+  for (uint64_t r = e.offset; r < e.offset + e.length; ++r) {
+    const uint64_t off = b.row_offsets[r];
+    Buf* buf = nullptr;
+    if (off > m->length() || row > m->length() - off) {
+      st = Code::kInvalidValue;
+    } else {
+      st = inv_->get_by_addr(m, m->addr() + off, row, &buf);
+      if (st.ok() && head != nullptr) st = buf_chain_list(head, buf);
+    }
+    if (!st.ok()) {
+      if (buf != nullptr && buf != head) (void)buf->dec_refcount();
+      if (head != nullptr) (void)head->dec_refcount();
+      return st;
+    }
+    if (head == nullptr) head = buf;
+  }
+  st = cache_->retrieve(key, head, &Agent::op_done, slot);
+  (void)head->dec_refcount();  // the cache holds its own reference
+  return st;
+}
+
 void Agent::finish_batch(Batch* b) {
   Session* s = b->session;
   const double secs = (monotonic_ns() - b->start_ns) / 1e9;
   if (static_cast<Op>(b->hdr.op) == Op::kStore) latencies_.store.add(secs);
-  if (static_cast<Op>(b->hdr.op) == Op::kRetrieve) latencies_.retrieve.add(secs);
+  if (static_cast<Op>(b->hdr.op) == Op::kRetrieve || b->rows) latencies_.retrieve.add(secs);
   Status worst;
   for (uint32_t i = 0; i < b->hdr.count; ++i)
     if (b->status[i] != 0) worst = static_cast<Code>(b->status[i]);
@@ -517,27 +568,32 @@ namespace {
 bool entries(const AgentHeader& h, uint32_t body_len, size_t size) {
   return h.count <= body_len / size && static_cast<uint64_t>(h.count) * size == body_len;
 }
-bool one_hello(const AgentHeader& h, uint32_t len) {
+bool one_hello(const AgentHeader& h, const uint8_t*, uint32_t len) {
   return h.count == 1 && entries(h, len, sizeof(agent::HelloEntry));
 }
-bool io_entries(const AgentHeader& h, uint32_t len) {
+bool io_entries(const AgentHeader& h, const uint8_t*, uint32_t len) {
   return h.count > 0 && entries(h, len, sizeof(IoEntry));
 }
-bool keys(const AgentHeader& h, uint32_t len) {
+bool keys(const AgentHeader& h, const uint8_t*, uint32_t len) {
   return entries(h, len, sizeof(ChunkKey));
 }
-bool push_body(const AgentHeader& h, uint32_t len) {
+bool push_body(const AgentHeader& h, const uint8_t*, uint32_t len) {
   return h.count > 0 && h.count <= agent::kMaxPushKeys &&
          len == sizeof(agent::PushHeader) + static_cast<uint64_t>(h.count) * sizeof(ChunkKey);
 }
-bool one_gpu_export(const AgentHeader& h, uint32_t len) {
+bool one_gpu_export(const AgentHeader& h, const uint8_t*, uint32_t len) {
   return h.count == 1 && entries(h, len, sizeof(agent::GpuExportEntry));
 }
-bool one_map_id(const AgentHeader& h, uint32_t len) {
+bool one_map_id(const AgentHeader& h, const uint8_t*, uint32_t len) {
   return h.count == 1 && entries(h, len, sizeof(uint64_t));
 }
-bool empty(const AgentHeader& h, uint32_t len) {
+bool empty(const AgentHeader& h, const uint8_t*, uint32_t len) {
   return h.count == 0 && len == 0;
+}
+bool rows_body(const AgentHeader& h, const uint8_t* body, uint32_t len) {
+  agent::RowsHeader rh;
+  uint64_t rows;
+  return agent::rows_body_valid(h.count, body, len, &rh, &rows);
 }
 
 }  // namespace
@@ -558,6 +614,7 @@ const Agent::OpHandler Agent::kOps[] = {
     {Op::kGpuRelease, &one_map_id, &Agent::on_gpu_release},
     {Op::kSubscribe, &empty, &Agent::on_subscribe},
     {Op::kGpuProof, &empty, &Agent::on_gpu_proof},
+    {Op::kRetrieveRows, &rows_body, &Agent::on_rows},
     // kEvents is the agent's to send, never a request: it has no row.
 };
 
@@ -579,7 +636,7 @@ void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
   }
   for (const OpHandler& row : kOps) {
     if (row.op != static_cast<Op>(h.op)) continue;
-    if (!row.well_formed(h, body_len)) break;
+    if (!row.well_formed(h, body, body_len)) break;
     (this->*row.serve)(s, h, body, body_len);
     return;
   }
@@ -599,7 +656,10 @@ void Agent::on_hello(Session* s, const AgentHeader& h, const uint8_t* body, uint
   agent::HelloEntry e;
   std::memcpy(&e, body, sizeof(e));
   s->model = e.model;
-  const agent::HelloReply r{opts_.max_staging_bytes, gpu_->on() ? agent::kHelloGpu : 0};
+  const agent::HelloReply r{opts_.max_staging_bytes,
+                            (gpu_->on() ? agent::kHelloGpu : 0) |
+                                // The codec decodes into one buffer, not rows.
+                                (opts_.cache.compress ? 0 : agent::kHelloRows)};
   reply(s, h, Code::kSuccess, &r, sizeof(r));
 }
 
@@ -615,8 +675,45 @@ void Agent::on_io(Session* s, const AgentHeader& h, const uint8_t* body, uint32_
   b->remaining = h.count + 1;  // +1 until every entry is submitted
   b->next = 0;
   b->start_ns = monotonic_ns();
+  b->rows = false;
   b->entries.resize(h.count);  // within the capacity reserved at start: no allocation
   std::memcpy(b->entries.data(), body, h.count * sizeof(IoEntry));
+  ++s->pending;
+  submit_entries(b, /*fresh=*/true);
+}
+
+// A retrieve whose chunks land in rows of a map (a paged KV cache's blocks, shared
+// in place by the client): each chunk's rows are one scatter list, so its bytes
+// move once, arena to blocks. The body was checked whole (rows_body); the offsets
+// are checked against the map as each chunk is submitted.
+void Agent::on_rows(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t len) {
+  if (free_batches_.empty()) {
+    reply(s, h, Code::kAgain, nullptr, 0);
+    return;
+  }
+  Batch* b = free_batches_.back();
+  free_batches_.pop_back();
+  uint64_t rows = 0;
+  (void)agent::rows_body_valid(h.count, body, len, &b->rows_hdr, &rows);
+  b->session = s;
+  b->hdr = h;
+  b->hdr.op = static_cast<uint16_t>(Op::kRetrieveRows);
+  b->remaining = h.count + 1;
+  b->next = 0;
+  b->start_ns = monotonic_ns();
+  b->rows = true;
+  const uint8_t* keys = body + sizeof(agent::RowsHeader);
+  b->row_offsets.resize(rows);
+  std::memcpy(b->row_offsets.data(), keys + static_cast<size_t>(h.count) * sizeof(ChunkKey),
+              rows * sizeof(uint64_t));
+  b->entries.resize(h.count);
+  for (uint32_t i = 0; i < h.count; ++i) {
+    IoEntry& e = b->entries[i];
+    std::memcpy(&e.key, keys + static_cast<size_t>(i) * sizeof(ChunkKey), sizeof(ChunkKey));
+    e.map_id = b->rows_hdr.map_id;
+    e.offset = static_cast<uint64_t>(i) * b->rows_hdr.rows_per_chunk;  // first row
+    e.length = i + 1 == h.count ? b->rows_hdr.last_rows : b->rows_hdr.rows_per_chunk;
+  }
   ++s->pending;
   submit_entries(b, /*fresh=*/true);
 }

@@ -111,13 +111,14 @@ class Agent {
                                   uint32_t len);
   struct OpHandler {
     agent::Op op;
-    bool (*well_formed)(const agent::AgentHeader& h, uint32_t body_len);
+    bool (*well_formed)(const agent::AgentHeader& h, const uint8_t* body, uint32_t body_len);
     Handler serve;
   };
   static const OpHandler kOps[];
   void on_hello(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   void on_gpu_proof(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   void on_io(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
+  void on_rows(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   void on_lookup(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   void on_keys(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   void on_push(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
@@ -130,6 +131,8 @@ class Agent {
   void finish_batch(Batch* b);
   void submit_entries(Batch* b, bool fresh);
   Status submit_entry(Session* s, agent::Op op, const agent::IoEntry& e, void* slot);
+  Status submit_rows_entry(Session* s, const Batch& b, const agent::IoEntry& e, void* slot);
+  bool can_submit() const;
   void resume_stalled();
   void release_session(Session* s);
   Status gpu_export(Session* s, const uint8_t* body, uint32_t len, std::string* why);

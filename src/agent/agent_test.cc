@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -470,6 +471,8 @@ TEST_F(AgentTest, EveryOpRefusesABodyOfAnotherShape) {
       {agent::Op::kGpuRelease, 1, 4},
       {agent::Op::kSubscribe, 1, 0},
       {agent::Op::kEvents, 0, 0},
+      {agent::Op::kRetrieveRows, 0, sizeof(agent::RowsHeader)},
+      {agent::Op::kRetrieveRows, 1, sizeof(agent::RowsHeader) + key + 8},  // row_bytes 0
       {static_cast<agent::Op>(99), 0, 0},
   };
   for (const auto& b : bad)
@@ -568,6 +571,106 @@ TEST_F(AgentTest, AsynchronousSubmitThenWait) {
   ASSERT_TRUE(c->wait(tr).ok());
   for (uint32_t i = 0; i < kN; ++i) ASSERT_EQ(s.data[offs[i] + 777], static_cast<uint8_t>(i + 1));
   EXPECT_EQ(c->poll(tr, &done), Code::kNotFound);  // collected already
+}
+
+// Issue 47: a load in one copy. Memory the client keeps using (an engine's paged
+// cache, here a mapping of this test's own) is shared in place, its bytes kept, and
+// a RETRIEVE_ROWS writes each chunk into its rows in order, a partial last chunk
+// into fewer rows; nothing else of the memory changes. What the agent must refuse
+// (rows outside the map, a map not exported, GPU memory, a chunk larger than its
+// rows, a malformed body) writes nothing.
+TEST_F(AgentTest, ARowsRetrieveWritesEachChunkIntoItsRowsAndNothingElse) {
+  start_agent();
+  auto c = client();
+  ASSERT_TRUE(c->agent_rows());
+  constexpr uint32_t kRow = 1000, kRows = 4, kChunk = kRow * kRows, kLastRows = 2;
+  const KeyContext ctx{model_id("rows"), 1, 0, 0};
+  Staging s;
+  ASSERT_TRUE(c->alloc_staging(1 << 20, &s).ok());
+  std::vector<ChunkKey> keys;
+  std::vector<uint64_t> offs, lens;
+  for (uint32_t i = 0; i < 3; ++i) {
+    keys.push_back(key_from_block_id(ctx, i));
+    offs.push_back(i * kChunk);
+    lens.push_back(i == 2 ? kRow * kLastRows : kChunk);
+    for (uint32_t b = 0; b < kChunk; ++b) s.data[i * kChunk + b] = static_cast<uint8_t>(b * 7 + i);
+  }
+  std::vector<Status> st(3);
+  ASSERT_TRUE(c->store(s, keys.data(), offs.data(), lens.data(), 3, st.data()).ok());
+
+  // The "cache": 64 KiB a few bytes into a mapping, with bytes of its own.
+  constexpr size_t kMap = 80 << 10, kAt = 100, kCache = 64 << 10;
+  auto* map = static_cast<uint8_t*>(
+      mmap(nullptr, kMap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(map, MAP_FAILED);
+  for (size_t i = 0; i < kMap; ++i) map[i] = static_cast<uint8_t>(i % 251);
+  std::vector<uint8_t> before(map, map + kMap);
+  Staging sh;
+  ASSERT_TRUE(c->share_memory(map + kAt, kCache, &sh).ok());
+  EXPECT_EQ(sh.data, map);  // the page that holds the start
+  EXPECT_EQ(sh.size, 68u << 10);
+  EXPECT_EQ(std::memcmp(map, before.data(), kMap), 0) << "sharing changed the bytes";
+
+  // Rows out of order, across pages, one unaligned.
+  const std::vector<uint64_t> rows = {kAt + 9000,  kAt + 1000, kAt + 30000, 4097,
+                                      kAt + 50000, kAt + 2000, kAt + 12345, kAt + 40000,
+                                      kAt + 60000, kAt + 20000};
+  Client::Ticket t;
+  ASSERT_TRUE(c->submit_retrieve_rows(sh, keys.data(), 3, rows.data(), kRow, kRows, kLastRows,
+                                      st.data(), &t)
+                  .ok());
+  ASSERT_TRUE(c->wait(t).ok());
+  for (Status x : st) EXPECT_TRUE(x.ok()) << x.name();
+  std::vector<uint8_t> want = before;
+  for (uint32_t r = 0; r < rows.size(); ++r)
+    std::memcpy(want.data() + rows[r], s.data + static_cast<size_t>(r) * kRow, kRow);
+  EXPECT_EQ(std::memcmp(map, want.data(), kMap), 0) << "bytes outside the rows changed";
+
+  // Refused: what the agent is sent, not what this client would send (raw).
+  auto rows_request = [&](uint64_t map_id, uint16_t per_chunk, uint16_t last, uint64_t row_off,
+                          uint32_t row_bytes, uint32_t chunk) {
+    agent::AgentHeader h{};
+    h.op = static_cast<uint16_t>(agent::Op::kRetrieveRows);
+    h.version = agent::kProtocolVersion;
+    h.count = 1;
+    h.request_id = 91;
+    const agent::RowsHeader rh{map_id, row_bytes, per_chunk, last, 0};
+    std::vector<uint8_t> msg(sizeof(h) + sizeof(rh) + sizeof(ChunkKey) + 8u * last);
+    std::memcpy(msg.data(), &h, sizeof(h));
+    std::memcpy(msg.data() + sizeof(h), &rh, sizeof(rh));
+    std::memcpy(msg.data() + sizeof(h) + sizeof(rh), &keys[chunk], sizeof(ChunkKey));
+    for (uint32_t r = 0; r < last; ++r) {
+      const uint64_t o = row_off + r * row_bytes;
+      std::memcpy(msg.data() + sizeof(h) + sizeof(rh) + sizeof(ChunkKey) + 8u * r, &o, 8);
+    }
+    std::vector<uint8_t> resp;
+    EXPECT_TRUE(c->raw_request(msg.data(), static_cast<uint32_t>(msg.size()), &resp).ok());
+    if (resp.size() < sizeof(agent::AgentHeader)) return Code::kUnknown;
+    agent::AgentHeader r;
+    std::memcpy(&r, resp.data(), sizeof(r));
+    return static_cast<Code>(r.status);
+  };
+  std::memcpy(before.data(), map, kMap);
+  EXPECT_EQ(rows_request(sh.id, kRows, kRows, sh.size - 10, kRow, 0), Code::kInvalidValue);
+  EXPECT_EQ(rows_request(sh.id, kRows, kRows, UINT64_MAX - 500, kRow, 0), Code::kInvalidValue);
+  EXPECT_EQ(rows_request(sh.id + 999, kRows, kRows, 0, kRow, 0), Code::kNotPermitted);
+  EXPECT_EQ(rows_request(agent::kGpuMapBit | 1, kRows, kRows, 0, kRow, 0), Code::kNotSupported);
+  EXPECT_EQ(rows_request(sh.id, kRows, kRows, 0, kRow / 2, 0), Code::kTooBig);  // rows too small
+  EXPECT_EQ(rows_request(sh.id, agent::kMaxRowsPerChunk + 1, 1, 0, kRow, 0), Code::kInvalidValue);
+  EXPECT_EQ(rows_request(sh.id, 2, 3, 0, kRow, 0), Code::kInvalidValue);  // last > per chunk
+  EXPECT_EQ(std::memcmp(map, before.data(), kMap), 0) << "a refused request wrote";
+  // The client checks its own rows before sending.
+  const uint64_t outside[] = {sh.size - kRow + 1};
+  EXPECT_EQ(c->submit_retrieve_rows(sh, keys.data(), 1, outside, kRow, 1, 1, st.data(), &t),
+            Code::kInvalidValue);
+  // The same rows again, through the well-formed path: still served.
+  ASSERT_TRUE(c->submit_retrieve_rows(sh, keys.data(), 3, rows.data(), kRow, kRows, kLastRows,
+                                      st.data(), &t)
+                  .ok());
+  EXPECT_TRUE(c->wait(t).ok());
+  c.reset();  // the export goes with the client; the pages stay this test's
+  EXPECT_EQ(std::memcmp(map, want.data(), kMap), 0);
+  munmap(map, kMap);
 }
 
 // Issue 36: the connector unpins a request's every layer in one call (a 32k-token

@@ -435,7 +435,9 @@ Status RequestPipeline::retrieve(const ChunkKey& key, Buf* dst, DoneCb cb, void*
   if (dst == nullptr) return Code::kInvalidValue;
   Request* r;
   DPUKV_RETURN_IF_ERROR(accept(RequestKind::kRetrieve, key, dst, cb, arg, &r));
-  begin_retrieve_request(r, dst->tail_room());
+  uint64_t room = 0;  // over a scatter list (a paged cache's rows), all of its buffers'
+  for (const Buf* b = dst; b != nullptr; b = b->next()) room += b->tail_room();
+  begin_retrieve_request(r, room);
   return Code::kSuccess;
 }
 
@@ -461,7 +463,8 @@ void RequestPipeline::begin_retrieve_request(Request* r, uint64_t room) {
     return;
   }
   ChunkEntry& en = table_.at(e);
-  if (r->device && en.encoded) {  // the decoder writes host memory only
+  // The decoder writes one host buffer: not device memory, not a scatter list.
+  if (en.encoded && (r->device || r->user->list_len() > 1)) {
     finish(r, Code::kNotSupported);
     return;
   }

@@ -139,6 +139,24 @@ int dpukv_alloc_staging(dpukv_client* c, size_t bytes, void** data, uint64_t* st
   return 0;
 }
 
+int dpukv_share_memory(dpukv_client* c, void* addr, size_t bytes, void** data, uint64_t* size,
+                       uint64_t* staging_id) {
+  if (c == nullptr || data == nullptr || size == nullptr || staging_id == nullptr)
+    return code(dpukv::Code::kInvalidValue);
+  dpukv::Staging s;
+  dpukv::Status st = c->c->share_memory(addr, bytes, &s);
+  if (!st.ok()) return code(st);
+  c->staging.push_back(s);
+  *data = s.data;
+  *size = s.size;
+  *staging_id = s.id;
+  return 0;
+}
+
+int dpukv_agent_rows(dpukv_client* c) {
+  return c != nullptr && c->c->agent_rows() ? 1 : 0;
+}
+
 int dpukv_export_gpu(dpukv_client* c, uint64_t device_ptr, size_t bytes, int device,
                      uint64_t* staging_id) {
   if (c == nullptr || staging_id == nullptr) return code(dpukv::Code::kInvalidValue);
@@ -293,6 +311,27 @@ int dpukv_submit_retrieve(dpukv_client* c, uint64_t staging_id, const dpukv_key*
                           const uint64_t* offsets, const uint64_t* lengths, uint32_t n,
                           int* per_entry, uint64_t* ticket) {
   return submit(c, false, staging_id, keys, offsets, lengths, n, per_entry, ticket);
+}
+
+int dpukv_submit_retrieve_rows(dpukv_client* c, uint64_t staging_id, const dpukv_key* keys,
+                               uint32_t n, const uint64_t* row_offsets, uint32_t row_bytes,
+                               uint32_t rows_per_chunk, uint32_t last_rows, int* per_entry,
+                               uint64_t* ticket) {
+  if (c == nullptr || keys == nullptr || row_offsets == nullptr || per_entry == nullptr ||
+      ticket == nullptr || n == 0)
+    return code(dpukv::Code::kInvalidValue);
+  const dpukv::Staging* s = staging_of(c, staging_id);
+  if (s == nullptr) return code(dpukv::Code::kNotFound);
+  auto x = std::make_unique<dpukv_client::Submitted>();
+  x->st.resize(n);
+  x->out = per_entry;
+  const dpukv::Status r =
+      c->c->submit_retrieve_rows(*s, keys_of(keys), n, row_offsets, row_bytes, rows_per_chunk,
+                                 last_rows, x->st.data(), &x->ticket);
+  if (!r.ok()) return code(r);
+  *ticket = x->ticket;
+  c->submitted.push_back(std::move(x));
+  return 0;
 }
 
 int dpukv_wait(dpukv_client* c, uint64_t ticket) {

@@ -144,6 +144,7 @@ Status Client::open_channel(uint32_t timeout_ms) {
     max_staging_ = hr.max_staging_bytes;
   }
   agent_gpu_ = (hr.flags & agent::kHelloGpu) != 0;
+  agent_rows_ = (hr.flags & agent::kHelloRows) != 0;
   for (auto& s : staging_) {
     ComchSendTask* t;
     DPUKV_RETURN_IF_ERROR(
@@ -269,6 +270,11 @@ Status Client::take_events(std::vector<agent::ChunkEvent>* out, bool* lost) {
   return st;
 }
 
+bool Client::agent_rows() {
+  std::lock_guard<std::mutex> g(mu_);
+  return ensure_connected().ok() && agent_rows_;
+}
+
 bool Client::agent_gpu() {
   std::lock_guard<std::mutex> g(mu_);
   return ensure_connected().ok() && agent_gpu_;
@@ -367,10 +373,7 @@ bool Client::connected() {
   return ch_ && ch_->state() == CtxState::kRunning && !lost_;
 }
 
-Status Client::alloc_staging(size_t bytes, Staging* out) {
-  // Allocate and pre-fault outside the lock (gigabytes take a second or more), so
-  // the keepalive thread keeps the channel's heartbeats going meanwhile.
-  if (bytes == 0) return Code::kInvalidValue;
+Status Client::staging_fits(size_t bytes) {
   uint64_t have = 0;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -385,10 +388,39 @@ Status Client::alloc_staging(size_t bytes, Staging* out) {
         static_cast<unsigned long long>(max_staging_));
     return Code::kTooBig;
   }
+  return Code::kSuccess;
+}
+
+Status Client::alloc_staging(size_t bytes, Staging* out) {
+  // Allocate and pre-fault outside the lock (gigabytes take a second or more), so
+  // the keepalive thread keeps the channel's heartbeats going meanwhile.
+  if (bytes == 0) return Code::kInvalidValue;
+  DPUKV_RETURN_IF_ERROR(staging_fits(bytes));
   StagingMem s;
   MemRegionOptions mo;
   mo.name = "dpukv-staging";
   DPUKV_RETURN_IF_ERROR(MemRegion::create(bytes, mo, &s.mem));
+  return add_staging(std::move(s), out);
+}
+
+Status Client::share_memory(void* addr, size_t bytes, Staging* out) {
+  const uintptr_t pg = page_size();
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  if (out == nullptr || addr == nullptr || a > UINTPTR_MAX - bytes) return Code::kInvalidValue;
+  // The pages that hold the range, whole: a large allocation's first and last
+  // pages are its own (glibc maps it whole pages at a time); bytes of other objects
+  // that share them are kept, at their addresses.
+  if (bytes == 0 || a + bytes > UINTPTR_MAX - pg) return Code::kInvalidValue;
+  const uintptr_t first = a & ~(pg - 1);
+  const uintptr_t end = (a + bytes + pg - 1) & ~(pg - 1);
+  DPUKV_RETURN_IF_ERROR(staging_fits(end - first));
+  StagingMem s;
+  DPUKV_RETURN_IF_ERROR(MemRegion::share_in_place(reinterpret_cast<void*>(first), end - first,
+                                                  "dpukv-shared", &s.mem));
+  return add_staging(std::move(s), out);
+}
+
+Status Client::add_staging(StagingMem s, Staging* out) {
   DPUKV_RETURN_IF_ERROR(Mmap::create(s.mem->data(), s.mem->size(),
                                      kAccessLocalReadWrite | kAccessExportReadWrite, s.mem->fd(), 0,
                                      &s.map));
@@ -558,6 +590,58 @@ Status Client::submit_retrieve(const Staging& s, const ChunkKey* keys, const uin
                                const uint64_t* lengths, uint32_t n, Status* per_entry,
                                Ticket* out) {
   return submit_io(Op::kRetrieve, s, keys, offsets, lengths, n, per_entry, out);
+}
+
+Status Client::submit_retrieve_rows(const Staging& s, const ChunkKey* keys, uint32_t n,
+                                    const uint64_t* row_offsets, uint32_t row_bytes,
+                                    uint32_t rows_per_chunk, uint32_t last_rows, Status* per_entry,
+                                    Ticket* out) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (per_entry == nullptr || out == nullptr || keys == nullptr || row_offsets == nullptr ||
+      n == 0 || row_bytes == 0 || rows_per_chunk == 0 || rows_per_chunk > agent::kMaxRowsPerChunk ||
+      last_rows == 0 || last_rows > rows_per_chunk)
+    return Code::kInvalidValue;
+  const uint64_t rows = static_cast<uint64_t>(n - 1) * rows_per_chunk + last_rows;
+  for (uint64_t r = 0; r < rows; ++r)
+    if (row_offsets[r] > s.size || row_bytes > s.size - row_offsets[r]) return Code::kInvalidValue;
+  for (uint32_t i = 0; i < n; ++i) per_entry[i] = Code::kInProgress;
+  DPUKV_RETURN_IF_ERROR(ensure_connected());
+  if (!agent_rows_) return Code::kNotSupported;
+  Pending p;
+  p.ticket = next_ticket_++;
+  p.per_entry = per_entry;
+  // Whole chunks per message: the header, then each chunk's key and row offsets.
+  const uint32_t room =
+      ch_->connection()->max_msg() - sizeof(AgentHeader) - sizeof(agent::RowsHeader);
+  const uint32_t per_msg = room / (sizeof(ChunkKey) + rows_per_chunk * sizeof(uint64_t));
+  std::vector<uint8_t> body;
+  for (uint32_t base = 0; base < n; base += per_msg) {
+    const uint32_t k = std::min(per_msg, n - base);
+    const bool last = base + k == n;
+    const agent::RowsHeader h{s.id, row_bytes, static_cast<uint16_t>(rows_per_chunk),
+                              static_cast<uint16_t>(last ? last_rows : rows_per_chunk), 0};
+    const uint64_t msg_rows = static_cast<uint64_t>(k - 1) * rows_per_chunk + h.last_rows;
+    body.resize(sizeof(h) + k * sizeof(ChunkKey) + msg_rows * sizeof(uint64_t));
+    std::memcpy(body.data(), &h, sizeof(h));
+    std::memcpy(body.data() + sizeof(h), keys + base, k * sizeof(ChunkKey));
+    std::memcpy(body.data() + sizeof(h) + k * sizeof(ChunkKey),
+                row_offsets + static_cast<uint64_t>(base) * rows_per_chunk,
+                msg_rows * sizeof(uint64_t));
+    uint64_t id;
+    const Status st = send_request(Op::kRetrieveRows, 0, body.data(), 1,
+                                   static_cast<uint32_t>(body.size()), &id, k);
+    if (!st.ok()) {
+      for (uint32_t i = base; i < n; ++i) per_entry[i] = st;
+      if (p.first.ok()) p.first = st;
+      break;
+    }
+    p.ids.push_back(id);
+    p.bases.push_back(base);
+    p.counts.push_back(k);
+  }
+  *out = p.ticket;
+  pending_.push_back(std::move(p));
+  return Code::kSuccess;
 }
 
 Status Client::poll(Ticket t, bool* done) {

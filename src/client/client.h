@@ -76,6 +76,19 @@ class Client {
   Status alloc_staging(size_t bytes, Staging* out);
   // The agent's limit on all staging of one client (0: none), as of the last HELLO.
   uint64_t max_staging_bytes() const { return max_staging_; }
+  // Exports memory the caller already has and keeps using (an engine's paged KV
+  // cache) to the agent, in place: the pages that hold [addr, addr + bytes) move
+  // onto shared memory at the same addresses, their bytes kept
+  // (MemRegion::share_in_place), so the agent can write loads straight into them
+  // (submit_retrieve_rows). *out names those pages (out->data: the first page's
+  // start, where offsets count from). Bytes of other objects on the first or last
+  // page move with them, kept; a child forked later shares these pages rather than
+  // copying them. TOO_BIG: past the staging limit, as alloc_staging. Nothing may
+  // write the pages while this runs. They stay the caller's: its own free unmaps
+  // them, and nothing may be loaded into them after that (close the client first).
+  Status share_memory(void* addr, size_t bytes, Staging* out);
+  // True when the agent said (at the last HELLO) that it takes submit_retrieve_rows.
+  bool agent_rows();
 
   // True when the agent said (at the last HELLO) that it copies GPU memory.
   bool agent_gpu();
@@ -147,6 +160,18 @@ class Client {
                       const uint64_t* lengths, uint32_t n, Status* per_entry, Ticket* out);
   Status submit_retrieve(const Staging& s, const ChunkKey* keys, const uint64_t* offsets,
                          const uint64_t* lengths, uint32_t n, Status* per_entry, Ticket* out);
+  // A retrieve whose chunks land in rows of s (a paged cache's blocks, shared in
+  // place by share_memory): chunk i fills its rows in order, rows_per_chunk rows
+  // per chunk but the last, which has last_rows; row_offsets holds every row's
+  // offset into s, (n - 1) * rows_per_chunk + last_rows of them, each row
+  // row_bytes long. The chunk's bytes move once, the agent's DMA engine writing the
+  // rows (no staging). INVALID_VALUE: counts out of range (rows_per_chunk at most
+  // agent::kMaxRowsPerChunk) or a row outside s; NOT_SUPPORTED: the agent does not
+  // take it (agent_rows()).
+  Status submit_retrieve_rows(const Staging& s, const ChunkKey* keys, uint32_t n,
+                              const uint64_t* row_offsets, uint32_t row_bytes,
+                              uint32_t rows_per_chunk, uint32_t last_rows, Status* per_entry,
+                              Ticket* out);
   Status poll(Ticket t, bool* done);
   Status wait(Ticket t);
 
@@ -179,6 +204,10 @@ class Client {
     std::unique_ptr<Mmap> map;
   };
   std::vector<StagingMem> staging_;
+  // TOO_BIG (logged) when `bytes` more would take this client past max_staging_.
+  Status staging_fits(size_t bytes);
+  // Exports a new staging map (now, or when the agent appears) and keeps it.
+  Status add_staging(StagingMem s, Staging* out);
   uint64_t next_id_ = 1;
   uint64_t last_attempt_ns_ = 0;
   // Responses arrive on the channel's callback; the waiting call picks its own.
@@ -186,6 +215,7 @@ class Client {
   bool lost_ = false;
   uint64_t max_staging_ = 0;            // from the agent's HELLO reply
   bool agent_gpu_ = false;              // the same: the agent copies GPU memory
+  bool agent_rows_ = false;             // the same: the agent takes RETRIEVE_ROWS
   std::unique_ptr<cuda::Driver> cuda_;  // loaded at the first GPU export
   struct GpuExport {
     agent::GpuExportEntry e;

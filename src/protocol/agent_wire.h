@@ -17,35 +17,40 @@ inline constexpr uint16_t kProtocolVersion = 1;
 inline constexpr uint16_t kResponse = 0x8000;
 
 enum class Op : uint16_t {
-  kHello = 1,        // entry: HelloEntry; response: HelloReply (older agents: status only)
-  kStore = 2,        // entries: IoEntry (source regions of the client's staging)
-  kRetrieve = 3,     // entries: IoEntry (destination regions)
-  kLookup = 4,       // entries: ChunkKey; flags & kPin pins the leading hits
-  kContains = 5,     // entries: ChunkKey; response: a status byte per key (SUCCESS or NOT_FOUND)
-  kRemove = 6,       // entries: ChunkKey
-  kPrefetch = 7,     // entries: ChunkKey
-  kUnpin = 8,        // entries: ChunkKey
-  kStats = 9,        // no entries; response: JSON
-  kClear = 10,       // no entries: drops every chunk of the session's tenant and model
-                     // (all: model 0) that is not in use or pinned; flags & kAllTenants:
-                     // of every tenant (admins only); response: u64 chunks removed
-  kPush = 11,        // body: PushHeader, then count ChunkKeys (at most kMaxPushKeys): the
-                     // agent offers those chunks to another agent of its cluster (a
-                     // prefill-to-decode transfer); response: a status byte per key,
-                     // SUCCESS once the destination holds it
-  kGpuExport = 12,   // entry: GpuExportEntry; the client's GPU memory, by CUDA IPC
-                     // handle, its first kGpuProofBytes holding the session's proof
-                     // (kGpuProof). Response: status, and on failure the reason as text.
-                     // NOT_SUPPORTED: the agent has no GPU path (HelloReply says so).
-  kGpuRelease = 13,  // entry: u64 map id of a GPU export; the agent closes it
-  kSubscribe = 14,   // no entries: from now on the agent sends this session EVENTS
-  kEvents = 15,      // agent -> client, unsolicited (op | kResponse, request_id 0):
-                     // count ChunkEvents, chunks of the session's tenant and model
-                     // (all: model 0) that became present or left every tier, in order
-                     // (an admin's SUBSCRIBE with kAllTenants: of every tenant);
-                     // flags & kEventsLost: some were dropped before these
-  kGpuProof = 16,    // no entries; response: kGpuProofBytes random bytes, the session's
-                     // proof for its next kGpuExport (one use; a new one replaces it)
+  kHello = 1,          // entry: HelloEntry; response: HelloReply (older agents: status only)
+  kStore = 2,          // entries: IoEntry (source regions of the client's staging)
+  kRetrieve = 3,       // entries: IoEntry (destination regions)
+  kLookup = 4,         // entries: ChunkKey; flags & kPin pins the leading hits
+  kContains = 5,       // entries: ChunkKey; response: a status byte per key (SUCCESS or NOT_FOUND)
+  kRemove = 6,         // entries: ChunkKey
+  kPrefetch = 7,       // entries: ChunkKey
+  kUnpin = 8,          // entries: ChunkKey
+  kStats = 9,          // no entries; response: JSON
+  kClear = 10,         // no entries: drops every chunk of the session's tenant and model
+                       // (all: model 0) that is not in use or pinned; flags & kAllTenants:
+                       // of every tenant (admins only); response: u64 chunks removed
+  kPush = 11,          // body: PushHeader, then count ChunkKeys (at most kMaxPushKeys): the
+                       // agent offers those chunks to another agent of its cluster (a
+                       // prefill-to-decode transfer); response: a status byte per key,
+                       // SUCCESS once the destination holds it
+  kGpuExport = 12,     // entry: GpuExportEntry; the client's GPU memory, by CUDA IPC
+                       // handle, its first kGpuProofBytes holding the session's proof
+                       // (kGpuProof). Response: status, and on failure the reason as text.
+                       // NOT_SUPPORTED: the agent has no GPU path (HelloReply says so).
+  kGpuRelease = 13,    // entry: u64 map id of a GPU export; the agent closes it
+  kSubscribe = 14,     // no entries: from now on the agent sends this session EVENTS
+  kEvents = 15,        // agent -> client, unsolicited (op | kResponse, request_id 0):
+                       // count ChunkEvents, chunks of the session's tenant and model
+                       // (all: model 0) that became present or left every tier, in order
+                       // (an admin's SUBSCRIBE with kAllTenants: of every tenant);
+                       // flags & kEventsLost: some were dropped before these
+  kGpuProof = 16,      // no entries; response: kGpuProofBytes random bytes, the session's
+                       // proof for its next kGpuExport (one use; a new one replaces it)
+  kRetrieveRows = 17,  // body: RowsHeader, count ChunkKeys, then the rows' u64 offsets
+                       // into the map (rows_per_chunk per chunk, last_rows for the last):
+                       // each chunk lands in its rows in order, a paged cache's blocks
+                       // written in place (one copy). Response: a status byte per key, as
+                       // RETRIEVE. HelloReply's kHelloRows says the agent takes it.
 };
 
 // A CUDA IPC handle names an allocation, not who may use it: any process that
@@ -116,7 +121,40 @@ struct HelloReply {
   uint64_t flags;              // kHelloGpu: the agent copies to and from GPU memory
 };
 inline constexpr uint64_t kHelloGpu = 1;
+inline constexpr uint64_t kHelloRows = 2;  // RETRIEVE_ROWS is served
 static_assert(sizeof(HelloReply) == 16);
+
+// A chunk's rows are one scatter list for the DMA engine (its max_list_len, as
+// doca_dma_cap_task_memcpy_get_max_buf_list_len bounds a DOCA DMA task's).
+inline constexpr uint32_t kMaxRowsPerChunk = 64;
+
+struct RowsHeader {
+  uint64_t map_id;          // a map the client exported on this connection (host memory)
+  uint32_t row_bytes;       // every row's length
+  uint16_t rows_per_chunk;  // rows of each chunk but the last, in [1, kMaxRowsPerChunk]
+  uint16_t last_rows;       // rows of the last chunk (a prompt's partial one may have fewer)
+  uint64_t reserved;        // 0
+};
+static_assert(sizeof(RowsHeader) == 24);
+
+// A RETRIEVE_ROWS body of `count` chunks is well formed: its header's fields in
+// range, and exactly the keys and row offsets they announce (nothing before or
+// after). *rows: the offsets it carries. Offsets are checked against the map later.
+inline bool rows_body_valid(uint32_t count, const uint8_t* body, uint64_t len, RowsHeader* out,
+                            uint64_t* rows) {
+  if (count == 0 || len < sizeof(RowsHeader)) return false;
+  RowsHeader h;
+  __builtin_memcpy(&h, body, sizeof(h));
+  if (h.row_bytes == 0 || h.rows_per_chunk == 0 || h.rows_per_chunk > kMaxRowsPerChunk ||
+      h.last_rows == 0 || h.last_rows > h.rows_per_chunk || h.reserved != 0)
+    return false;
+  const uint64_t n = static_cast<uint64_t>(count - 1) * h.rows_per_chunk + h.last_rows;
+  if (len != sizeof(RowsHeader) + static_cast<uint64_t>(count) * sizeof(ChunkKey) + n * 8)
+    return false;
+  *out = h;
+  *rows = n;
+  return true;
+}
 
 struct IoEntry {
   ChunkKey key;

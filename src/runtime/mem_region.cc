@@ -2,9 +2,11 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "runtime/log.h"
@@ -68,8 +70,35 @@ Status MemRegion::create(size_t size, const MemRegionOptions& opts,
   return Code::kSuccess;
 }
 
+Status MemRegion::share_in_place(void* addr, size_t size, const char* name,
+                                 std::unique_ptr<MemRegion>* out) {
+  const size_t pg = page_size();
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  if (out == nullptr || size == 0 || a % pg != 0 || size % pg != 0 || a > UINTPTR_MAX - size)
+    return Code::kInvalidValue;
+  MemRegionOptions o;
+  o.name = name;
+  std::unique_ptr<MemRegion> r;
+  DPUKV_RETURN_IF_ERROR(create(size, o, &r));
+  std::memcpy(r->addr_, addr, size);  // the bytes the memory holds now
+  // The shared pages move onto the caller's addresses: the old pages are unmapped
+  // and the new ones appear in one call, their page tables kept (no fault later).
+  // The system call itself: UCX's libucm, loaded in a process of the cluster,
+  // interposes mremap and loses MREMAP_FIXED's new address (EINVAL).
+  const long got = syscall(SYS_mremap, r->addr_, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, addr);
+  void* moved = got == -1 ? MAP_FAILED : reinterpret_cast<void*>(got);
+  if (moved == MAP_FAILED) {
+    LOG_ERR("mremap onto %p (%zu bytes): %s", addr, size, std::strerror(errno));
+    return Code::kNoMemory;
+  }
+  r->addr_ = moved;
+  r->owns_mapping_ = false;
+  *out = std::move(r);
+  return Code::kSuccess;
+}
+
 MemRegion::~MemRegion() {
-  munmap(addr_, size_);
+  if (owns_mapping_) munmap(addr_, size_);
   if (fd_ >= 0) ::close(fd_);
 }
 

@@ -24,6 +24,14 @@ struct MemRegionOptions {
 class MemRegion {
  public:
   static Status create(size_t size, const MemRegionOptions& opts, std::unique_ptr<MemRegion>* out);
+  // Makes [addr, addr + size) (whole pages of the caller's memory, e.g. an engine's
+  // KV cache) shared in place: its bytes are copied onto a memfd whose pages then
+  // replace the old ones at the same addresses, so pointers into it stay valid and
+  // the memfd can be exported. The mapping stays the caller's: the region's end
+  // closes the memfd only, and the caller's own free unmaps the pages. Nothing may
+  // write the range while this runs (its writes would be lost).
+  static Status share_in_place(void* addr, size_t size, const char* name,
+                               std::unique_ptr<MemRegion>* out);
   ~MemRegion();
   MemRegion(const MemRegion&) = delete;
   MemRegion& operator=(const MemRegion&) = delete;
@@ -38,6 +46,7 @@ class MemRegion {
   void* addr_;
   size_t size_;
   int fd_;
+  bool owns_mapping_ = true;  // false: shared in place, the caller's to unmap
 };
 
 size_t page_size();

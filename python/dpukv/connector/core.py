@@ -15,6 +15,7 @@ it against a reference model (python/tests/test_connector.py)."""
 from .. import _native as native
 from .layout import KV_LAYOUTS, KvLayout
 from .scheduler import Scheduler
+from .shared import share
 from .staging import Staging
 from .worker import LoadRequest, Worker
 
@@ -25,13 +26,14 @@ class DpukvConnector:
 
     def __init__(self, client, model_name: str, chunk_tokens: int = 256,
                  staging_bytes: int = 256 << 20, world_size: int = 1, rank: int = 0,
-                 device=None, kv_layout: str = "NHD"):
+                 device=None, kv_layout: str = "NHD", share_caches: bool = True):
         """device: a device.py backend (default: TorchCuda for CUDA tensors, host
         staging for CPU tensors), or "host" for host staging always. kv_layout: NHD
         ([2, num_blocks, block_size, kv_heads, head_dim]), HND ([2, num_blocks,
         kv_heads, block_size, head_dim]), MLA (one latent cache per layer,
         [num_blocks, block_size, head_dim], as DeepSeek's models keep it) or BHNC
-        (layout.py)."""
+        (layout.py). share_caches: CPU caches are shared with the agent in place
+        (shared.py), so that loads are one copy; False: through staging always."""
         if kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be NHD, HND, MLA or BHNC, not {kv_layout!r}")
         for name, v in (("chunk_tokens", chunk_tokens), ("staging_bytes", staging_bytes),
@@ -48,6 +50,8 @@ class DpukvConnector:
         self.rank = rank
         self.staging_bytes = staging_bytes
         self._device = device
+        self.share_caches = share_caches
+        self.shared = None
         self.layout = None
         self.stage = None
         self.worker = None
@@ -87,7 +91,11 @@ class DpukvConnector:
         layout = KvLayout(kv_caches, self.kv_layout, self.chunk_tokens, layer_ids, total_layers)
         stage = Staging(self.client, self._device, layout.kv, layout, self.staging_bytes)
         self.layout, self.stage = layout, stage
-        self.worker = Worker(self.client, layout, stage, self.counters, self.phase_s)
+        # Shared before any request runs (nothing may write the caches meanwhile).
+        self.shared = (share(self.client, layout)
+                       if self.share_caches and stage.path == "host" else None)
+        self.worker = Worker(self.client, layout, stage, self.counters, self.phase_s,
+                             self.shared)
         self.worker.warm_up()
 
     def close(self):
@@ -206,6 +214,11 @@ class DpukvConnector:
     @property
     def path(self):
         return self.stage.path if self.stage is not None else None
+
+    @property
+    def loads_in_place(self):
+        """True when loads land in the blocks themselves (shared.py), not staging."""
+        return self.shared is not None
 
     @property
     def path_reason(self):

@@ -31,10 +31,11 @@ class LoadMiss(RuntimeError):
 
 @dataclass
 class _Load:
-    """One layer's retrieve in flight: n chunks into slots [slot, slot + n)."""
+    """One layer's retrieve in flight: n chunks into slots [slot, slot + n), or
+    (slot None) straight into the layer's blocks (shared.py)."""
     pending: object
     n: int
-    slot: int
+    slot: object
 
 
 class _Queued:
@@ -62,10 +63,12 @@ class LoadRequest:
 
 
 class Worker:
-    def __init__(self, client, layout, staging, counters, phase_s):
+    def __init__(self, client, layout, staging, counters, phase_s, shared=None):
         """counters, phase_s: the connector's dicts this part adds to
-        (loaded_chunks, saved_chunks, save_failures; retrieve_wait, scatter)."""
+        (loaded_chunks, saved_chunks, save_failures; retrieve_wait, scatter).
+        shared: shared.SharedCaches when loads may go into the blocks in place."""
         self.client = client
+        self.shared = shared
         self.layout = layout
         self.staging = staging
         self.dev = staging.dev
@@ -143,10 +146,34 @@ class Worker:
             req.loads = [_Failed(why)] * layers
             return
         req.loads = [_Queued()] * layers
+        if self.shared is not None and self._start_in_place(req):
+            return
         # The first layer may finish other requests' loads to find room; later ones
         # take only free slots and otherwise wait for their turn (_pump).
         self._start_layer(request_id, 0, self._take_slots(n, request_id))
         self._pump(request_id)
+
+    def _start_in_place(self, req):
+        """Every layer's retrieve straight into its blocks, none waiting for staging;
+        False (nothing started) when a row lies outside the shared pages."""
+        lay = self.layout
+        req.rows_t = lay.rows(req.block_ids, req.chunks, lay.kv[0].device, req.tail)
+        offsets = [self.shared.offsets(l, req.rows_t) for l in range(lay.layers)]
+        if any(o is None for o in offsets):
+            return False
+        rows = lay.rows_per_chunk
+        last = lay.chunk_rows(req.tail)
+        for l in range(lay.layers):
+            try:
+                pending = self.client.submit_retrieve_rows(
+                    self.shared.layer_export[l], req.keys[l][:req.chunks], offsets[l],
+                    self.shared.row_bytes, rows, last)
+            except (native.AgentUnavailable, RuntimeError, ValueError) as e:
+                for m in range(l, lay.layers):
+                    req.loads[m] = _Failed(f"the load did not start: {e}")
+                return True
+            req.loads[l] = _Load(pending, req.chunks, None)
+        return True
 
     def _pump(self, request_id):
         """Starts the request's queued layers, in order, while a run of free slots
@@ -203,7 +230,8 @@ class Worker:
             status = self.client.wait(load.pending)
         except (native.AgentUnavailable, RuntimeError):
             status = None
-        self.staging.give_run(load.slot, load.n)
+        if load.slot is not None:
+            self.staging.give_run(load.slot, load.n)
         return status
 
     def _finish(self, request_id, layer):
@@ -212,7 +240,8 @@ class Worker:
         req = self.requests[request_id]
         load = req.loads[layer]
         st = self.staging
-        self.inflight.remove((request_id, layer))
+        if load.slot is not None:
+            self.inflight.remove((request_id, layer))
         # Scattered before the slots can be taken again (nothing runs in between).
         t0 = time.perf_counter()
         try:
@@ -222,8 +251,13 @@ class Worker:
         t1 = time.perf_counter()
         self.phase_s["retrieve_wait"] += t1 - t0
         if any(s != "SUCCESS" for s in status):
-            st.give_run(load.slot, load.n)
+            if load.slot is not None:
+                st.give_run(load.slot, load.n)
             req.loads[layer] = _Failed(f"layer {layer}: {status}")
+            return
+        if load.slot is None:  # the agent wrote the blocks themselves
+            req.loads[layer] = None
+            self.counters["loaded_chunks"] += load.n
             return
         # One scatter for the layer: its n chunks lie back to back from its first slot.
         n = load.n

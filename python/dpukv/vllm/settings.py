@@ -144,6 +144,9 @@ class Settings:
                                    _extra(tc, "dpukv.staging_bytes", 512 << 20))
         self.lease_ns = int(_millis("dpukv.lease_ms", _extra(tc, "dpukv.lease_ms", 0)) * 1e6)
         self.cross_layer = _flag("dpukv.cross_layer", _extra(tc, "dpukv.cross_layer", False))
+        # CPU caches shared with the agent in place, loads in one copy (shared.py).
+        self.share_caches = _flag("dpukv.share_caches",
+                                  _extra(tc, "dpukv.share_caches", True))
         # vLLM 0.32 (model runner V2) has no cross-layer cache for connectors: its
         # base class lost register_cross_layers_kv_cache and nothing calls it. The
         # setting is then said to be ignored, never silently dropped.

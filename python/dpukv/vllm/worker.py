@@ -29,7 +29,8 @@ class VllmWorker:
         self.rank = rank
         self.core = DpukvConnector(
             client, s.model_name, chunk_tokens=s.chunk_tokens, staging_bytes=s.staging_bytes,
-            world_size=s.world_size, rank=rank, kv_layout=s.kv_layout)
+            world_size=s.world_size, rank=rank, kv_layout=s.kv_layout,
+            share_caches=s.share_caches)
         self.layer_index = {}
         self._loading = []  # ReqMeta of this step's loads
         self._load_errors = set()
@@ -102,8 +103,9 @@ class VllmWorker:
                 f"({len(caches)} layers of {tuple(caches[0].shape)} {caches[0].dtype}; "
                 f"config: {self.total_layers} layers, {self.kv_heads} KV heads of {self.head_dim}, "
                 f"{self.dtype})")
-        logger.info("dpukv: %s registered, %s path%s", what, self.core.path,
-                    (": " + self.core.path_reason) if self.core.path_reason else "")
+        logger.info("dpukv: %s registered, %s path%s%s", what, self.core.path,
+                    (": " + self.core.path_reason) if self.core.path_reason else "",
+                    ", loads in place" if self.core.loads_in_place else "")
 
     def _load_blocks(self, rm):
         """The blocks a load writes: its chunks', the last partial chunk's own only."""
