@@ -14,6 +14,12 @@ using agent::IoEntry;
 using agent::Op;
 
 namespace {
+// Pages shared in place by the live clients of this process, [first, end) each:
+// sharing them again would move them from under the first client's export, whose
+// loads would then land in pages nobody maps any more.
+std::mutex g_shared_mu;
+std::vector<std::pair<uintptr_t, uintptr_t>> g_shared;
+
 thread_local std::string t_connect_error;
 }  // namespace
 
@@ -80,6 +86,14 @@ Client::~Client() {
   }
   ch_.reset();
   for (auto& s : staging_) (void)s.map->stop();
+  {
+    std::lock_guard<std::mutex> g(g_shared_mu);
+    for (const auto& s : staging_) {
+      if (!s.in_place) continue;
+      const auto first = reinterpret_cast<uintptr_t>(s.mem->data());
+      std::erase(g_shared, std::make_pair(first, first + s.mem->size()));
+    }
+  }
 }
 
 Status Client::open_channel(uint32_t timeout_ms) {
@@ -414,10 +428,23 @@ Status Client::share_memory(void* addr, size_t bytes, Staging* out) {
   const uintptr_t first = a & ~(pg - 1);
   const uintptr_t end = (a + bytes + pg - 1) & ~(pg - 1);
   DPUKV_RETURN_IF_ERROR(staging_fits(end - first));
+  std::lock_guard<std::mutex> g(g_shared_mu);
+  for (const auto& [f, e] : g_shared) {
+    if (first < e && f < end) {
+      LOG_ERR(
+          "client: %p (%zu bytes) is shared with the agent already, by a client of this "
+          "process that is still open",
+          addr, bytes);
+      return Code::kBadState;
+    }
+  }
   StagingMem s;
+  s.in_place = true;
   DPUKV_RETURN_IF_ERROR(MemRegion::share_in_place(reinterpret_cast<void*>(first), end - first,
                                                   "dpukv-shared", &s.mem));
-  return add_staging(std::move(s), out);
+  DPUKV_RETURN_IF_ERROR(add_staging(std::move(s), out));
+  g_shared.emplace_back(first, end);
+  return Code::kSuccess;
 }
 
 Status Client::add_staging(StagingMem s, Staging* out) {

@@ -83,7 +83,9 @@ class Client {
   // (submit_retrieve_rows). *out names those pages (out->data: the first page's
   // start, where offsets count from). Bytes of other objects on the first or last
   // page move with them, kept; a child forked later shares these pages rather than
-  // copying them. TOO_BIG: past the staging limit, as alloc_staging. Nothing may
+  // copying them. TOO_BIG: past the staging limit, as alloc_staging; BAD_STATE:
+  // another live client of this process shared some of these pages (sharing them
+  // again would move them from under its export). Nothing may
   // write the pages while this runs. They stay the caller's: its own free unmaps
   // them, and nothing may be loaded into them after that (close the client first).
   Status share_memory(void* addr, size_t bytes, Staging* out);
@@ -202,6 +204,7 @@ class Client {
   struct StagingMem {
     std::unique_ptr<MemRegion> mem;
     std::unique_ptr<Mmap> map;
+    bool in_place = false;  // share_memory's: the range stays claimed until ~Client
   };
   std::vector<StagingMem> staging_;
   // TOO_BIG (logged) when `bytes` more would take this client past max_staging_.
