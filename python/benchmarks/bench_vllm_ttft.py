@@ -14,7 +14,8 @@ request in the engine (LLM.generate of one prompt, one token).
 Configurations: none (no connector: the baseline), prefix-cache (no connector,
 vLLM's own prefix cache on: the KV never leaves the engine, the limit a connector's
 hit can approach), dpukv (DpukvConnectorV1 as the README configures it, against an
-agent this bench starts), vllm-offload (vLLM's kv_offloading_size, its native CPU
+agent this bench starts; dpukv-staging: the same with dpukv.share_caches off, its
+loads through staging and the connector's scatter), vllm-offload (vLLM's kv_offloading_size, its native CPU
 offloading), lmcache (vLLM's LMCacheMPConnector, what kv_offloading_backend
 "lmcache" picks; lmcache-shm: the same in LMCache's lmcache-driven mode, its
 server moving the KV through shared memory; each against an LMCache server this
@@ -48,7 +49,8 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_
           "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "torch_dtype": "bfloat16",
           "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 1,
           "eos_token_id": 2}
-CONFIGS = ("none", "prefix-cache", "dpukv", "vllm-offload", "lmcache", "lmcache-shm")
+CONFIGS = ("none", "prefix-cache", "dpukv", "dpukv-staging", "vllm-offload", "lmcache",
+           "lmcache-shm")
 
 
 def prompt(seed, n):
@@ -63,11 +65,18 @@ def worker(model, config, socket, lengths, reps, lmcache_port=None, batch=1):
     """One engine with one configuration: per length and repetition, a miss then a hit."""
     from vllm import LLM, SamplingParams
     kw = {}
-    if config == "dpukv":
+    if config.startswith("dpukv"):
+        import dpukv
+        # Each dpukv configuration starts from an empty cache (they share the agent,
+        # and the prompts).
+        dpukv.Client(socket).clear()
         from vllm.config import KVTransferConfig
+        extra = {"dpukv.socket": socket}
+        if config == "dpukv-staging":  # loads through staging: the caches not shared in place
+            extra["dpukv.share_caches"] = False
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="DpukvConnectorV1", kv_connector_module_path="dpukv.vllm",
-            kv_role="kv_both", kv_connector_extra_config={"dpukv.socket": socket})
+            kv_role="kv_both", kv_connector_extra_config=extra)
     elif config == "vllm-offload":
         kw["kv_offloading_size"] = 2.0  # GiB of CPU memory
     elif config in ("lmcache", "lmcache-shm"):
@@ -85,8 +94,7 @@ def worker(model, config, socket, lengths, reps, lmcache_port=None, batch=1):
     params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     llm.generate([{"prompt_token_ids": prompt(999, 64)}], params, use_tqdm=False)  # warm-up
     rows = []
-    if config == "dpukv":
-        import dpukv
+    if config.startswith("dpukv"):
         client = dpukv.Client(socket)
         stored = json.loads(client.stats())["chunks"]
     for n in lengths:
@@ -98,7 +106,7 @@ def worker(model, config, socket, lengths, reps, lmcache_port=None, batch=1):
                 out = llm.generate(ps, params, use_tqdm=False)
                 times.append(time.perf_counter() - t0)
                 tokens.append([list(o.outputs[0].token_ids) for o in out])
-                if config == "dpukv" and not times[1:]:
+                if config.startswith("dpukv") and not times[1:]:
                     # dpukv stores asynchronously: the hit is asked for once the
                     # agent holds the prompt's chunks, its partial last one too
                     # (not timed).

@@ -133,6 +133,11 @@ class Agent {
   Status submit_entry(Session* s, agent::Op op, const agent::IoEntry& e, void* slot);
   Status submit_rows_entry(Session* s, const Batch& b, const agent::IoEntry& e, void* slot);
   bool can_submit() const;
+  // Dense maps loads go into in place (RETRIEVE_ROWS), faulted in a step per loop
+  // turn, each session held (pending) while it waits.
+  void queue_populate(Session* s, Mmap* m);
+  void populate_step();
+  void drop_populates();
   void resume_stalled();
   void release_session(Session* s);
   Status gpu_export(Session* s, const uint8_t* body, uint32_t len, std::string* why);
@@ -162,6 +167,11 @@ class Agent {
   std::vector<std::unique_ptr<Batch>> batches_;
   std::vector<Batch*> free_batches_;
   std::deque<Batch*> stalled_;  // waiting for cache requests, oldest first
+  struct Populate {
+    Session* session;
+    uint64_t map_id;  // the session's id of the map
+  };
+  std::deque<Populate> populating_;  // maps being faulted in, one step per loop turn
   bool resuming_ = false;
   AgentCounters counters_;
   std::vector<ChunkKey> lookup_keys_;  // reserved for the largest message

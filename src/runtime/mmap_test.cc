@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -84,6 +85,45 @@ TEST(Mmap, ExportImportSharesBytes) {
   ExportDescriptor d2;
   int fd2;
   EXPECT_EQ(imp->export_to(&d2, &fd2), Code::kNotPermitted);
+}
+
+// Issue 47: an importer that will write all of a map (loads into an engine's KV
+// cache shared in place) faults it in ahead, but only a dense one: populating a
+// sparse file would allocate all of it on the importer's side.
+TEST(Mmap, OnlyADenseImportIsPopulated) {
+  Exported e;  // MemRegion prefaults: every page of the file exists
+  make_exported(4 << 20, kAccessLocalReadWrite | kAccessExportReadWrite, &e);
+  std::unique_ptr<Mmap> imp;
+  ASSERT_TRUE(Mmap::import(&e.desc, sizeof(e.desc), e.fd, &imp).ok());
+  EXPECT_TRUE(imp->dense());
+  EXPECT_FALSE(imp->populated());
+  int steps = 0;
+  while (!imp->populate_some(1 << 20)) ++steps;
+  EXPECT_EQ(steps, 3);  // four 1 MiB steps, the last one says done
+  EXPECT_TRUE(imp->populated());
+  std::vector<unsigned char> vec((4 << 20) / page_size());
+  ASSERT_EQ(mincore(imp->addr(), imp->length(), vec.data()), 0);
+  for (unsigned char v : vec) ASSERT_TRUE(v & 1);
+
+  // A sparse memfd: nothing to populate, nothing allocated.
+  const int fd = memfd_create("sparse", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 4 << 20), 0);
+  ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  ExportDescriptor d = e.desc;
+  d.length = 4 << 20;
+  d.page_delta = 0;
+  d.fd_offset = 0;
+  std::unique_ptr<Mmap> sparse;
+  ASSERT_TRUE(Mmap::import(&d, sizeof(d), fd, &sparse).ok());
+  EXPECT_FALSE(sparse->dense());
+  EXPECT_TRUE(sparse->populated());
+  EXPECT_TRUE(sparse->populate_some(4 << 20));
+  struct stat st {};
+  ASSERT_EQ(fstat(fd, &st), 0);
+  EXPECT_EQ(st.st_blocks, 0);
+  sparse.reset();
+  ::close(fd);
 }
 
 TEST(Mmap, ReadOnlyExportImportsReadOnly) {
