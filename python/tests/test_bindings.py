@@ -75,3 +75,31 @@ def test_a_closed_client_refuses(stored):
     c.close()
     with pytest.raises(RuntimeError):
         c.lookup(keys)
+
+
+def test_rows_land_in_memory_shared_in_place(stored):
+    """Issue 47: a bytearray this process keeps using, shared in place (its bytes
+    kept), gets each chunk in its rows through submit_retrieve_rows; a rows array
+    of the wrong size or type is refused before anything is sent."""
+    import array
+    import ctypes
+    c, buf, keys = stored
+    assert c.agent_rows
+    mem = bytearray(b"\x5a" * (64 << 10))
+    addr = ctypes.addressof((ctypes.c_char * len(mem)).from_buffer(mem))
+    shared = c.share_memory(addr, len(mem))
+    assert bytes(mem) == b"\x5a" * (64 << 10)
+    base = addr - shared.data_ptr  # where mem starts in the shared pages
+    # Three chunks of 4096 bytes, four rows of 1024 each, scattered backwards.
+    rows = array.array("Q", [base + 60000 - 1024 * i for i in range(12)])
+    p = c.submit_retrieve_rows(shared, keys, rows, 1024, 4, 4)
+    assert c.wait(p) == ["SUCCESS"] * 3
+    want = bytearray(b"\x5a" * (64 << 10))
+    for i in range(12):
+        at = 60000 - 1024 * i
+        want[at:at + 1024] = pattern(i // 4)[(i % 4) * 1024:(i % 4 + 1) * 1024]
+    assert mem == want  # every row, and nothing else
+    with pytest.raises(ValueError):
+        c.submit_retrieve_rows(shared, keys, rows[:11], 1024, 4, 4)  # one row short
+    with pytest.raises(ValueError):
+        c.submit_retrieve_rows(shared, keys, array.array("I", range(12)), 1024, 4, 4)
