@@ -102,6 +102,7 @@ class Agent {
   static void on_connect(ComchConnection* c, UserData ud);
   static void on_disconnect(ComchConnection* c, Status why, UserData ud);
   static void on_recv(ComchConnection* c, const uint8_t* d, uint32_t n, UserData ud);
+  static void on_export(ComchConnection* c, Mmap* map, uint64_t cookie, UserData ud);
   static void on_send_done(ComchSendTask* t, UserData, UserData ud);
   static void op_done(void* arg, Status st);
   void handle(Session* s, const uint8_t* d, uint32_t n);
@@ -133,8 +134,8 @@ class Agent {
   Status submit_entry(Session* s, agent::Op op, const agent::IoEntry& e, void* slot);
   Status submit_rows_entry(Session* s, const Batch& b, const agent::IoEntry& e, void* slot);
   bool can_submit() const;
-  // Dense maps loads go into in place (RETRIEVE_ROWS), faulted in a step per loop
-  // turn, each session held (pending) while it waits.
+  // Dense maps clients export, faulted in a step per loop turn, each session held
+  // (pending) while it waits.
   void queue_populate(Session* s, Mmap* m);
   void populate_step();
   void drop_populates();

@@ -30,6 +30,8 @@ struct AgentCounters {
   uint64_t sessions_opened = 0, sessions_closed = 0;
   uint64_t stalled_batches = 0;    // batches that waited for cache requests
   uint64_t oversized_replies = 0;  // answers over the message bound, refused as TOO_BIG
+  uint64_t populated_bytes = 0;    // of clients' exports, faulted in ahead of copies
+  uint64_t populating = 0;         // exports waiting to be faulted in (a gauge)
 };
 
 // Request latencies in Prometheus buckets (upper bounds in seconds, then +Inf).

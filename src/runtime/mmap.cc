@@ -97,9 +97,10 @@ Status Mmap::import(const void* desc_bytes, size_t desc_len, int fd, std::unique
     return Code::kNotPermitted;
   }
   const bool rw = d.access == kAccessExportReadWrite;
-  // Not populated: the exporter may hand over a sparse file, and populating it here
-  // would allocate all of it, on the importer's (the agent's progress) thread. A
-  // page is faulted in where it is first copied, by the thread copying it.
+  // Not populated here: the exporter may hand over a sparse file, and populating it
+  // would allocate all of it, at once on the importer's (the agent's progress)
+  // thread. A page is faulted in where it is first copied, or ahead by
+  // populate_some if the file is dense.
   void* p = mmap(nullptr, map_len, rw ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd,
                  static_cast<off_t>(d.fd_offset));
   if (p == MAP_FAILED) {

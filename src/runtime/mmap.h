@@ -80,6 +80,7 @@ class Mmap {
   // that is not a dense import.
   bool populate_some(size_t step);
   bool populated() const { return !imported_ || !dense_ || populated_ >= mapping_len_; }
+  size_t populated_bytes() const { return populated_; }
   uint64_t id() const { return id_; }
   // For imported maps: the exporter's id of the map.
   uint64_t peer_map_id() const { return peer_map_id_; }
