@@ -262,9 +262,9 @@ PYBIND11_MODULE(_dpukv, m) {
           },
           py::arg("addr"), py::arg("nbytes"),
           "Exports memory this process keeps using (a CPU tensor's storage: data_ptr()) in "
-          "place: the pages that hold it move onto shared memory at the same addresses, bytes "
-          "kept. The result is a staging buffer over those pages (data_ptr: the first page's "
-          "start, the origin of row offsets); nothing may write them during the call")
+          "place: the whole pages inside it move onto shared memory at the same addresses, "
+          "bytes kept. The result is a staging buffer over those pages (data_ptr: the first "
+          "whole page, the origin of row offsets); nothing may write them during the call")
       .def_property_readonly("agent_rows", [](PyClient& pc) { return pc.get().agent_rows(); })
       .def(
           "submit_retrieve_rows",

@@ -40,11 +40,12 @@ const char* dpukv_last_connect_error(void);
 int dpukv_alloc_staging(dpukv_client* c, size_t bytes, void** data, uint64_t* staging_id);
 
 /* Memory the caller has and keeps using (an engine's paged KV cache), exported in
- * place: the pages that hold [addr, addr + bytes) move onto shared memory at the
- * same addresses, their bytes kept (other objects on the first or last page too).
- * *data, *size: those pages (row offsets count from *data). Nothing may write them
- * during the call; the caller's own free unmaps them (close the client first).
- * TOO_BIG: past the agent's staging limit. */
+ * place: the whole pages inside [addr, addr + bytes) move onto shared memory at the
+ * same addresses, their bytes kept. *data, *size: those pages (row offsets count
+ * from *data); the partial first and last pages stay private. Nothing may write the
+ * range during the call; the caller's own free unmaps it (close the client first).
+ * INVALID_VALUE: no whole page inside; TOO_BIG: past the agent's staging limit;
+ * BAD_STATE: another open client of this process shared some of these pages. */
 int dpukv_share_memory(dpukv_client* c, void* addr, size_t bytes, void** data, uint64_t* size,
                        uint64_t* staging_id);
 /* 1 when the agent takes dpukv_submit_retrieve_rows (said at connect), else 0. */

@@ -21,10 +21,12 @@ double (device.CudaDouble: its memory as GPU staging, its events), and
 DPUKV_TEST_PATH says which path the connectors must then take: gpu (the agent's
 CUDA engine copies into that staging) or host-pinned (the agent has no GPU path).
 DPUKV_TEST_DEVICE=cuda runs the model and the KV caches on a real GPU."""
+import gc
 import json
 import os
 import sys
 import time
+import weakref
 
 if __name__ == "__main__":  # a script: PACKAGE_DIR SOCKET
     os.environ["DPUKV_PY_PACKAGE_DIR"], os.environ["DPUKV_TEST_SOCKET"] = sys.argv[1:3]
@@ -62,13 +64,34 @@ def connector(client, name, **kw):
     return _Connector(client, name, device=DEVICE, **kw)
 
 
+SHARED = weakref.WeakSet()  # caches a connector shared in place (one may, while it lives)
+
+
 def registered(client, name, cache, **kw):
-    """A connector with cache's layers registered, on the path the test asks for."""
+    """A connector with cache's layers registered, on the path the test asks for:
+    the first connector of a cache shares it in place, another loads through
+    staging (the pages are the first one's export)."""
     c = connector(client, name, chunk_tokens=CHUNK, **kw)
     c.register_kv_caches(cache.layers)
     assert c.path == PATH, (c.path, c.path_reason)
-    assert c.loads_in_place == IN_PLACE
+    first = cache not in SHARED
+    assert c.loads_in_place == (IN_PLACE and first and kw.get("share_caches", True))
+    if c.loads_in_place:
+        SHARED.add(cache)
     return c
+
+
+try:
+    import pytest
+
+    @pytest.fixture(autouse=True)
+    def _connectors_go_with_their_test():
+        """A test's connectors and clients (in reference cycles) are collected at its
+        end, and with them the caches they shared in place."""
+        yield
+        gc.collect()
+except ImportError:  # a script (a GPU machine without pytest): the loop below collects
+    pass
 
 
 def run(conn, req, tokens, cache, blocks):
@@ -183,6 +206,40 @@ def test_registration_warms_the_path_and_leaves_the_cache_as_it_was():
     for kv, want, was in zip(cache.layers, saved, whole):
         was[:, blocks2[:2 * CHUNK // BLOCK]] = want
         assert torch.equal(kv, was)
+    # Blocks in the middle of the caches: in place whenever the caches are shared.
+    assert (conn.counters["loaded_in_place_chunks"] > 0) == IN_PLACE
+
+
+def test_a_row_on_a_private_page_loads_through_staging():
+    """Issue 47: only the whole pages inside a cache's storage are shared; its first
+    partial page stays private (other objects may live there), so a load that
+    writes block 0's K row there goes through staging, with the same bytes."""
+    client = dpukv.Client(SOCKET, model=dpukv.model_id("edge-llama"))
+    cache = PagedKVCache(CFG, num_blocks=16, block_size=BLOCK, device=DEV)
+    conn = registered(client, "edge-llama", cache, staging_bytes=2 << 20)
+    tokens = prompt(2 * CHUNK + 5)
+    blocks = save_prompt(conn, cache, "e0", tokens)  # blocks 0.. (the free list's order)
+    assert blocks[0] == 0
+    conn.request_finished("e0")
+    saved = [kv[:, blocks].clone() for kv in cache.layers]
+    for kv in cache.layers:
+        kv[:, blocks] = 0
+    hit = conn.get_num_new_matched_tokens("e1", tokens, 0)
+    conn.update_state_after_alloc("e1", blocks, hit)
+    conn.start_load_kv("e1")
+    for layer in range(CFG.layers):
+        conn.wait_for_layer_load("e1", layer)
+    conn.request_finished("e1")
+    assert hit == 2 * CHUNK, hit
+    n = hit // BLOCK
+    for kv, want in zip(cache.layers, saved):
+        assert torch.equal(kv[:, blocks[:n]], want[:, :n])
+    page = 4096
+    private = cache.layers[0].data_ptr() % page != 0  # block 0's K row starts a partial page
+    if IN_PLACE and private:
+        assert conn.counters["loaded_in_place_chunks"] == 0
+    elif IN_PLACE:
+        assert conn.counters["loaded_in_place_chunks"] > 0
 
 
 def test_saves_through_a_small_staging_wrap_around_its_slots():
@@ -309,4 +366,5 @@ if __name__ == "__main__":  # every test, in order; a failure ends the run with 
     for name, fn in list(globals().items()):
         if name.startswith("test_") and callable(fn):
             fn()
+            gc.collect()
     print("connector: ok, " + SUMMARY[0])

@@ -606,10 +606,12 @@ TEST_F(AgentTest, ARowsRetrieveWritesEachChunkIntoItsRowsAndNothingElse) {
   for (size_t i = 0; i < kMap; ++i) map[i] = static_cast<uint8_t>(i % 251);
   std::vector<uint8_t> before(map, map + kMap);
   Staging sh;
+  EXPECT_EQ(c->share_memory(map + kAt, 1000, &sh), Code::kInvalidValue);  // no whole page
   ASSERT_TRUE(c->share_memory(map + kAt, kCache, &sh).ok());
-  EXPECT_EQ(sh.data, map);  // the page that holds the start
-  EXPECT_EQ(sh.size, 68u << 10);
+  EXPECT_EQ(sh.data, map + 4096);  // the first whole page
+  EXPECT_EQ(sh.size, 60u << 10);   // to the last whole one
   EXPECT_EQ(std::memcmp(map, before.data(), kMap), 0) << "sharing changed the bytes";
+  const size_t at = static_cast<size_t>(sh.data - map);
 
   // Rows out of order, across pages, one unaligned.
   const std::vector<uint64_t> rows = {kAt + 9000,  kAt + 1000, kAt + 30000, 4097,
@@ -623,7 +625,7 @@ TEST_F(AgentTest, ARowsRetrieveWritesEachChunkIntoItsRowsAndNothingElse) {
   for (Status x : st) EXPECT_TRUE(x.ok()) << x.name();
   std::vector<uint8_t> want = before;
   for (uint32_t r = 0; r < rows.size(); ++r)
-    std::memcpy(want.data() + rows[r], s.data + static_cast<size_t>(r) * kRow, kRow);
+    std::memcpy(want.data() + at + rows[r], s.data + static_cast<size_t>(r) * kRow, kRow);
   EXPECT_EQ(std::memcmp(map, want.data(), kMap), 0) << "bytes outside the rows changed";
 
   // Refused: what the agent is sent, not what this client would send (raw).
@@ -671,7 +673,7 @@ TEST_F(AgentTest, ARowsRetrieveWritesEachChunkIntoItsRowsAndNothingElse) {
   // Another client of this process may not move the pages from under this export...
   auto other = client();
   Staging sh2;
-  EXPECT_EQ(other->share_memory(map + kAt + 8192, 100, &sh2), Code::kBadState);
+  EXPECT_EQ(other->share_memory(map + kAt + 8192, 8192, &sh2), Code::kBadState);
   c.reset();  // the export goes with the client; the pages stay this test's
   EXPECT_EQ(std::memcmp(map, want.data(), kMap), 0);
   // ... but may once it is gone, the bytes kept again.

@@ -1,7 +1,11 @@
 #include "client/client.h"
 
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "protocol/socket_path.h"
@@ -14,11 +18,38 @@ using agent::IoEntry;
 using agent::Op;
 
 namespace {
-// Pages shared in place by the live clients of this process, [first, end) each:
-// sharing them again would move them from under the first client's export, whose
-// loads would then land in pages nobody maps any more.
+// Pages shared in place by the live clients of this process: sharing them again
+// would move them from under the first client's export, whose loads would then land
+// in pages nobody maps any more. A claim whose pages were unmapped since (the
+// memory freed, its addresses reused) is stale and gives way.
+struct SharedClaim {
+  uintptr_t first, end;
+  uint64_t dev, ino;  // the memfd that backs them
+};
 std::mutex g_shared_mu;
-std::vector<std::pair<uintptr_t, uintptr_t>> g_shared;
+std::vector<SharedClaim> g_shared;
+
+// True while `addr` is still mapped from the file (dev, ino) in this process
+// (/proc/self/maps: unprivileged, read only when a new share overlaps a claim).
+bool still_mapped(uintptr_t addr, uint64_t dev, uint64_t ino) {
+  FILE* f = std::fopen("/proc/self/maps", "re");
+  if (f == nullptr) return true;  // cannot tell: keep the claim
+  char line[512];
+  bool mapped = false;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long lo, hi, off, inode;  // NOLINT(google-runtime-int): the format's types
+    unsigned maj, min;
+    char perms[8];
+    if (std::sscanf(line, "%lx-%lx %7s %lx %x:%x %lu", &lo, &hi, perms, &off, &maj, &min, &inode) !=
+        7)
+      continue;
+    if (addr < lo || addr >= hi) continue;
+    mapped = inode == ino && makedev(maj, min) == dev;
+    break;
+  }
+  std::fclose(f);
+  return mapped;
+}
 
 thread_local std::string t_connect_error;
 }  // namespace
@@ -91,7 +122,9 @@ Client::~Client() {
     for (const auto& s : staging_) {
       if (!s.in_place) continue;
       const auto first = reinterpret_cast<uintptr_t>(s.mem->data());
-      std::erase(g_shared, std::make_pair(first, first + s.mem->size()));
+      std::erase_if(g_shared, [&](const SharedClaim& c) {
+        return c.first == first && c.end == first + s.mem->size();
+      });
     }
   }
 }
@@ -421,16 +454,21 @@ Status Client::share_memory(void* addr, size_t bytes, Staging* out) {
   const uintptr_t pg = page_size();
   const auto a = reinterpret_cast<uintptr_t>(addr);
   if (out == nullptr || addr == nullptr || a > UINTPTR_MAX - bytes) return Code::kInvalidValue;
-  // The pages that hold the range, whole: a large allocation's first and last
-  // pages are its own (glibc maps it whole pages at a time); bytes of other objects
-  // that share them are kept, at their addresses.
-  if (bytes == 0 || a + bytes > UINTPTR_MAX - pg) return Code::kInvalidValue;
-  const uintptr_t first = a & ~(pg - 1);
-  const uintptr_t end = (a + bytes + pg - 1) & ~(pg - 1);
+  // The whole pages inside the range only: bytes of other objects on its first or
+  // last page are not ours to move (another thread's write there, between the copy
+  // and the remap, would be lost). Rows on those pages load through staging.
+  if (bytes == 0 || a > UINTPTR_MAX - bytes - pg) return Code::kInvalidValue;
+  const uintptr_t first = (a + pg - 1) & ~(pg - 1);
+  const uintptr_t end = (a + bytes) & ~(pg - 1);
+  if (end <= first) return Code::kInvalidValue;  // no whole page inside
   DPUKV_RETURN_IF_ERROR(staging_fits(end - first));
   std::lock_guard<std::mutex> g(g_shared_mu);
-  for (const auto& [f, e] : g_shared) {
-    if (first < e && f < end) {
+  for (auto it = g_shared.begin(); it != g_shared.end();) {
+    if (!(first < it->end && it->first < end)) {
+      ++it;
+    } else if (!still_mapped(it->first, it->dev, it->ino)) {
+      it = g_shared.erase(it);  // stale: that memory was freed since
+    } else {
       LOG_ERR(
           "client: %p (%zu bytes) is shared with the agent already, by a client of this "
           "process that is still open",
@@ -442,8 +480,11 @@ Status Client::share_memory(void* addr, size_t bytes, Staging* out) {
   s.in_place = true;
   DPUKV_RETURN_IF_ERROR(MemRegion::share_in_place(reinterpret_cast<void*>(first), end - first,
                                                   "dpukv-shared", &s.mem));
+  struct stat st {};
+  if (fstat(s.mem->fd(), &st) != 0) return Code::kDriver;
   DPUKV_RETURN_IF_ERROR(add_staging(std::move(s), out));
-  g_shared.emplace_back(first, end);
+  g_shared.push_back(
+      {first, end, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
   return Code::kSuccess;
 }
 

@@ -77,17 +77,18 @@ class Client {
   // The agent's limit on all staging of one client (0: none), as of the last HELLO.
   uint64_t max_staging_bytes() const { return max_staging_; }
   // Exports memory the caller already has and keeps using (an engine's paged KV
-  // cache) to the agent, in place: the pages that hold [addr, addr + bytes) move
+  // cache) to the agent, in place: the whole pages inside [addr, addr + bytes) move
   // onto shared memory at the same addresses, their bytes kept
   // (MemRegion::share_in_place), so the agent can write loads straight into them
-  // (submit_retrieve_rows). *out names those pages (out->data: the first page's
-  // start, where offsets count from). Bytes of other objects on the first or last
-  // page move with them, kept; a child forked later shares these pages rather than
-  // copying them. TOO_BIG: past the staging limit, as alloc_staging; BAD_STATE:
-  // another live client of this process shared some of these pages (sharing them
-  // again would move them from under its export). Nothing may
-  // write the pages while this runs. They stay the caller's: its own free unmaps
-  // them, and nothing may be loaded into them after that (close the client first).
+  // (submit_retrieve_rows). *out names those pages (out->data: the first whole
+  // page, where offsets count from); the range's partial first and last pages stay
+  // private. A child forked later shares these pages rather than copying them.
+  // INVALID_VALUE: no whole page inside; TOO_BIG: past the staging limit, as
+  // alloc_staging; BAD_STATE: another live client of this process shared some of
+  // these pages (sharing them again would move them from under its export).
+  // Nothing may write the range while this runs. The pages stay the caller's: its
+  // own free unmaps them, and nothing may be loaded into them after that (close
+  // the client first).
   Status share_memory(void* addr, size_t bytes, Staging* out);
   // True when the agent said (at the last HELLO) that it takes submit_retrieve_rows.
   bool agent_rows();

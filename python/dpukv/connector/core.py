@@ -56,8 +56,8 @@ class DpukvConnector:
         self.stage = None
         self.worker = None
         # Counted by both parts, read by callers and tests as one live dict.
-        self.counters = {"lookup_hit_tokens": 0, "loaded_chunks": 0, "saved_chunks": 0,
-                         "save_failures": 0}
+        self.counters = {"lookup_hit_tokens": 0, "loaded_chunks": 0, "loaded_in_place_chunks": 0,
+                         "saved_chunks": 0, "save_failures": 0}
         # Host seconds per phase of a load (lookup round trip, waiting for the agent's
         # retrieves, the scatter into the blocks: on a GPU its launch only), for the
         # benchmarks' breakdown of a first token.

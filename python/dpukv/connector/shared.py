@@ -4,9 +4,11 @@ a DPU's DMA engine writes host memory the host exported, with no staging and no
 scatter here.
 
 Each distinct storage of the caches is exported with Client.share_memory: the
-pages that hold it move onto shared memory at the same addresses, bytes kept, so
-the engine's tensors go on working. Every row of a cache lies in its export; the
-check that a load's rows do (else it goes through staging) guards the arithmetic. Saves always go through staging: the
+whole pages inside it move onto shared memory at the same addresses, bytes kept,
+so the engine's tensors go on working. A storage's partial first and last pages
+stay private (other objects may live there): a load with a row on them goes
+through staging (vLLM never loads its block 0, the null block, which starts the
+first page). Saves always go through staging: the
 step's gather copies the blocks before vLLM may reuse them."""
 import logging
 

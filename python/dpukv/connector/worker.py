@@ -258,6 +258,7 @@ class Worker:
         if load.slot is None:  # the agent wrote the blocks themselves
             req.loads[layer] = None
             self.counters["loaded_chunks"] += load.n
+            self.counters["loaded_in_place_chunks"] += load.n
             return
         # One scatter for the layer: its n chunks lie back to back from its first slot.
         n = load.n
