@@ -107,6 +107,17 @@ def run(conn, req, tokens, cache, blocks):
     return hit, logits
 
 
+def load_alone(conn, req, tokens, blocks):
+    """A hit on tokens loaded into blocks, every layer, with no compute; the hit."""
+    hit = conn.get_num_new_matched_tokens(req, tokens, 0)
+    conn.update_state_after_alloc(req, blocks, hit)
+    conn.start_load_kv(req)
+    for layer in range(CFG.layers):
+        conn.wait_for_layer_load(req, layer)
+    conn.request_finished(req)
+    return hit
+
+
 def prompt(n):
     return torch.randint(0, CFG.vocab_size, (n,)).tolist()
 
@@ -196,12 +207,7 @@ def test_registration_warms_the_path_and_leaves_the_cache_as_it_was():
     saved = [kv[:, blocks[:2 * CHUNK // BLOCK]].clone() for kv in cache.layers]
     blocks2 = cache.allocate(len(tokens))
     whole = [kv.clone() for kv in cache.layers]  # the load writes its blocks, no others
-    hit = conn.get_num_new_matched_tokens("w1", tokens, 0)
-    conn.update_state_after_alloc("w1", blocks2, hit)
-    conn.start_load_kv("w1")
-    for layer in range(CFG.layers):
-        conn.wait_for_layer_load("w1", layer)
-    conn.request_finished("w1")
+    hit = load_alone(conn, "w1", tokens, blocks2)
     assert hit == 2 * CHUNK, hit
     for kv, want, was in zip(cache.layers, saved, whole):
         was[:, blocks2[:2 * CHUNK // BLOCK]] = want
@@ -224,12 +230,7 @@ def test_a_row_on_a_private_page_loads_through_staging():
     saved = [kv[:, blocks].clone() for kv in cache.layers]
     for kv in cache.layers:
         kv[:, blocks] = 0
-    hit = conn.get_num_new_matched_tokens("e1", tokens, 0)
-    conn.update_state_after_alloc("e1", blocks, hit)
-    conn.start_load_kv("e1")
-    for layer in range(CFG.layers):
-        conn.wait_for_layer_load("e1", layer)
-    conn.request_finished("e1")
+    hit = load_alone(conn, "e1", tokens, blocks)
     assert hit == 2 * CHUNK, hit
     n = hit // BLOCK
     for kv, want in zip(cache.layers, saved):

@@ -58,6 +58,16 @@ int wait_exit(pid_t pid, int timeout_s = 60) {
   return -1;
 }
 
+// The status the agent answered a raw request with (UNKNOWN: no answer).
+Code answered(Client* c, const std::vector<uint8_t>& msg) {
+  std::vector<uint8_t> resp;
+  EXPECT_TRUE(c->raw_request(msg.data(), static_cast<uint32_t>(msg.size()), &resp).ok());
+  if (resp.size() < sizeof(agent::AgentHeader)) return Code::kUnknown;
+  agent::AgentHeader r;
+  std::memcpy(&r, resp.data(), sizeof(r));
+  return static_cast<Code>(r.status);
+}
+
 int count_fds(pid_t pid) {
   int n = 0;
   DIR* d = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
@@ -439,12 +449,7 @@ TEST_F(AgentTest, EveryOpRefusesABodyOfAnotherShape) {
     h.count = count;
     h.request_id = 90;
     std::memcpy(msg.data(), &h, sizeof(h));
-    std::vector<uint8_t> resp;
-    EXPECT_TRUE(c->raw_request(msg.data(), static_cast<uint32_t>(msg.size()), &resp).ok());
-    if (resp.size() < sizeof(agent::AgentHeader)) return Code::kUnknown;
-    agent::AgentHeader r;
-    std::memcpy(&r, resp.data(), sizeof(r));
-    return static_cast<Code>(r.status);
+    return answered(c.get(), msg);
   };
   const size_t key = sizeof(ChunkKey);
   const struct {
@@ -645,12 +650,7 @@ TEST_F(AgentTest, ARowsRetrieveWritesEachChunkIntoItsRowsAndNothingElse) {
       const uint64_t o = row_off + r * row_bytes;
       std::memcpy(msg.data() + sizeof(h) + sizeof(rh) + sizeof(ChunkKey) + 8u * r, &o, 8);
     }
-    std::vector<uint8_t> resp;
-    EXPECT_TRUE(c->raw_request(msg.data(), static_cast<uint32_t>(msg.size()), &resp).ok());
-    if (resp.size() < sizeof(agent::AgentHeader)) return Code::kUnknown;
-    agent::AgentHeader r;
-    std::memcpy(&r, resp.data(), sizeof(r));
-    return static_cast<Code>(r.status);
+    return answered(c.get(), msg);
   };
   std::memcpy(before.data(), map, kMap);
   EXPECT_EQ(rows_request(sh.id, kRows, kRows, sh.size - 10, kRow, 0), Code::kInvalidValue);

@@ -57,6 +57,18 @@ int io(dpukv_client* c, bool store, uint64_t staging_id, const dpukv_key* keys,
     for (uint32_t i = 0; i < n; ++i) per_entry[i] = code(st[i]);
   return code(r);
 }
+// An asynchronous call's statuses kept until dpukv_wait: start(st, &ticket) submits.
+template <typename Start>
+int track(dpukv_client* c, uint32_t n, int* per_entry, uint64_t* ticket, Start start) {
+  auto x = std::make_unique<dpukv_client::Submitted>();
+  x->st.resize(n);
+  x->out = per_entry;
+  const dpukv::Status r = start(x->st.data(), &x->ticket);
+  if (!r.ok()) return code(r);
+  *ticket = x->ticket;
+  c->submitted.push_back(std::move(x));
+  return 0;
+}
 int submit(dpukv_client* c, bool store, uint64_t staging_id, const dpukv_key* keys,
            const uint64_t* offsets, const uint64_t* lengths, uint32_t n, int* per_entry,
            uint64_t* ticket) {
@@ -65,17 +77,10 @@ int submit(dpukv_client* c, bool store, uint64_t staging_id, const dpukv_key* ke
     return code(dpukv::Code::kInvalidValue);
   const dpukv::Staging* s = staging_of(c, staging_id);
   if (s == nullptr) return code(dpukv::Code::kNotFound);
-  auto x = std::make_unique<dpukv_client::Submitted>();
-  x->st.resize(n);
-  x->out = per_entry;
-  const dpukv::Status r =
-      store
-          ? c->c->submit_store(*s, keys_of(keys), offsets, lengths, n, x->st.data(), &x->ticket)
-          : c->c->submit_retrieve(*s, keys_of(keys), offsets, lengths, n, x->st.data(), &x->ticket);
-  if (!r.ok()) return code(r);
-  *ticket = x->ticket;
-  c->submitted.push_back(std::move(x));
-  return 0;
+  return track(c, n, per_entry, ticket, [&](dpukv::Status* st, uint64_t* t) {
+    return store ? c->c->submit_store(*s, keys_of(keys), offsets, lengths, n, st, t)
+                 : c->c->submit_retrieve(*s, keys_of(keys), offsets, lengths, n, st, t);
+  });
 }
 
 }  // namespace
@@ -322,16 +327,10 @@ int dpukv_submit_retrieve_rows(dpukv_client* c, uint64_t staging_id, const dpukv
     return code(dpukv::Code::kInvalidValue);
   const dpukv::Staging* s = staging_of(c, staging_id);
   if (s == nullptr) return code(dpukv::Code::kNotFound);
-  auto x = std::make_unique<dpukv_client::Submitted>();
-  x->st.resize(n);
-  x->out = per_entry;
-  const dpukv::Status r =
-      c->c->submit_retrieve_rows(*s, keys_of(keys), n, row_offsets, row_bytes, rows_per_chunk,
-                                 last_rows, x->st.data(), &x->ticket);
-  if (!r.ok()) return code(r);
-  *ticket = x->ticket;
-  c->submitted.push_back(std::move(x));
-  return 0;
+  return track(c, n, per_entry, ticket, [&](dpukv::Status* st, uint64_t* t) {
+    return c->c->submit_retrieve_rows(*s, keys_of(keys), n, row_offsets, row_bytes, rows_per_chunk,
+                                      last_rows, st, t);
+  });
 }
 
 int dpukv_wait(dpukv_client* c, uint64_t ticket) {
