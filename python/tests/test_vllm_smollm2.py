@@ -56,8 +56,10 @@ def main():
         params = SamplingParams(max_tokens=32, temperature=0)
         with open("/usr/share/common-licenses/GPL-3") as f:
             text = f.read()
-        ask = lambda t: llm.chat([{"role": "user", "content": t + QUESTION}], params,
-                                 use_tqdm=False)[0]
+
+        def ask(t):
+            return llm.chat([{"role": "user", "content": t + QUESTION}], params,
+                            use_tqdm=False)[0]
 
         def stored_all(n_chunks):
             deadline = time.monotonic() + 600  # the stores land while nothing waits for them
