@@ -53,6 +53,40 @@ def post(port, path, body):
         return json.loads(r.read())
 
 
+def serve(cmd, port, log_path):
+    """`vllm serve` (cmd) started, once it answers /health; its output in log_path."""
+    log = open(log_path, "w+")
+    env = dict(os.environ, PYTHONPATH=PKG, PYTHONDONTWRITEBYTECODE="1",
+               VLLM_LOGGING_LEVEL="WARNING")
+    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 900  # a server start on a busy 2-core machine
+    while True:
+        if server.poll() is not None:
+            log.seek(0)
+            sys.stderr.write(log.read()[-8000:])
+            raise AssertionError(f"vllm serve exited ({server.returncode}) before it served")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return server
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        if time.monotonic() > deadline:
+            stop(server)
+            raise AssertionError("vllm serve never became healthy")
+        time.sleep(0.2)
+
+
+def stop(server):
+    if server is not None and server.poll() is None:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
 def main():
     tmp, model, sock = workspace("dpukv-vllm-serve-")
     words = readme_serve_line()
@@ -66,26 +100,9 @@ def main():
         "--enforce-eager", "--seed", "0", "--max-num-seqs", "4",
         "--kv-cache-memory-bytes", str(256 << 20), "--no-enable-prefix-caching"]
     agent = start_agent(sock)
-    log = open(os.path.join(tmp, "serve.log"), "w+")
     server = None
     try:
-        env = dict(os.environ, PYTHONPATH=PKG, PYTHONDONTWRITEBYTECODE="1",
-                   VLLM_LOGGING_LEVEL="WARNING")
-        server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 900  # a server start on a busy 2-core machine
-        while True:
-            if server.poll() is not None:
-                log.seek(0)
-                sys.stderr.write(log.read()[-8000:])
-                raise AssertionError(f"vllm serve exited ({server.returncode}) before it served")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            assert time.monotonic() < deadline, "vllm serve never became healthy"
-            time.sleep(0.2)
+        server = serve(cmd, port, os.path.join(tmp, "serve.log"))
         prompt = tokens(7, 600)  # 2 whole 256-token chunks and a tail
         body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0.0,
                 "return_token_ids": True}
@@ -105,13 +122,7 @@ def main():
               f"second completions request loaded {s2['retrieves'] - s1['retrieves']} chunks "
               f"from dpukv, same tokens {got[0]}")
     finally:
-        if server is not None and server.poll() is None:
-            server.terminate()
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+        stop(server)
         kill(agent)
 
 
