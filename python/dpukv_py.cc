@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "client/client.h"
+#include "dpukv/client.h"
 
 namespace py = pybind11;
 using namespace dpukv;
@@ -181,6 +182,53 @@ PYBIND11_MODULE(_dpukv, m) {
       py::arg("model"), py::arg("tokens"), py::arg("chunk_tokens"), py::arg("include_partial"),
       py::arg("world_size"), py::arg("rank"), py::arg("layouts"),
       "chunk_keys for several layouts (one per layer) at the cost of one");
+
+  // The KV codecs for a connector that encodes its own chunks (dpukv.kv_codec):
+  // buffers by address (tensor.data_ptr()), as the C ABI takes them.
+  m.def("kv_encode_bound", &dpukv_kv_encode_bound, py::arg("codec"), py::arg("slabs"),
+        py::arg("tokens"), py::arg("channels"), py::arg("nbytes"),
+        "The largest encoding of nbytes (0 for an unknown codec)");
+  m.def(
+      "kv_encode",
+      [](int codec, int dtype, uint32_t slabs, uint32_t tokens, uint32_t channels, uint64_t src,
+         size_t nbytes, uint64_t dst, size_t cap) {
+        size_t out = 0;
+        int rc;
+        {
+          py::gil_scoped_release nogil;
+          rc = dpukv_kv_encode(codec, dtype, slabs, tokens, channels,
+                               reinterpret_cast<const void*>(src), nbytes,
+                               reinterpret_cast<void*>(dst), cap, &out);
+        }
+        if (rc != 0)
+          throw std::invalid_argument(std::string("kv_encode: ") + dpukv_status_name(rc));
+        return out;
+      },
+      py::arg("codec"), py::arg("dtype"), py::arg("slabs"), py::arg("tokens"), py::arg("channels"),
+      py::arg("src"), py::arg("nbytes"), py::arg("dst"), py::arg("cap"),
+      "Encodes nbytes at address src into dst (cap bytes); returns the encoded length");
+  m.def(
+      "kv_decode_rows",
+      [](uint64_t base, const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& caps,
+         uint64_t rows, uint32_t rows_per_chunk, uint32_t last_rows, uint64_t row_bytes) {
+        if (offsets.size() != caps.size())
+          throw std::invalid_argument("kv_decode_rows: offsets and caps differ in length");
+        std::vector<int> per(offsets.size());
+        {
+          py::gil_scoped_release nogil;
+          (void)dpukv_kv_decode_rows(reinterpret_cast<const void*>(base), offsets.data(),
+                                     caps.data(), static_cast<uint32_t>(offsets.size()),
+                                     reinterpret_cast<void* const*>(rows), rows_per_chunk,
+                                     last_rows, row_bytes, per.data());
+        }
+        std::vector<std::string> out;
+        for (int rc : per) out.emplace_back(dpukv_status_name(rc));
+        return out;
+      },
+      py::arg("base"), py::arg("offsets"), py::arg("caps"), py::arg("rows"),
+      py::arg("rows_per_chunk"), py::arg("last_rows"), py::arg("row_bytes"),
+      "Decodes the chunks at base + offsets (slots of caps bytes) into rows (the address "
+      "of an array of row addresses); a status name per chunk");
 
   py::class_<PyStaging>(m, "Staging", py::buffer_protocol())
       .def_property_readonly("size", [](const PyStaging& s) { return s.s.size; })

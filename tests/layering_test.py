@@ -22,7 +22,8 @@ ALLOWED = {
     "cache": {"runtime", "protocol", "engines"},
     "cluster": {"runtime", "protocol", "cache"},
     "agent": {"runtime", "protocol", "engines", "comch", "cache", "cluster"},
-    "client": {"runtime", "protocol", "comch", "dpukv"},
+    # Of the engines, the client links only the KV codecs (dpukv_kv_codec).
+    "client": {"runtime", "protocol", "comch", "engines", "dpukv"},
     "nvmf": {"runtime", "rpc", "nvme", "cache"},
     "tools": {"runtime", "protocol", "engines", "comch", "nvme", "rpc", "cache", "cluster",
               "agent", "client", "nvmf"},
@@ -53,7 +54,7 @@ ALLOWED["tools"] |= {"cluster/ucx", "cluster/directory", "nvmf/core", "nvmf/tcp"
                      "nvmf/vfio_user", "nvmf/bdev"}
 ALLOWED["cache"] |= {"cache/tier"}
 # Libraries whose sources are not in a folder of their own name.
-LIB_FOLDER = {"dpukv_crc32c": "runtime", "dpukv_client_shared": "client", "dpukv": "tools"}
+LIB_FOLDER = {"dpukv_crc32c": "runtime", "dpukv_kv_codec": "engines", "dpukv_client_shared": "client", "dpukv": "tools"}
 # Include roots that are not src/ folders: the folder whose library exports them.
 EXPORTED = {"dpukv": "client"}
 
@@ -73,7 +74,8 @@ PARTS = {
 # without .py; a package by its folder). A module may import only modules before it:
 # the connector's parts never import the vLLM adapter, staging never the worker.
 # "_native" is the client the package root picks (compiled, or ctypes).
-PY_PARTS = ["_native", "_ctypes_client", "device", "connector/layout", "connector/staging", "connector/shared",
+PY_PARTS = ["_native", "_ctypes_client", "device", "connector/layout", "connector/codec",
+            "connector/staging", "connector/shared",
             "connector/worker", "connector/scheduler", "connector/core", "connector",
             "vllm/requests", "vllm/settings", "vllm/scheduler", "vllm/worker", "vllm"]
 PY_IMPORT = re.compile(r"^\s*from\s+(\.+)([a-z_.]*)\s+import\s+([A-Za-z0-9_, ]+?)(?:\s+as\s+\w+)?\s*(?:#.*)?$")

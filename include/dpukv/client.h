@@ -149,6 +149,31 @@ uint64_t dpukv_model_id(const char* model_name);
 uint64_t dpukv_kv_layout_fingerprint(const char* dtype, uint32_t layers, uint32_t kv_heads,
                                      uint32_t head_dim);
 
+/* KV codecs for a connector that encodes its chunks before storing them (the
+ * same codecs as the agent's compress engine): DPUKV_KV_LOSSLESS (byte planes,
+ * Huffman: exact), DPUKV_KV_INT8 and DPUKV_KV_INT4 (per channel, groups of tokens:
+ * scale and zero point). A chunk is `slabs` independent [tokens, channels]
+ * matrices of 16-bit values (DPUKV_KV_BF16 or DPUKV_KV_FP16). An encoded chunk
+ * carries its header and checksum, so any reader can check and decode it. */
+enum { DPUKV_KV_LOSSLESS = 2, DPUKV_KV_INT8 = 3, DPUKV_KV_INT4 = 4 };
+enum { DPUKV_KV_BF16 = 1, DPUKV_KV_FP16 = 2 };
+/* The largest encoding of len bytes (0 for an unknown codec). */
+size_t dpukv_kv_encode_bound(int codec, uint32_t slabs, uint32_t tokens, uint32_t channels,
+                             size_t len);
+/* INVALID_VALUE if the shape is not len bytes, or NaN or infinity in a lossy
+ * codec's input; TOO_BIG if cap is short. */
+int dpukv_kv_encode(int codec, int dtype, uint32_t slabs, uint32_t tokens, uint32_t channels,
+                    const void* src, size_t len, void* dst, size_t cap, size_t* out_len);
+/* Decodes n encoded chunks into rows. Chunk i lies at base + offsets[i], in a slot
+ * of caps[i] bytes (its length is in its header); it fills rows_per_chunk rows
+ * (the last chunk: last_rows), row_bytes each, taken in order from rows (the rows'
+ * addresses). per_entry[i]: SUCCESS, or CORRUPTED, its rows untouched, when its
+ * header or checksum is wrong or it is not a chunk of that many rows. Returns
+ * SUCCESS when every chunk decoded, else the first failure. */
+int dpukv_kv_decode_rows(const void* base, const uint64_t* offsets, const uint64_t* caps,
+                         uint32_t n, void* const* rows, uint32_t rows_per_chunk, uint32_t last_rows,
+                         uint64_t row_bytes, int* per_entry);
+
 #ifdef __cplusplus
 }
 #endif

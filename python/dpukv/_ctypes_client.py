@@ -12,7 +12,8 @@ import json
 import os
 
 __all__ = ["AgentUnavailable", "GpuPathUnavailable", "ChunkKey", "Client", "Staging", "Pending",
-           "model_id", "kv_layout_fingerprint", "chunk_keys", "chunk_keys_layers"]
+           "model_id", "kv_layout_fingerprint", "chunk_keys", "chunk_keys_layers",
+           "kv_encode_bound", "kv_encode", "kv_decode_rows"]
 
 
 class AgentUnavailable(ConnectionError):
@@ -86,6 +87,10 @@ for name, res, args in [
                                 ctypes.c_size_t, _u32, _int, _KEYS, _u32]),
     ("dpukv_model_id", _u64, [ctypes.c_char_p]),
     ("dpukv_kv_layout_fingerprint", _u64, [ctypes.c_char_p, _u32, _u32, _u32]),
+    ("dpukv_kv_encode_bound", ctypes.c_size_t, [_int, _u32, _u32, _u32, ctypes.c_size_t]),
+    ("dpukv_kv_encode", _int, [_int, _int, _u32, _u32, _u32, _p, ctypes.c_size_t, _p,
+                               ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    ("dpukv_kv_decode_rows", _int, [_p, _U64S, _U64S, _u32, _p, _u32, _u32, _u64, _INTS]),
 ]:
     f = getattr(_lib, name)
     f.restype, f.argtypes = res, args
@@ -129,6 +134,33 @@ def chunk_keys_layers(model, tokens, chunk_tokens, include_partial, world_size, 
     base = chunk_keys(model, tokens, chunk_tokens, include_partial, world_size, rank, 0)
     return [[ChunkKey(k.model, k.world_size, k.rank, layout, k.prefix_hash) for k in base]
             for layout in layouts]
+
+
+def kv_encode_bound(codec, slabs, tokens, channels, nbytes):
+    """The largest encoding of nbytes (0 for an unknown codec)."""
+    return _lib.dpukv_kv_encode_bound(codec, slabs, tokens, channels, nbytes)
+
+
+def kv_encode(codec, dtype, slabs, tokens, channels, src, nbytes, dst, cap):
+    """Encodes nbytes at address src into dst (cap bytes); returns the encoded length."""
+    out = ctypes.c_size_t()
+    rc = _lib.dpukv_kv_encode(codec, dtype, slabs, tokens, channels, src, nbytes, dst, cap,
+                              ctypes.byref(out))
+    if rc != 0:
+        raise ValueError(f"kv_encode: {_name(rc)}")
+    return out.value
+
+
+def kv_decode_rows(base, offsets, caps, rows, rows_per_chunk, last_rows, row_bytes):
+    """Decodes the chunks at base + offsets (slots of caps bytes) into rows (the address
+    of an array of row addresses); a status name per chunk."""
+    if len(offsets) != len(caps):
+        raise ValueError("kv_decode_rows: offsets and caps differ in length")
+    n = len(offsets)
+    per = (_int * max(n, 1))()
+    _lib.dpukv_kv_decode_rows(base, (_u64 * max(n, 1))(*offsets), (_u64 * max(n, 1))(*caps), n,
+                              rows, rows_per_chunk, last_rows, row_bytes, per)
+    return [_name(per[i]) for i in range(n)]
 
 
 def keys_from_block_ids(model, ids):

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "client/client.h"
+#include "engines/compress/kv_codec.h"
 
 static_assert(sizeof(dpukv_event) == sizeof(dpukv::agent::ChunkEvent));
 static_assert(offsetof(dpukv_event, tenant) == offsetof(dpukv::agent::ChunkEvent, tenant));
@@ -392,6 +393,73 @@ uint64_t dpukv_model_id(const char* model_name) {
 uint64_t dpukv_kv_layout_fingerprint(const char* dtype, uint32_t layers, uint32_t kv_heads,
                                      uint32_t head_dim) {
   return dtype ? dpukv::kv_layout_fingerprint(dtype, layers, kv_heads, head_dim) : 0;
+}
+
+namespace {
+bool kv_codec_of(int codec, dpukv::KvCodec* out) {
+  switch (codec) {
+    case DPUKV_KV_LOSSLESS:
+      *out = dpukv::KvCodec::kLosslessDelta;
+      return true;
+    case DPUKV_KV_INT8:
+      *out = dpukv::KvCodec::kInt8;
+      return true;
+    case DPUKV_KV_INT4:
+      *out = dpukv::KvCodec::kInt4;
+      return true;
+  }
+  return false;
+}
+// Sized once per thread to its largest chunk: no allocation per chunk after that.
+dpukv::KvScratch& kv_scratch(size_t bytes) {
+  thread_local dpukv::KvScratch s;
+  if (s.capacity() < bytes) s.reserve(bytes);
+  return s;
+}
+}  // namespace
+
+size_t dpukv_kv_encode_bound(int codec, uint32_t slabs, uint32_t tokens, uint32_t channels,
+                             size_t len) {
+  dpukv::KvCodecParams p;
+  if (!kv_codec_of(codec, &p.codec)) return 0;
+  p.shape = {slabs, tokens, channels};
+  return dpukv::kv_encode_bound(p, len);
+}
+
+int dpukv_kv_encode(int codec, int dtype, uint32_t slabs, uint32_t tokens, uint32_t channels,
+                    const void* src, size_t len, void* dst, size_t cap, size_t* out_len) {
+  dpukv::KvCodecParams p;
+  if (!kv_codec_of(codec, &p.codec) || (dtype != DPUKV_KV_BF16 && dtype != DPUKV_KV_FP16) ||
+      src == nullptr || dst == nullptr || out_len == nullptr)
+    return code(dpukv::Code::kInvalidValue);
+  p.dtype = static_cast<dpukv::KvDtype>(dtype);
+  p.shape = {slabs, tokens, channels};
+  return code(dpukv::kv_encode(p, static_cast<const uint8_t*>(src), len, static_cast<uint8_t*>(dst),
+                               cap, &kv_scratch(len), out_len, nullptr));
+}
+
+int dpukv_kv_decode_rows(const void* base, const uint64_t* offsets, const uint64_t* caps,
+                         uint32_t n, void* const* rows, uint32_t rows_per_chunk, uint32_t last_rows,
+                         uint64_t row_bytes, int* per_entry) {
+  if (n == 0) return code(dpukv::Code::kSuccess);
+  if (base == nullptr || offsets == nullptr || caps == nullptr || rows == nullptr ||
+      per_entry == nullptr || rows_per_chunk == 0 || last_rows == 0 || row_bytes == 0)
+    return code(dpukv::Code::kInvalidValue);
+  const auto* b = static_cast<const uint8_t*>(base);
+  auto* const* r = reinterpret_cast<uint8_t* const*>(rows);
+  dpukv::KvScratch& scratch = kv_scratch(static_cast<size_t>(rows_per_chunk) * row_bytes);
+  int first = code(dpukv::Code::kSuccess);
+  for (uint32_t i = 0; i < n; ++i) {
+    const size_t nrows = i + 1 == n ? last_rows : rows_per_chunk;
+    size_t len = 0, out = 0;
+    dpukv::Status st = dpukv::kv_encoded_length(b + offsets[i], caps[i], &len);
+    if (st.ok())
+      st = dpukv::kv_decode_rows(b + offsets[i], len, r + static_cast<size_t>(i) * rows_per_chunk,
+                                 nrows, row_bytes, &scratch, &out);
+    per_entry[i] = code(st);
+    if (!st.ok() && first == code(dpukv::Code::kSuccess)) first = per_entry[i];
+  }
+  return first;
 }
 
 }  // extern "C"

@@ -13,6 +13,7 @@ as LMCache's layerwise mode does. dpukv.vllm's DpukvConnectorV1 runs this in eac
 worker and the same lookup (scheduler.lookup) in vLLM's scheduler; the tests run
 it against a reference model (python/tests/test_connector.py)."""
 from .. import _native as native
+from .codec import ChunkCodec, check_codec
 from .layout import KV_LAYOUTS, KvLayout
 from .scheduler import Scheduler
 from .shared import share
@@ -26,14 +27,17 @@ class DpukvConnector:
 
     def __init__(self, client, model_name: str, chunk_tokens: int = 256,
                  staging_bytes: int = 256 << 20, world_size: int = 1, rank: int = 0,
-                 device=None, kv_layout: str = "NHD", share_caches: bool = True):
+                 device=None, kv_layout: str = "NHD", share_caches: bool = True,
+                 kv_codec: str = "none"):
         """device: a device.py backend (default: TorchCuda for CUDA tensors, host
         staging for CPU tensors), or "host" for host staging always. kv_layout: NHD
         ([2, num_blocks, block_size, kv_heads, head_dim]), HND ([2, num_blocks,
         kv_heads, block_size, head_dim]), MLA (one latent cache per layer,
         [num_blocks, block_size, head_dim], as DeepSeek's models keep it) or BHNC
         (layout.py). share_caches: CPU caches are shared with the agent in place
-        (shared.py), so that loads are one copy; False: through staging always."""
+        (shared.py), so that loads are one copy; False: through staging always.
+        kv_codec: none, lossless, int8 or int4: chunks encoded before they are
+        stored (codec.py; host caches), the codec part of their keys."""
         if kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be NHD, HND, MLA or BHNC, not {kv_layout!r}")
         for name, v in (("chunk_tokens", chunk_tokens), ("staging_bytes", staging_bytes),
@@ -51,13 +55,16 @@ class DpukvConnector:
         self.staging_bytes = staging_bytes
         self._device = device
         self.share_caches = share_caches
+        self.kv_codec = check_codec(kv_codec)
+        self.codec = None
         self.shared = None
         self.layout = None
         self.stage = None
         self.worker = None
         # Counted by both parts, read by callers and tests as one live dict.
         self.counters = {"lookup_hit_tokens": 0, "loaded_chunks": 0, "loaded_in_place_chunks": 0,
-                         "saved_chunks": 0, "save_failures": 0}
+                         "saved_chunks": 0, "save_failures": 0, "encoded_bytes": 0,
+                         "decode_failures": 0}
         # Host seconds per phase of a load (lookup round trip, waiting for the agent's
         # retrieves, the scatter into the blocks: on a GPU its launch only), for the
         # benchmarks' breakdown of a first token.
@@ -88,14 +95,18 @@ class DpukvConnector:
         """kv_caches: per layer a tensor of the connector's kv_layout (layout.py).
         layer_ids, total_layers: the model's index of each cache's layer and its
         layer count, for a pipeline stage holding some of the model's layers."""
-        layout = KvLayout(kv_caches, self.kv_layout, self.chunk_tokens, layer_ids, total_layers)
-        stage = Staging(self.client, self._device, layout.kv, layout, self.staging_bytes)
-        self.layout, self.stage = layout, stage
+        layout = KvLayout(kv_caches, self.kv_layout, self.chunk_tokens, layer_ids, total_layers,
+                          self.kv_codec)
+        codec = ChunkCodec(self.kv_codec, layout) if self.kv_codec != "none" else None
+        stage = Staging(self.client, "host" if codec else self._device, layout.kv, layout,
+                        self.staging_bytes, codec.slot_bytes if codec else None)
+        self.layout, self.stage, self.codec = layout, stage, codec
         # Shared before any request runs (nothing may write the caches meanwhile).
+        # Encoded chunks are decoded into the blocks here, never copied in by the agent.
         self.shared = (share(self.client, layout)
-                       if self.share_caches and stage.path == "host" else None)
+                       if self.share_caches and stage.path == "host" and codec is None else None)
         self.worker = Worker(self.client, layout, stage, self.counters, self.phase_s,
-                             self.shared)
+                             self.shared, codec)
         self.worker.warm_up()
 
     def close(self):

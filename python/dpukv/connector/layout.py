@@ -30,10 +30,14 @@ _MASK = (1 << 64) - 1
 KV_LAYOUTS = ("NHD", "HND", "MLA", "BHNC")
 
 
-def layer_layouts(dtype: str, layers: int, kv_heads: int, head_dim: int, kv_layout="NHD"):
+def layer_layouts(dtype: str, layers: int, kv_heads: int, head_dim: int, kv_layout="NHD",
+                  kv_codec="none"):
     """The layout field of each layer's chunk keys: the cache's dtype, shape and
-    layout (the bytes of an HND block are not those of an NHD block), and the layer."""
+    layout (the bytes of an HND block are not those of an NHD block), the codec its
+    chunks are stored with (codec.py), and the layer."""
     name = dtype if kv_layout == "NHD" else f"{dtype}:{kv_layout}"
+    if kv_codec != "none":
+        name += f":{kv_codec}"
     base = native.kv_layout_fingerprint(name, layers, kv_heads, head_dim)
     return [base ^ ((l + 1) * _GOLDEN & _MASK) for l in range(layers)]
 
@@ -42,11 +46,13 @@ class KvLayout:
     """The registered caches of one worker: checked once, then read by the loads
     and saves (worker.py) and the staging (staging.py)."""
 
-    def __init__(self, kv_caches, kv_layout, chunk_tokens, layer_ids=None, total_layers=None):
+    def __init__(self, kv_caches, kv_layout, chunk_tokens, layer_ids=None, total_layers=None,
+                 kv_codec="none"):
         """layer_ids: the model's own index of each cache's layer, and total_layers
         the model's layer count (default: the caches are layers 0..n-1 of n). A
         pipeline stage holds only some of the model's layers: its keys are those of
-        the model's layers it holds, so that no two stages share a key."""
+        the model's layers it holds, so that no two stages share a key. kv_codec:
+        what the chunks are stored as (codec.py), part of their keys."""
         if kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be NHD, HND, MLA or BHNC, not {kv_layout!r}")
         kv_caches = list(kv_caches)
@@ -90,6 +96,7 @@ class KvLayout:
             self.num_blocks, heads, self.block_size, dim = first.shape
         else:
             (self.num_blocks, self.block_size, dim), heads = first.shape, 1
+        self.heads, self.content = heads, dim
         if chunk_tokens % self.block_size:
             raise ValueError("chunk_tokens must be a multiple of the block size")
         self.chunk_tokens = chunk_tokens
@@ -97,7 +104,7 @@ class KvLayout:
         self.rows_per_chunk = self.parts * self.blocks_per_chunk
         self.chunk_bytes = self.parts * chunk_tokens * heads * dim * first.element_size()
         dtype = str(first.dtype).replace("torch.", "")
-        model_layouts = layer_layouts(dtype, total_layers, heads, dim, kv_layout)
+        model_layouts = layer_layouts(dtype, total_layers, heads, dim, kv_layout, kv_codec)
         self.layer_ids = layer_ids
         self.layouts = [model_layouts[i] for i in layer_ids]
         row_bytes = self.chunk_bytes // self.rows_per_chunk
@@ -166,6 +173,16 @@ class KvLayout:
             return torch.cat([b.reshape(-1) for b in groups]).to(device)
         return torch.cat([torch.cat([b, b + self.num_blocks], dim=1).reshape(-1)
                           for b in groups]).to(device)
+
+    def row_addresses(self, layer, rows):
+        """The addresses of `rows` (as rows() gives them) in a layer's cache, in
+        order: a contiguous int64 tensor (host caches)."""
+        v = self.kv_rows[layer]
+        item = v.element_size()
+        if self.strided:
+            return (v.data_ptr() + rows[0] * (v.stride(0) * item) +
+                    rows[1] * (v.stride(1) * item)).contiguous()
+        return (v.data_ptr() + rows * (v.stride(0) * item)).contiguous()
 
     def scatter(self, layer, rows, k, src):
         """Staging rows src into the first k rows of `rows` of a layer's cache."""

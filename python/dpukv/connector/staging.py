@@ -22,18 +22,21 @@ from .. import device as devices
 
 
 class Staging:
-    def __init__(self, client, device, kv_caches, layout, staging_bytes):
+    def __init__(self, client, device, kv_caches, layout, staging_bytes, slot_bytes=None):
         """device: a device.py backend, "host" for host staging always, or None
-        (the caches' own: TorchCuda for CUDA tensors, HostDevice for CPU ones)."""
-        self.slots = staging_bytes // layout.chunk_bytes // 2
+        (the caches' own: TorchCuda for CUDA tensors, HostDevice for CPU ones).
+        slot_bytes: a slot's size when chunks are stored encoded (codec.py: their
+        largest encoding); they then have no rows view here (the codec reads and
+        writes the blocks)."""
+        self.chunk_bytes = slot_bytes or layout.chunk_bytes
+        self.slots = staging_bytes // self.chunk_bytes // 2
         if self.slots < 1:
             raise ValueError(f"staging_bytes ({staging_bytes}) must hold at least two "
-                             f"chunks of {layout.chunk_bytes} bytes (one to load, one to save)")
-        self.chunk_bytes = layout.chunk_bytes
+                             f"chunks of {self.chunk_bytes} bytes (one to load, one to save)")
         self.path_reason = ""
         self._unpin = None  # gives the host staging's page lock back (host-pinned)
         self._open(client, device, kv_caches, 2 * self.slots * self.chunk_bytes)
-        self.rows = layout.staging_rows(self.u8, 2 * self.slots)
+        self.rows = layout.staging_rows(self.u8, 2 * self.slots) if slot_bytes is None else None
         self.rows_per_chunk = layout.rows_per_chunk
         self.slot_events = [None] * (2 * self.slots)
         self.load_free = [True] * self.slots  # the load half's slots

@@ -21,6 +21,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import torch
+
 from .. import _native as native
 
 
@@ -63,12 +65,20 @@ class LoadRequest:
 
 
 class Worker:
-    def __init__(self, client, layout, staging, counters, phase_s, shared=None):
+    def __init__(self, client, layout, staging, counters, phase_s, shared=None, codec=None):
         """counters, phase_s: the connector's dicts this part adds to
         (loaded_chunks, saved_chunks, save_failures; retrieve_wait, scatter).
-        shared: shared.SharedCaches when loads may go into the blocks in place."""
+        shared: shared.SharedCaches when loads may go into the blocks in place.
+        codec: codec.ChunkCodec when chunks are stored encoded: a save gathers
+        into private rows and encodes into its slots, a load decodes its slots
+        into the blocks."""
         self.client = client
         self.shared = shared
+        self.codec = codec
+        self.plain_rows = None
+        if codec is not None:
+            plain = torch.empty(staging.slots * layout.chunk_bytes, dtype=torch.uint8)
+            self.plain_rows = layout.staging_rows(plain, staging.slots)
         self.layout = layout
         self.staging = staging
         self.dev = staging.dev
@@ -89,6 +99,9 @@ class Worker:
         kv = lay.kv[0]
         n = lay.rows_per_chunk
         rows = lay.rows([0] * lay.blocks_per_chunk, 1, kv.device)
+        if self.codec is not None:  # host memory only: the gather's pages
+            lay.gather(0, rows, 0, n, self.plain_rows[:n])
+            return
         dst = st.slot_rows(st.slots, 1)
         side = self.dev.stream()
         self.dev.compute_done_first(side)
@@ -195,8 +208,8 @@ class Worker:
         st = self.staging
         st.ready(slot, n)
         offsets = [st.offset(slot + c) for c in range(n)]
-        lengths = [st.chunk_bytes] * n
-        if req.tail:
+        lengths = [st.chunk_bytes] * n  # encoded: room for the chunk, its header says its size
+        if req.tail and self.codec is None:
             lengths[-1] = self.layout.stored_bytes(req.tail)
         try:
             pending = self.client.submit_retrieve(st.buf, req.keys[l][:n], offsets, lengths)
@@ -265,6 +278,9 @@ class Worker:
         kv = self.layout.kv[layer]
         if req.rows_t is None:
             req.rows_t = self.layout.rows(req.block_ids, req.chunks, kv.device, req.tail)
+        if self.codec is not None:
+            self._decode(req, layer, load, t1)
+            return
         # A partial last chunk's rows are the first of its slot.
         k = (n - 1) * self.layout.rows_per_chunk + self.layout.chunk_rows(req.tail)
         # On the connector's stream (the host-pinned path's copy to the device
@@ -281,6 +297,24 @@ class Worker:
         st.give_run(load.slot, n)
         req.loads[layer] = None
         self.counters["loaded_chunks"] += n
+        self.phase_s["scatter"] += time.perf_counter() - t1
+
+    def _decode(self, req, layer, load, t1):
+        """The layer's encoded chunks, from their slots into the request's blocks
+        (host memory: the slots are free again once this returns)."""
+        lay, st = self.layout, self.staging
+        status = self.codec.decode(st.buf.data_ptr, [st.offset(load.slot + c) for c in range(load.n)],
+                                   lay.row_addresses(layer, req.rows_t), lay.rows_per_chunk,
+                                   lay.chunk_rows(req.tail))
+        st.give_run(load.slot, load.n)
+        bad = [i for i, s in enumerate(status) if s != "SUCCESS"]
+        if bad:
+            req.loads[layer] = _Failed(f"layer {layer}: chunk {bad[0]} does not decode "
+                                       f"({status[bad[0]]}): recomputed")
+            self.counters["decode_failures"] += len(bad)
+        else:
+            req.loads[layer] = None
+            self.counters["loaded_chunks"] += load.n
         self.phase_s["scatter"] += time.perf_counter() - t1
 
     def wait_for_layer_load(self, request_id, layer: int):
@@ -321,22 +355,30 @@ class Worker:
             t = tail if first + n == len(keys) else 0
             idx = lay.rows(block_ids[c0 * lay.blocks_per_chunk:], n, kv.device, t)
             total = (n - 1) * rows + lay.chunk_rows(t)
-            offsets = []
-            side = self.dev.stream()
-            self.dev.compute_done_first(side)  # the gather reads what compute wrote
-            with self.dev.use(side):
-                done = 0
-                for slot, run in st.save_runs(n):
-                    a, b = done * rows, min((done + run) * rows, total)
-                    lay.gather(layer, idx, a, b, st.slot_rows(slot, run)[:b - a])
-                    offsets += [st.offset(slot + i) for i in range(run)]
-                    done += run
-                # The agent reads staging: the gather must have landed.
-                self.dev.host_wait(self.dev.record(side))
+            if self.codec is not None:
+                # n stays the slots the batch took: a chunk that did not encode is
+                # a failure when the batch is collected.
+                batch, offsets, lengths = self._encode(layer, idx, total, batch, t)
+                if not batch:
+                    self.counters["save_failures"] += n
+                    continue
+            else:
+                offsets = []
+                side = self.dev.stream()
+                self.dev.compute_done_first(side)  # the gather reads what compute wrote
+                with self.dev.use(side):
+                    done = 0
+                    for slot, run in st.save_runs(n):
+                        a, b = done * rows, min((done + run) * rows, total)
+                        lay.gather(layer, idx, a, b, st.slot_rows(slot, run)[:b - a])
+                        offsets += [st.offset(slot + i) for i in range(run)]
+                        done += run
+                    # The agent reads staging: the gather must have landed.
+                    self.dev.host_wait(self.dev.record(side))
+                lengths = [st.chunk_bytes] * n
+                if t:
+                    lengths[-1] = lay.stored_bytes(t)
             self.saving_chunks += n
-            lengths = [st.chunk_bytes] * n
-            if t:
-                lengths[-1] = lay.stored_bytes(t)
             try:
                 pending = self.client.submit_store(st.buf, batch, offsets, lengths)
             except native.AgentUnavailable:
@@ -344,6 +386,31 @@ class Worker:
                 self.saving_chunks -= n  # its slots are free again
                 continue
             self.saves.append((pending, n))
+
+    def _encode(self, layer, idx, total, keys, tail):
+        """A batch's rows gathered (host memory, one pass), then each chunk encoded
+        into its save slot: the keys, offsets and lengths to store. A chunk that
+        does not encode (NaN or infinity in its KV) is left out."""
+        lay, st, codec = self.layout, self.staging, self.codec
+        rows = lay.rows_per_chunk
+        plain = self.plain_rows[:total]
+        lay.gather(layer, idx, 0, total, plain)
+        base = plain.data_ptr()
+        out_keys, offsets, lengths = [], [], []
+        slots = [slot + i for slot, run in st.save_runs(len(keys)) for i in range(run)]
+        for c, key in enumerate(keys):
+            r = lay.chunk_rows(tail) if c + 1 == len(keys) else rows
+            off = st.offset(slots[c])
+            try:
+                length = codec.encode(base + c * rows * codec.row_bytes, r,
+                                      st.buf.data_ptr + off, st.chunk_bytes)
+            except ValueError:
+                continue
+            out_keys.append(key)
+            offsets.append(off)
+            lengths.append(length)
+        self.counters["encoded_bytes"] += sum(lengths)
+        return out_keys, offsets, lengths
 
     def collect_saves(self, block: bool = False):
         """Counts the stores that have finished, oldest first; without block, only

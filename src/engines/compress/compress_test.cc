@@ -347,6 +347,60 @@ TEST(KvCodec, SimdPathsAreBitIdenticalToScalar) {
   kv_force_simd_level(best);
 }
 
+// A connector decodes a retrieved chunk straight into the engine's blocks (rows
+// scattered in memory): the rows get exactly what a whole decode gives, and a
+// corrupt chunk, or one of other rows, leaves every row as it was.
+TEST(KvCodec, DecodeIntoRowsEqualsWholeDecodeAndCorruptionTouchesNoRow) {
+  // vLLM's CPU layout: a block row [3 heads, K|V, 128 tokens, 64 channels], 2 rows.
+  const KvShape sh{2 * 3 * 2, 128, 64};
+  const size_t rows = 2, row_bytes = sh.elements() * 2 / rows;
+  KvScratch scratch(sh.elements() * 2);
+  auto v = make_kv(KvDataset::kRealistic, KvDtype::kBf16, sh);
+  const size_t len = v.size() * 2;
+  for (KvCodec c : {KvCodec::kLosslessDelta, KvCodec::kInt8, KvCodec::kInt4}) {
+    KvCodecParams p{c, KvDtype::kBf16, sh, 0};
+    std::vector<uint8_t> enc(kv_encode_bound(p, len) + 100), whole(len);
+    size_t n = 0, m = 0;
+    ASSERT_TRUE(kv_encode(p, reinterpret_cast<uint8_t*>(v.data()), len, enc.data(), enc.size(),
+                          &scratch, &n, nullptr)
+                    .ok());
+    // A retrieve fills a slot larger than the chunk: the header says where it ends.
+    size_t found = 0;
+    ASSERT_TRUE(kv_encoded_length(enc.data(), enc.size(), &found).ok());
+    EXPECT_EQ(found, n);
+    EXPECT_EQ(kv_encoded_length(enc.data(), n - 1, &found), Code::kCorrupted);
+    ASSERT_TRUE(kv_decode(enc.data(), n, whole.data(), whole.size(), &scratch, &m).ok());
+    // The rows in reverse order, apart, in one arena with guard bytes between.
+    std::vector<uint8_t> arena(3 * row_bytes + 64, 0xA5);
+    uint8_t* dst[2] = {arena.data() + 2 * row_bytes + 32, arena.data() + 16};
+    ASSERT_TRUE(kv_decode_rows(enc.data(), n, dst, rows, row_bytes, &scratch, &m).ok())
+        << kv_codec_name(c);
+    EXPECT_EQ(m, len);
+    EXPECT_EQ(std::memcmp(dst[0], whole.data(), row_bytes), 0) << kv_codec_name(c);
+    EXPECT_EQ(std::memcmp(dst[1], whole.data() + row_bytes, row_bytes), 0) << kv_codec_name(c);
+    EXPECT_EQ(arena[15], 0xA5);
+    EXPECT_EQ(arena[16 + row_bytes], 0xA5);
+    EXPECT_EQ(arena[2 * row_bytes + 31], 0xA5);
+    EXPECT_EQ(arena[3 * row_bytes + 32], 0xA5);
+    // Rows that are not 128-token slabs apart take the whole-decode path: same bytes.
+    std::vector<uint8_t> thirds(len);
+    uint8_t* dst3[3] = {thirds.data(), thirds.data() + len / 3, thirds.data() + 2 * len / 3};
+    ASSERT_TRUE(kv_decode_rows(enc.data(), n, dst3, 3, len / 3, &scratch, &m).ok());
+    EXPECT_EQ(thirds, whole) << kv_codec_name(c);
+
+    std::vector<uint8_t> before = arena;
+    auto bad = enc;
+    bad[sizeof(KvChunkHeader) + (n - sizeof(KvChunkHeader)) / 2] ^= 0x10;  // in the payload
+    EXPECT_EQ(kv_decode_rows(bad.data(), n, dst, rows, row_bytes, &scratch, &m), Code::kCorrupted);
+    bad = enc;
+    bad[20] ^= 1;  // in the header
+    EXPECT_EQ(kv_decode_rows(bad.data(), n, dst, rows, row_bytes, &scratch, &m), Code::kCorrupted);
+    // A chunk of other rows (one row short): not this chunk.
+    EXPECT_EQ(kv_decode_rows(enc.data(), n, dst, 1, row_bytes, &scratch, &m), Code::kCorrupted);
+    EXPECT_EQ(arena, before) << kv_codec_name(c) << ": a refused chunk wrote into the rows";
+  }
+}
+
 TEST(KvCodec, CorruptionIsDetectedNeverReturned) {
   const KvShape sh{1, 256, 512};
   KvScratch scratch(sh.elements() * 2);

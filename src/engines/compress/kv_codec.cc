@@ -355,6 +355,7 @@ uint32_t simd_channels(SimdLevel l, uint32_t C) {
 struct KvCodecImpl {
   static uint8_t* plane(KvScratch* s) { return s->plane_.data(); }
   static uint8_t* row(KvScratch* s) { return s->row_.data(); }
+  static std::vector<uint8_t>& whole(KvScratch* s) { return s->whole_; }
   // The lossy paths keep min, max (floats) and Params per channel in the row scratch.
   static bool row_fits(KvScratch* s, uint32_t channels) {
     return s->row_.size() >= static_cast<size_t>(channels) * (8 + sizeof(Params)) + 64;
@@ -614,6 +615,53 @@ Status kv_read_header(const uint8_t* src, size_t len, KvChunkHeader* out) {
   return Code::kSuccess;
 }
 
+namespace {
+
+// Dequantizes a lossy chunk whose header h was checked and whose payload body
+// verified; slab s lands at out(s) (T * C values).
+template <typename SlabOut>
+Status dequantize(const KvChunkHeader& h, const uint8_t* body, KvScratch* scratch, SlabOut&& out) {
+  const bool int4 = static_cast<KvCodec>(h.codec) == KvCodec::kInt4;
+  const auto dt = static_cast<KvDtype>(h.dtype);
+  const uint32_t C = h.channels, T = h.tokens, G = h.group_size;
+  const uint32_t groups = (T + G - 1) / G;
+  if ((int4 && scratch->capacity() < h.original_len) || !KvCodecImpl::row_fits(scratch, C))
+    return Code::kTooBig;
+  const uint8_t* params = body;
+  const uint8_t* codes_in = body + h.section_len;
+  Params* prm = reinterpret_cast<Params*>(KvCodecImpl::row(scratch));
+  const SimdLevel lvl = g_simd;
+  const uint32_t cv = simd_channels(lvl, C);
+  for (uint32_t s = 0; s < h.slabs; ++s) {
+    const uint8_t* codes = codes_in + static_cast<size_t>(s) * T * C;
+    if (int4) {
+      uint8_t* un = KvCodecImpl::plane(scratch);
+      const uint8_t* packed = codes_in + static_cast<size_t>(s) * T * C / 2;
+      for (size_t i = 0; i < static_cast<size_t>(T) * C / 2; ++i)
+        un[2 * i] = packed[i] & 15, un[2 * i + 1] = packed[i] >> 4;
+      codes = un;
+    }
+    uint16_t* o = out(s);
+    for (uint32_t g = 0; g < groups; ++g) {
+      const uint8_t* pp = params + ((static_cast<size_t>(s) * groups + g) * C) * 4;
+      for (uint32_t c = 0; c < C; ++c) {
+        uint16_t sh, zh;
+        std::memcpy(&sh, pp + 4 * c, 2);
+        std::memcpy(&zh, pp + 4 * c + 2, 2);
+        prm[c].scale = fp16_to_f32(sh);
+        prm[c].zero = fp16_to_f32(zh);
+      }
+      const uint32_t r0 = g * G, r1 = std::min(T, (g + 1) * G);
+      if (lvl == SimdLevel::kAvx512) dequant_avx512(codes, C, r0, r1, 0, cv, prm, dt, o);
+      if (lvl == SimdLevel::kAvx2) dequant_avx2(codes, C, r0, r1, 0, cv, prm, dt, o);
+      dequant_scalar(codes, C, r0, r1, cv, C, prm, dt, o);
+    }
+  }
+  return Code::kSuccess;
+}
+
+}  // namespace
+
 Status kv_decode(const uint8_t* src, size_t len, uint8_t* dst, size_t cap, KvScratch* scratch,
                  size_t* out_len) {
   KvChunkHeader h;
@@ -621,7 +669,6 @@ Status kv_decode(const uint8_t* src, size_t len, uint8_t* dst, size_t cap, KvScr
   if (cap < h.original_len) return Code::kTooBig;
   const uint8_t* body = src + sizeof(KvChunkHeader);
   const auto codec = static_cast<KvCodec>(h.codec);
-  const auto dt = static_cast<KvDtype>(h.dtype);
   const size_t n = static_cast<size_t>(h.slabs) * h.tokens * h.channels;
   if (codec == KvCodec::kRaw) {
     std::memcpy(dst, body, h.original_len);
@@ -653,47 +700,54 @@ Status kv_decode(const uint8_t* src, size_t len, uint8_t* dst, size_t cap, KvScr
   } else {
     // Lossy: verify the payload first, then dequantize.
     if (xxh3_64(body, h.payload_len) != h.checksum) return Code::kCorrupted;
-    const bool int4 = codec == KvCodec::kInt4;
-    const uint32_t C = h.channels, T = h.tokens, G = h.group_size;
-    const uint32_t groups = (T + G - 1) / G;
-    if ((int4 && scratch->capacity() < h.original_len) || !KvCodecImpl::row_fits(scratch, C))
-      return Code::kTooBig;
-    const uint8_t* params = body;
-    const uint8_t* codes_in = body + h.section_len;
-    Params* prm = reinterpret_cast<Params*>(KvCodecImpl::row(scratch));
-    const SimdLevel lvl = g_simd;
-    const uint32_t cv = simd_channels(lvl, C);
+    const size_t slab = static_cast<size_t>(h.tokens) * h.channels;
     auto* out = reinterpret_cast<uint16_t*>(dst);
-    for (uint32_t s = 0; s < h.slabs; ++s) {
-      const uint8_t* codes = codes_in + static_cast<size_t>(s) * T * C;
-      if (int4) {
-        uint8_t* un = KvCodecImpl::plane(scratch);
-        const uint8_t* packed = codes_in + static_cast<size_t>(s) * T * C / 2;
-        for (size_t i = 0; i < static_cast<size_t>(T) * C / 2; ++i)
-          un[2 * i] = packed[i] & 15, un[2 * i + 1] = packed[i] >> 4;
-        codes = un;
-      }
-      uint16_t* o = out + static_cast<size_t>(s) * T * C;
-      for (uint32_t g = 0; g < groups; ++g) {
-        const uint8_t* pp = params + ((static_cast<size_t>(s) * groups + g) * C) * 4;
-        for (uint32_t c = 0; c < C; ++c) {
-          uint16_t sh, zh;
-          std::memcpy(&sh, pp + 4 * c, 2);
-          std::memcpy(&zh, pp + 4 * c + 2, 2);
-          prm[c].scale = fp16_to_f32(sh);
-          prm[c].zero = fp16_to_f32(zh);
-        }
-        const uint32_t r0 = g * G, r1 = std::min(T, (g + 1) * G);
-        if (lvl == SimdLevel::kAvx512) dequant_avx512(codes, C, r0, r1, 0, cv, prm, dt, o);
-        if (lvl == SimdLevel::kAvx2) dequant_avx2(codes, C, r0, r1, 0, cv, prm, dt, o);
-        dequant_scalar(codes, C, r0, r1, cv, C, prm, dt, o);
-      }
-    }
+    DPUKV_RETURN_IF_ERROR(dequantize(h, body, scratch, [&](uint32_t s) { return out + s * slab; }));
     *out_len = h.original_len;
     return Code::kSuccess;
   }
   if (xxh3_64(dst, h.original_len) != h.checksum) return Code::kCorrupted;
   *out_len = h.original_len;
+  return Code::kSuccess;
+}
+
+Status kv_encoded_length(const uint8_t* src, size_t cap, size_t* len) {
+  if (src == nullptr || len == nullptr || cap < sizeof(KvChunkHeader)) return Code::kCorrupted;
+  KvChunkHeader h;
+  std::memcpy(&h, src, sizeof(h));
+  if (h.payload_len > cap - sizeof(KvChunkHeader)) return Code::kCorrupted;
+  DPUKV_RETURN_IF_ERROR(kv_read_header(src, sizeof(h) + h.payload_len, &h));
+  *len = sizeof(h) + h.payload_len;
+  return Code::kSuccess;
+}
+
+Status kv_decode_rows(const uint8_t* src, size_t len, uint8_t* const* rows, size_t nrows,
+                      size_t row_bytes, KvScratch* scratch, size_t* out_len) {
+  if (rows == nullptr || scratch == nullptr || out_len == nullptr || row_bytes == 0)
+    return Code::kInvalidValue;
+  KvChunkHeader h;
+  DPUKV_RETURN_IF_ERROR(kv_read_header(src, len, &h));
+  // A chunk of other rows than these is not this chunk: never served.
+  if (h.original_len != static_cast<uint64_t>(nrows) * row_bytes) return Code::kCorrupted;
+  const uint8_t* body = src + sizeof(KvChunkHeader);
+  const size_t slab_bytes = static_cast<size_t>(h.tokens) * h.channels * 2;
+  if (kv_codec_lossy(static_cast<KvCodec>(h.codec)) && row_bytes % slab_bytes == 0) {
+    // Slabs do not straddle rows: dequantized straight into them, once verified.
+    if (xxh3_64(body, h.payload_len) != h.checksum) return Code::kCorrupted;
+    const size_t per_row = row_bytes / slab_bytes;
+    DPUKV_RETURN_IF_ERROR(dequantize(h, body, scratch, [&](uint32_t s) {
+      return reinterpret_cast<uint16_t*>(rows[s / per_row] + (s % per_row) * slab_bytes);
+    }));
+    *out_len = h.original_len;
+    return Code::kSuccess;
+  }
+  // The others are verified on their output: decoded whole, then copied.
+  std::vector<uint8_t>& whole = KvCodecImpl::whole(scratch);
+  if (whole.size() < h.original_len) whole.resize(h.original_len);
+  size_t m = 0;
+  DPUKV_RETURN_IF_ERROR(kv_decode(src, len, whole.data(), whole.size(), scratch, &m));
+  for (size_t i = 0; i < nrows; ++i) std::memcpy(rows[i], whole.data() + i * row_bytes, row_bytes);
+  *out_len = m;
   return Code::kSuccess;
 }
 

@@ -83,6 +83,7 @@ class KvScratch {
   friend struct KvCodecImpl;
   std::vector<uint8_t> plane_;
   std::vector<uint8_t> row_;
+  std::vector<uint8_t> whole_;  // kv_decode_rows' decoded chunk, grown on first use
 };
 
 // Largest encoded size for an input of len bytes.
@@ -102,6 +103,19 @@ Status kv_read_header(const uint8_t* src, size_t len, KvChunkHeader* out);
 // payload). CORRUPTED on any inconsistency; TOO_BIG if cap is below original_len.
 Status kv_decode(const uint8_t* src, size_t len, uint8_t* dst, size_t cap, KvScratch* scratch,
                  size_t* out_len);
+
+// The length of the encoded chunk at the start of src, in a buffer of cap bytes
+// (a retrieve fills a slot at least as large as the chunk): its header is checked
+// (CORRUPTED if it is not a header or says more than cap bytes).
+Status kv_encoded_length(const uint8_t* src, size_t cap, size_t* len);
+
+// Decodes a chunk into rows: row i gets bytes [i * row_bytes, (i + 1) * row_bytes)
+// of the decoded chunk, which must be nrows * row_bytes long (else CORRUPTED: a
+// chunk of other rows). The rows are written only once the chunk is verified: a
+// lossy chunk's payload before it is dequantized straight into them, any other
+// decoded into the scratch and verified there first.
+Status kv_decode_rows(const uint8_t* src, size_t len, uint8_t* const* rows, size_t nrows,
+                      size_t row_bytes, KvScratch* scratch, size_t* out_len);
 
 // Which SIMD path the lossy kernels use: "avx512", "avx2" or "scalar". Tests can
 // force one to compare them.
