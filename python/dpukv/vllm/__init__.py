@@ -51,7 +51,9 @@ an earlier request's lookup saw too, so one-off prompts stay out),
 "dpukv.lease_ms" (0: none; else a hit looked up longer ago than that is not
 loaded but recomputed: the agent's --pin-timeout-ms is the lease the cache keeps,
 this one bounds how old a hit the engine accepts), "dpukv.cross_layer" (vLLMs
-without cross-layer caches, 0.32 among them, ignore it and the worker says so).
+without cross-layer caches, 0.32 among them, ignore it and the worker says so),
+"dpukv.kv_codec" (none, lossless, int8 or int4: chunks encoded before they are
+stored, decoded into the blocks when loaded; host caches; part of the keys).
 
 vLLM may ask get_num_new_matched_tokens about a request more than once before it
 allocates its blocks: the same question gets the first answer (no second lookup,

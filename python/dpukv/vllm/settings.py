@@ -6,6 +6,7 @@ import re
 
 from .. import _native as native
 from ..connector import layer_layouts
+from ..connector.codec import check_codec, slot_bytes
 
 def _standard_views():
     """Whether this vLLM hands connectors standardized per-layer views [B, H, N, C]
@@ -43,13 +44,16 @@ def _stage_layers(mc, pc, total):
 _ITEM_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
 
 
-def _max_load_chunks(staging_bytes, chunk_tokens, kv_heads, head_dim, dtype, kv_layout):
+def _max_load_chunks(staging_bytes, chunk_tokens, kv_heads, head_dim, dtype, kv_layout,
+                     kv_codec="none", block_size=1):
     """What DpukvConnector.max_load_chunks will be for caches of this configuration
     (fp8 and other 1-byte caches: 1 byte an element)."""
     parts = 1 if kv_layout in ("MLA", "BHNC") else 2
     item = _ITEM_BYTES.get(str(dtype), 1)
     chunk_bytes = parts * chunk_tokens * kv_heads * head_dim * item
-    return max(staging_bytes // chunk_bytes // 2, 0)
+    slot = slot_bytes(kv_codec, kv_layout, kv_heads, block_size, head_dim, chunk_bytes,
+                      parts * chunk_tokens // block_size)
+    return max(staging_bytes // slot // 2, 0)
 
 
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
@@ -176,12 +180,14 @@ class Settings:
             mla = getattr(mc, "use_mla", False)
             self.key_heads, self.key_dim = (1, self.head_dim) if mla else (
                 self.kv_heads, 2 * self.head_dim)
+        # Chunks encoded before they are stored (connector/codec.py), the codec in their keys.
+        self.kv_codec = check_codec(str(_extra(tc, "dpukv.kv_codec", "none")).lower())
         self.layouts = layer_layouts(self.dtype, self.total_layers, self.key_heads, self.key_dim,
-                                     self.kv_layout)
+                                     self.kv_layout, self.kv_codec)
         self.model = native.model_id(self.model_name)
         self.socket = str(_extra(tc, "dpukv.socket", ""))
         # The largest hit a worker's load staging carries (one layer's chunks at a
         # time): the scheduler never reports more.
         self.max_load_chunks = _max_load_chunks(
             self.staging_bytes, self.chunk_tokens, self.key_heads, self.key_dim, self.dtype,
-            self.kv_layout)
+            self.kv_layout, self.kv_codec, self.block_size)

@@ -30,7 +30,7 @@ class VllmWorker:
         self.core = DpukvConnector(
             client, s.model_name, chunk_tokens=s.chunk_tokens, staging_bytes=s.staging_bytes,
             world_size=s.world_size, rank=rank, kv_layout=s.kv_layout,
-            share_caches=s.share_caches)
+            share_caches=s.share_caches, kv_codec=s.kv_codec)
         self.layer_index = {}
         self._loading = []  # ReqMeta of this step's loads
         self._load_errors = set()
