@@ -15,7 +15,8 @@ Configurations: none (no connector: the baseline), prefix-cache (no connector,
 vLLM's own prefix cache on: the KV never leaves the engine, the limit a connector's
 hit can approach), dpukv (DpukvConnectorV1 as the README configures it, against an
 agent this bench starts; dpukv-staging: the same with dpukv.share_caches off, its
-loads through staging and the connector's scatter), vllm-offload (vLLM's kv_offloading_size, its native CPU
+loads through staging and the connector's scatter; dpukv-lossless, dpukv-int8,
+dpukv-int4, asked for by name: dpukv.kv_codec set, the connector decoding), vllm-offload (vLLM's kv_offloading_size, its native CPU
 offloading), lmcache (vLLM's LMCacheMPConnector, what kv_offloading_backend
 "lmcache" picks; lmcache-shm: the same in LMCache's lmcache-driven mode, its
 server moving the KV through shared memory; each against an LMCache server this
@@ -51,6 +52,8 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_
           "eos_token_id": 2}
 CONFIGS = ("none", "prefix-cache", "dpukv", "dpukv-staging", "vllm-offload", "lmcache",
            "lmcache-shm")
+# Asked for by name (--configs): dpukv with dpukv.kv_codec set.
+CODEC_CONFIGS = ("dpukv-lossless", "dpukv-int8", "dpukv-int4")
 
 
 def prompt(seed, n):
@@ -74,6 +77,8 @@ def worker(model, config, socket, lengths, reps, lmcache_port=None, batch=1):
         extra = {"dpukv.socket": socket}
         if config == "dpukv-staging":  # loads through staging: the caches not shared in place
             extra["dpukv.share_caches"] = False
+        if config in CODEC_CONFIGS:  # chunks encoded, decoded into the blocks by the connector
+            extra["dpukv.kv_codec"] = config.split("-", 1)[1]
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="DpukvConnectorV1", kv_connector_module_path="dpukv.vllm",
             kv_role="kv_both", kv_connector_extra_config=extra)
@@ -195,6 +200,10 @@ def main():
     ap.add_argument("--lmcache-port", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
+    unknown = [c for c in a.configs.split(",") if c not in CONFIGS + CODEC_CONFIGS]
+    if unknown:
+        sys.exit(f"bench_vllm_ttft: unknown configuration {unknown[0]!r} (known: "
+                 f"{', '.join(CONFIGS + CODEC_CONFIGS)})")
     if a.worker:
         worker(a.model, a.worker, a.socket, lengths, a.reps, a.lmcache_port, a.batch)
         return
