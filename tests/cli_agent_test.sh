@@ -22,8 +22,15 @@ py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 "$bin" replay "$trace" --agent "$sock" --max-requests 400 --capacity-blocks 100000 --scale 16384 --json > "$tmp/r.json"
 "$bin" replay "$trace" --max-requests 800 --capacity-blocks 1000 --eviction lru --json > "$tmp/own.json"
-"$py" - "$tmp/r.json" "$tmp/own.json" <<'PY'
+# Blocks stored as int4 KV (--kv-codec): every retrieve checked against a fresh
+# encode and decoded; the same memory holds more of them.
+"$bin" replay "$trace" --max-requests 300 --capacity-blocks 200 --kv-codec int4 --json > "$tmp/int4.json"
+"$py" - "$tmp/r.json" "$tmp/own.json" "$tmp/int4.json" <<'PY'
 import json, sys
+int4 = json.load(open(sys.argv[3]))
+assert int4["kv_codec"] == "int4" and int4["stored_block_bytes"] * 3.5 <= int4["block_bytes"], int4
+assert int4["capacity_blocks_encoded"] >= 3.5 * 200, int4
+assert int4["tiers"][0]["capacity_blocks"] == int4["capacity_blocks_encoded"], int4
 for path in sys.argv[1:]:
     d = json.load(open(path))
     for k in ("requests", "block_hit_ratio", "token_hit_ratio", "lru_sim_block_hit_ratio", "capacity_blocks",

@@ -1,7 +1,7 @@
 """Time to first token in vLLM's own engine (its CPU platform), with and without a
 dpukv hit, next to vLLM's own CPU offloading and LMCache where they run here.
 
-The model is a Llama written here (config.json, vLLM's seeded dummy weights) sized
+The model is a Llama written here (config.json and seeded random weights) sized
 so that prefill dominates a request: 8 layers, hidden 512, 8 heads (2 for KV),
 FFN 2048. For each prompt length (2k and 8k tokens by default) and each engine
 configuration, one engine process (a fresh one per configuration, so no cache is
@@ -92,7 +92,7 @@ def worker(model, config, socket, lengths, reps, lmcache_port=None, batch=1):
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="LMCacheMPConnector", kv_role="kv_both",
             kv_connector_extra_config=extra)
-    llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+    llm = LLM(model=model, skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=max(lengths) + 16, enforce_eager=True, seed=0, max_num_seqs=batch,
               kv_cache_memory_bytes=1 << 30, enable_prefix_caching=config == "prefix-cache",
               max_num_batched_tokens=batch * max(lengths) + 16, **kw)
@@ -209,9 +209,11 @@ def main():
         return
     tmp = tempfile.mkdtemp(prefix="dpukv-bench-ttft-")
     model = os.path.join(tmp, "llama-prefill")
-    os.mkdir(model)
-    with open(os.path.join(model, "config.json"), "w") as f:
-        json.dump(CONFIG, f)
+    # Seeded random weights (python/tests/random_llama.py): on vLLM's dummy ones every
+    # prompt gave the same tokens, and same_token said nothing.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from random_llama import write_random_llama
+    write_random_llama(model, CONFIG)
     sock = os.path.join(tmp, "agent.sock")
     agent = subprocess.Popen([a.dpukv_bin, "--log-level", "warning", "agent", "--socket", sock,
                               "--memory-bytes", "2G", "--metrics-port", "0"])

@@ -1,5 +1,5 @@
 """vLLM's own engine with dpukv as its KV connector (issue 35, first part): a tiny
-Llama written here (config.json; vLLM's seeded dummy weights), on vLLM's CPU
+Llama written here (config.json and seeded random weights, random_llama.py), on vLLM's CPU
 platform, each run a new engine process (vllm_engine_run.py), against a dpukv
 agent this test starts. Nothing from a hub, no tokenizer: prompts are token ids.
 
@@ -21,7 +21,9 @@ agent this test starts. Nothing from a hub, no tokenizer: prompts are token ids.
      agent killed before a batch (misses, the same tokens), restarted under the
      engine (its hits come back), killed during a batch; under recompute every
      request gets the reference tokens, under vLLM's default policy each gets them
-     or ends with finish reason error; never other tokens, never a hang.
+     or ends with finish reason error; never other tokens, never a hang;
+  9. the token checks can fail: a prompt whose chunks hold another prompt's KV
+     (stored under its keys by this test) gives other tokens.
 
 test_vllm_engine.py PYTHON PACKAGE_DIR DPUKV_BIN (PYTHON: the interpreter of the
 venv scripts/deps.sh --test made with vLLM; tests/vllm_engine_test.sh finds it)."""
@@ -162,14 +164,46 @@ def kill(agent):
 
 
 def workspace(prefix):
-    """A folder with the tiny Llama (its config.json) and a socket path for the agent:
-    (folder, model folder, socket)."""
+    """A folder with the tiny Llama (config.json and seeded random weights,
+    random_llama.py) and a socket path for the agent: (folder, model folder, socket)."""
+    from random_llama import write_random_llama
     tmp = tempfile.mkdtemp(prefix=prefix)
     model = os.path.join(tmp, "tiny-llama")
-    os.mkdir(model)
-    with open(os.path.join(model, "config.json"), "w") as f:
-        json.dump(CONFIG, f)
+    write_random_llama(model, CONFIG)
     return tmp, model, os.path.join(tmp, "agent.sock")
+
+
+def poison(sock, name, layouts, into, source, chunk_bytes, chunk=256):
+    """Stores prompt source's whole chunks under prompt into's keys, every layer:
+    what a connector that loaded another prompt's KV would serve. The chunks
+    replaced (per layer)."""
+    sys.path.insert(0, PKG)
+    import dpukv
+    mid = dpukv.model_id(name)
+    k_into = dpukv.chunk_keys_layers(mid, list(into), chunk, False, 1, 0, layouts)
+    k_src = dpukv.chunk_keys_layers(mid, list(source), chunk, False, 1, 0, layouts)
+    whole = min(len(k_into[0]), len(k_src[0]))
+    assert whole >= 1, (len(into), len(source))
+    client = dpukv.Client(sock, model=mid)
+    staging = client.alloc_staging(whole * chunk_bytes)
+    offs, lens = [c * chunk_bytes for c in range(whole)], [chunk_bytes] * whole
+    for l in range(len(layouts)):
+        assert client.retrieve(staging, k_src[l][:whole], offs, lens) == ["SUCCESS"] * whole
+        client.remove(k_into[l][:whole])
+        assert client.store(staging, k_into[l][:whole], offs, lens) == ["SUCCESS"] * whole
+    client.close()
+    return whole
+
+
+def tiny_layouts():
+    """The tiny Llama's chunk key layouts, as the adapter keys vLLM 0.32's caches
+    (BHNC: K and V in a row of 2 x head_dim), and its chunk bytes."""
+    sys.path.insert(0, PKG)
+    from dpukv.connector.layout import layer_layouts
+    kvh = CONFIG["num_key_value_heads"]
+    hd = CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
+    layouts = layer_layouts("bfloat16", CONFIG["num_hidden_layers"], kvh, 2 * hd, "BHNC")
+    return layouts, 256 * kvh * 2 * hd * 2
 
 
 def main():
@@ -306,6 +340,24 @@ def main():
             notes.append(f"{policy or 'fail (default)'}: killed "
                          f"{'during' if during else 'after'} the batch, {errors} ended "
                          f"with error")
+        # The token checks above can fail: the same check against a run that loads
+        # another prompt's KV (b's chunks stored under a's keys) reports it.
+        sess = Session(model, sock, {"prefix_caching": False}, log)
+        same(sess.generate([a, b]), ["a", "b"])
+        deadline = time.monotonic() + 300  # stored asynchronously
+        while stat(sock)["chunks"] < (4 + 3) * 2:
+            assert time.monotonic() < deadline, stat(sock)
+            time.sleep(0.05)
+        layouts, chunk_bytes = tiny_layouts()
+        replaced = poison(sock, model, layouts, a, b, chunk_bytes)
+        r0 = stat(sock)["retrieves"]
+        poisoned = sess.generate([a])[0]["tokens"]
+        sess.close()
+        assert stat(sock)["retrieves"] > r0, "the poisoned chunks were not loaded"
+        assert poisoned != want["a"], ("another prompt's KV gave the same tokens: the "
+                                       "token checks of this test cannot fail", poisoned)
+        print(f"vllm.engine: with b's KV in a's first {replaced} chunks, a gave {poisoned}, "
+              f"not {want['a']}")
         print(f"vllm.engine: ok: 3 prompts stored and found again by a new engine "
               f"process, a mixed batch, tenants' salts kept apart, {tenants_note}, "
               f"tokens equal to runs "

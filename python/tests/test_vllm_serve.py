@@ -3,13 +3,14 @@
 an agent this test starts, and the server is vLLM's CLI (`vllm serve`, run as
 `python -m vllm.entrypoints.cli.main serve`, what the console script calls: a venv
 made elsewhere and moved keeps a stale path in its scripts) on vLLM's CPU platform
-over the tiny Llama of the engine test (config.json, seeded dummy weights, no
+over the tiny Llama of the engine test (config.json and seeded random weights, no
 tokenizer: prompts are token ids).
 
 An OpenAI completions request with prompt token ids stores the prompt's whole
 chunks in dpukv; the same request again is served from dpukv (vLLM's own prefix
 cache is off, so a hit can only come from the connector: the agent counts the
-chunk retrieves) with the same tokens.
+chunk retrieves) with the same tokens; and with another prompt's KV stored under
+its keys by this test, with other tokens (the check can fail).
 
 test_vllm_serve.py PYTHON PACKAGE_DIR DPUKV_BIN (PYTHON: the interpreter of the
 venv scripts/deps.sh --test made with vLLM)."""
@@ -27,7 +28,8 @@ PY, PKG, BIN = sys.argv[1:4]
 HERE = os.path.dirname(os.path.abspath(__file__))
 README = os.path.join(HERE, "..", "..", "README.md")
 sys.path.insert(0, HERE)
-from test_vllm_engine import kill, start_agent, stat, tokens, workspace  # noqa: E402
+from test_vllm_engine import (kill, poison, start_agent, stat, tiny_layouts, tokens,  # noqa: E402
+                              workspace)
 
 
 def readme_serve_line():
@@ -95,8 +97,7 @@ def main():
     port = free_port()
     cmd = [PY, "-m", "vllm.entrypoints.cli.main", "serve", model, "--kv-transfer-config",
            json.dumps(config)] + words[5:] + [
-        "--host", "127.0.0.1", "--port", str(port), "--load-format", "dummy",
-        "--skip-tokenizer-init", "--dtype", "bfloat16", "--max-model-len", "4096",
+        "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16", "--max-model-len", "4096",
         "--enforce-eager", "--seed", "0", "--max-num-seqs", "4",
         "--kv-cache-memory-bytes", str(256 << 20), "--no-enable-prefix-caching"]
     agent = start_agent(sock)
@@ -118,9 +119,21 @@ def main():
         got = [c["token_ids"] for c in (first["choices"][0], second["choices"][0])]
         assert len(got[0]) == 8 and got[0] == got[1], (first, second)
         assert s2["retrieves"] - s1["retrieves"] == 3 * 2, (s1, s2)
+        # The check can fail: another prompt's KV under this prompt's keys.
+        other = tokens(8, 600)
+        post(port, "/v1/completions", dict(body, prompt=other))
+        while stat(sock)["chunks"] < 2 * 3 * 2:
+            assert time.monotonic() < deadline + 60, stat(sock)
+            time.sleep(0.05)
+        layouts, chunk_bytes = tiny_layouts()
+        poison(sock, model, layouts, prompt, other, chunk_bytes)
+        third = post(port, "/v1/completions", body)["choices"][0]["token_ids"]
+        assert third != got[0], ("another prompt's KV gave the same tokens: this check "
+                                 "cannot fail", third)
         print(f"vllm.serve: ok: `vllm serve` with the README's --kv-transfer-config; the "
               f"second completions request loaded {s2['retrieves'] - s1['retrieves']} chunks "
-              f"from dpukv, same tokens {got[0]}")
+              f"from dpukv, same tokens {got[0]}; with another prompt's KV in its chunks "
+              f"{third}")
     finally:
         stop(server)
         kill(agent)

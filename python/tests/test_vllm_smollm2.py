@@ -37,9 +37,8 @@ def main():
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     sys.path.insert(0, PKG)
     sys.path.insert(0, HERE)
-    import dpukv
     from dpukv.connector.layout import layer_layouts
-    from test_vllm_engine import kill, start_agent, stat
+    from test_vllm_engine import kill, poison, start_agent, stat
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
 
@@ -92,23 +91,12 @@ def main():
         kvh, hd = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
         # As the adapter keys vLLM 0.32's caches: BHNC, K and V in a row of 2 x head_dim.
         layouts = layer_layouts("bfloat16", layers, kvh, 2 * hd, "BHNC")
-        mid = dpukv.model_id(NAME)
-        keys1 = dpukv.chunk_keys_layers(mid, tokens1, CHUNK, False, 1, 0, layouts)
-        keys2 = dpukv.chunk_keys_layers(mid, tokens2, CHUNK, False, 1, 0, layouts)
-        client = dpukv.Client(sock, model=mid)
-        chunk_bytes = CHUNK * kvh * 2 * hd * 2
-        staging = client.alloc_staging(whole * chunk_bytes)
-        offs, lens = [c * chunk_bytes for c in range(whole)], [chunk_bytes] * whole
-        for l in range(layers):
-            assert client.retrieve(staging, keys2[l][:whole], offs, lens) == ["SUCCESS"] * whole
-            client.remove(keys1[l][:whole])
-            assert client.store(staging, keys1[l][:whole], offs, lens) == ["SUCCESS"] * whole
+        poison(sock, NAME, layouts, tokens1, tokens2, CHUNK * kvh * 2 * hd * 2, CHUNK)
         poisoned = ask(text[:5000])
         assert poisoned.outputs[0].text != first.outputs[0].text, (
             "the answer did not change with another text's KV: this check cannot fail")
         print(f"smollm2: with another text's KV in its first {whole} chunks the same prompt "
               f"answered {poisoned.outputs[0].text!r}")
-        client.close()
     finally:
         kill(agent)
 

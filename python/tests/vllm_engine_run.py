@@ -1,6 +1,5 @@
 """One run of vLLM's own engine (LLM, on vLLM's CPU platform) over a tiny Llama the
-test wrote (config.json only: weights are vLLM's seeded dummy ones, so every
-process gets the same model), prompts given as token ids, greedy. Run by
+test wrote (config.json and seeded random weights, random_llama.py), prompts given as token ids, greedy. Run by
 test_vllm_engine.py, one process per run, as a new engine process would be:
 
   vllm_engine_run.py MODEL_DIR SOCKET|none PROMPTS_JSON|- [OPTIONS_JSON]
@@ -31,9 +30,8 @@ def main():
             kv_connector="DpukvConnectorV1", kv_connector_module_path="dpukv.vllm",
             kv_role="kv_both", kv_connector_extra_config=extra, **more)
     # A small KV space (vLLM's CPU default takes 92 % of the RAM), eager mode (no
-    # graphs to compile on a 2-core machine), one fixed seed for the dummy weights;
-    # statistics on, for the preemption count.
-    llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+    # graphs to compile on a 2-core machine); statistics on, for the preemption count.
+    llm = LLM(model=model, skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=opts.get("max_model_len", 4096), enforce_eager=True, seed=0,
               max_num_seqs=8, kv_cache_memory_bytes=opts.get("kv_bytes", 256 << 20),
               disable_log_stats=False, enable_prefix_caching=opts.get("prefix_caching", True),

@@ -13,6 +13,7 @@
 #include "tools/bench_common.h"
 #include "tools/replay_agents.h"
 #include "tools/replay_clients.h"
+#include "tools/replay_codec.h"
 #include "tools/replay_report.h"
 #include "tools/replay_trace.h"
 
@@ -64,20 +65,43 @@ int run(const Config& c) {
   const uint64_t block = std::max<uint64_t>(4096, (raw_block + 4095) / 4096 * 4096);
   size_t max_blocks = 0;
   for (const auto& r : reqs) max_blocks = std::max(max_blocks, r.ids.size());
-  const uint64_t staging_bytes = max_blocks * block;
+  // With a codec: a block's slot is its largest encoding, and the memory of
+  // capacity_blocks unencoded blocks holds capacity_bytes / (mean encoded size)
+  // of them (a sample of the trace's first blocks, encoded here).
+  uint64_t slot = block, capacity = c.capacity_blocks;
+  KvCodec codec{};
+  if (kv_codec_from_name(c.kv_codec, &codec)) {
+    BlockCodec bc(codec, block);
+    slot = bc.slot();
+    std::vector<uint8_t> buf(slot);
+    uint64_t sum = 0, n = 0;
+    for (const auto& r : reqs) {
+      for (uint64_t id : r.ids) {
+        uint64_t len = 0;
+        if (!bc.encode(id, buf.data(), &len).ok()) return 1;
+        sum += len, ++n;
+        if (n == 64) break;
+      }
+      if (n == 64) break;
+    }
+    capacity = c.capacity_blocks * block * n / sum;
+  }
+  const uint64_t staging_bytes = max_blocks * slot;
   if (staging_bytes > (4ull << 30)) {
     std::cerr << "dpukv replay: the longest request (" << max_blocks << " blocks of "
-              << bench::format_size(block) << ") needs " << bench::format_size(staging_bytes)
+              << bench::format_size(slot) << ") needs " << bench::format_size(staging_bytes)
               << " of staging per client; raise --scale\n";
     return 2;
   }
 
   Agents agents;
-  if (const int rc = agents.start(c, block); rc != 0) return rc;
+  if (const int rc = agents.start(c, block, slot); rc != 0) return rc;
   const uint32_t nodes = static_cast<uint32_t>(agents.sockets().size());
   const uint32_t nclients = std::max<uint32_t>(nodes, std::max<uint32_t>(1, c.clients));
   Totals t;
-  if (const int rc = drive_clients(c, reqs, agents, nclients, block, max_blocks, &t); rc != 0)
+  if (const int rc =
+          drive_clients(c, reqs, agents, nclients, block, slot, capacity, max_blocks, &t);
+      rc != 0)
     return rc;
   const uint64_t rss = agents.own() ? peak_rss(agents.first_pid()) : 0;
   agents.stop();
@@ -146,6 +170,12 @@ void add_replay_command(CLI::App* app, int* exit_code) {
   cmd->add_flag(
       "--no-netns", c->no_netns,
       "With --nodes as root: run the agents on loopback, not each in a network namespace");
+  cmd->add_option("--kv-codec", c->kv_codec,
+                  "Store blocks as KV-like values encoded by this codec (none, lossless, int8, "
+                  "int4), as a connector's kv_codec does; the memory stays --capacity-blocks "
+                  "unencoded blocks")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "lossless", "int8", "int4"}));
   cmd->add_flag("--no-verify", c->no_verify, "Do not check retrieved bytes");
   cmd->add_flag("--json", c->json, "Print one JSON object");
   cmd->add_option("--plot", c->plot, "Write a PNG of hit ratio and GB/s over trace time (gnuplot)");

@@ -32,6 +32,7 @@ struct Config {
   std::string eviction = "arc";
   uint32_t nodes = 1;  // agents in a cluster (a Redis directory the replay starts)
   bool no_netns = false;
+  std::string kv_codec = "none";  // blocks stored encoded (replay_codec.h)
 };
 
 }  // namespace replay

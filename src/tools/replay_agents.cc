@@ -27,7 +27,7 @@ std::string self_exe() {
 
 }  // namespace
 
-int Agents::start(const Config& c, uint64_t block) {
+int Agents::start(const Config& c, uint64_t block, uint64_t max_chunk) {
   const uint32_t nodes = std::max<uint32_t>(1, c.nodes);
   // The agents: ours, unless one was named. They die with this process (a replay
   // that is killed or crashes leaves no agent behind). With --nodes N, N agents
@@ -58,22 +58,13 @@ int Agents::start(const Config& c, uint64_t block) {
       const std::string socket = "/tmp/dpukv-replay-" + std::to_string(getpid()) +
                                  (nodes > 1 ? "-" + std::to_string(n) : "") + ".sock";
       std::vector<std::string> args = {
-          "--log-level",
-          "warning",
-          "agent",
-          "--socket",
-          socket,
-          "--memory-bytes",
-          std::to_string(c.capacity_blocks * block),
-          "--max-chunk-size",
-          std::to_string(block),
+          "--log-level", "warning", "agent", "--socket", socket, "--memory-bytes",
+          std::to_string(c.capacity_blocks * block), "--max-chunk-size", std::to_string(max_chunk),
           "--max-chunks",
-          std::to_string((c.capacity_blocks + c.disk_blocks) * 2 + 1024),
-          "--metrics-port",
-          "0",
-          "--eviction",
-          c.eviction,
-          "--parent-pid",
+          // Encoded blocks are smaller: more of them fit (int4: about 3.5x).
+          std::to_string((c.capacity_blocks + c.disk_blocks) * (c.kv_codec == "none" ? 2 : 8) +
+                         1024),
+          "--metrics-port", "0", "--eviction", c.eviction, "--parent-pid",
           std::to_string(getpid())};
       if (nodes > 1)
         args.insert(args.end(),

@@ -20,8 +20,10 @@ class Agents {
  public:
   ~Agents() { stop(); }
   // 0 once every agent was started (not yet serving: a client's connect waits for
-  // that), or the exit code after saying why on stderr. block: the chunk size.
-  int start(const Config& c, uint64_t block);
+  // that), or the exit code after saying why on stderr.
+  // block: an unencoded block (the memory is capacity_blocks of them); max_chunk:
+  // the largest chunk stored (a block's largest encoding with --kv-codec).
+  int start(const Config& c, uint64_t block, uint64_t max_chunk);
   void stop();
   const std::vector<std::string>& sockets() const { return sockets_; }
   bool own() const { return !pids_.empty(); }

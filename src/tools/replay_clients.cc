@@ -9,14 +9,19 @@
 #include <thread>
 
 #include "client/client.h"
+#include "tools/replay_codec.h"
 
 namespace dpukv::replay {
 
 using bench::Json;
 
 int drive_clients(const Config& c, const std::vector<Request>& reqs, const Agents& agents,
-                  uint32_t nclients, uint64_t block, size_t max_blocks, Totals* out) {
+                  uint32_t nclients, uint64_t block, uint64_t slot, uint64_t capacity,
+                  size_t max_blocks, Totals* out) {
   Totals& t = *out;
+  t.capacity_blocks = capacity;
+  KvCodec codec{};
+  const bool encoded = kv_codec_from_name(c.kv_codec, &codec);
   const uint32_t nodes = static_cast<uint32_t>(agents.sockets().size());
   // Clients are spread over the agents; with several agents a request goes to
   // agent (request index mod N), as a load balancer without prefix affinity would.
@@ -29,16 +34,16 @@ int drive_clients(const Config& c, const std::vector<Request>& reqs, const Agent
     o.connect_timeout_ms = 10000;
     o.model = 7;
     if (!Client::connect(o, &clients[i]).ok() ||
-        !clients[i]->alloc_staging(max_blocks * block, &staging[i]).ok()) {
+        !clients[i]->alloc_staging(max_blocks * slot, &staging[i]).ok()) {
       std::cerr << "dpukv replay: cannot reach the agent at " << socket
                 << (agents.own() ? " (it did not start; see its message above)" : "") << "\n";
       return 1;
     }
   }
   const KeyContext ctx{7, 1, 0, kv_layout_fingerprint(c.model, 1, 1, 1)};
-  LruSim sim(c.capacity_blocks * nodes);               // one cache of the agents' combined capacity
-  LruSim hier_sim(c.capacity_blocks + c.disk_blocks);  // memory + disk, one LRU
-  std::mutex mu;                                       // guards t across client threads
+  LruSim sim(capacity * nodes);               // one cache of the agents' combined capacity
+  LruSim hier_sim(capacity + c.disk_blocks);  // memory + disk, one LRU
+  std::mutex mu;                              // guards t across client threads
   const double span_ms = reqs.back().ts_ms - reqs.front().ts_ms;
   t.timeline.resize(static_cast<size_t>(span_ms / 60000) + 1);
   const bool tty = bench::progress_enabled() && !c.json;
@@ -54,6 +59,7 @@ int drive_clients(const Config& c, const std::vector<Request>& reqs, const Agent
     std::vector<Status> sts;
     std::vector<uint32_t> again_k;
     uint64_t retries = 0;
+    std::unique_ptr<BlockCodec> bc = encoded ? std::make_unique<BlockCodec>(codec, block) : nullptr;
     for (;;) {
       const uint32_t node = w % nodes;
       const uint64_t i = next[node].fetch_add(1) * nodes + node;
@@ -70,8 +76,8 @@ int drive_clients(const Config& c, const std::vector<Request>& reqs, const Agent
       keys.resize(n), offs.resize(n), lens.resize(n), sts.resize(n);
       for (uint32_t k = 0; k < n; ++k) {
         keys[k] = key_from_block_id(ctx, r.ids[k]);
-        offs[k] = k * block;
-        lens[k] = block;
+        offs[k] = k * slot;
+        lens[k] = slot;  // a retrieve's room; a store's length is set below
       }
       uint64_t t0 = bench::now_ns();
       uint32_t hits = cl.lookup(keys.data(), n, false);
@@ -86,14 +92,24 @@ int drive_clients(const Config& c, const std::vector<Request>& reqs, const Agent
         while (got < hits && sts[got].ok()) ++got;
         if (!c.no_verify)
           for (uint32_t k = 0; k < got; ++k) {
-            if (check_block(r.ids[k], sg.data + offs[k], block))
+            if (bc ? bc->check(r.ids[k], sg.data + offs[k])
+                   : check_block(r.ids[k], sg.data + offs[k], block))
               verified += block;
             else
               ++vfail;
           }
       }
       // Prefill of the missed tokens is modelled, not run; then the new blocks are stored.
-      for (uint32_t k = got; k < n; ++k) fill_block(r.ids[k], sg.data + offs[k], block);
+      uint64_t stored = 0;
+      for (uint32_t k = got; k < n; ++k) {
+        if (bc == nullptr) {
+          fill_block(r.ids[k], sg.data + offs[k], block);
+        } else if (!bc->encode(r.ids[k], sg.data + offs[k], &lens[k]).ok()) {
+          std::cerr << "dpukv replay: a block does not encode\n";  // cannot happen: finite
+          std::abort();
+        }
+        stored += lens[k];
+      }
       uint64_t store_ns = 0;
       std::map<std::string, uint64_t> fails;  // "op CODE" -> entries
       for (uint32_t k = got; k < hits; ++k)
@@ -136,7 +152,8 @@ int drive_clients(const Config& c, const std::vector<Request>& reqs, const Agent
       t.retries += retries;
       retries = 0;
       t.retrieved_bytes += static_cast<uint64_t>(got) * block;
-      t.stored_bytes += static_cast<uint64_t>(n - got) * block;
+      t.stored_bytes += stored;
+      t.stored_blocks += n - got;
       t.verified_bytes += verified;
       t.verify_failures += vfail;
       t.store_ns += store_ns;
@@ -167,8 +184,8 @@ int drive_clients(const Config& c, const std::vector<Request>& reqs, const Agent
     t.sim_hits += sim.access(r.ids);
     if (c.disk_blocks) t.hier_sim_hits += hier_sim.access(r.ids);
   }
-  t.optimum = belady_optimum(reqs, c.capacity_blocks * nodes);
-  if (c.disk_blocks) t.hier_optimum = belady_optimum(reqs, c.capacity_blocks + c.disk_blocks);
+  t.optimum = belady_optimum(reqs, capacity * nodes);
+  if (c.disk_blocks) t.hier_optimum = belady_optimum(reqs, capacity + c.disk_blocks);
   if (tty) std::fprintf(stderr, "\n");
 
   (void)clients[0]->stats_json(&t.agent_json);

@@ -37,10 +37,18 @@ struct Totals {
   std::string agent_json;
   bench::Json node_stats = bench::Json::array();
   uint64_t remote_hits = 0, remote_bytes = 0, remote_failures = 0;
+  // With --kv-codec: the blocks the memory holds at the mean encoded size, which the
+  // simulations and the optimum are given (ideal packing: the agent's slab classes
+  // round each block up).
+  uint64_t capacity_blocks = 0;
+  uint64_t stored_blocks = 0;
 };
 
 // 0 with *t filled, or the exit code after saying why on stderr.
+// slot: a block's staging slot (its largest encoding with a codec); capacity: the
+// blocks the simulations and the optimum hold per agent.
 int drive_clients(const Config& c, const std::vector<Request>& reqs, const Agents& agents,
-                  uint32_t nclients, uint64_t block, size_t max_blocks, Totals* t);
+                  uint32_t nclients, uint64_t block, uint64_t slot, uint64_t capacity,
+                  size_t max_blocks, Totals* t);
 
 }  // namespace dpukv::replay

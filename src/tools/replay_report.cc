@@ -20,6 +20,11 @@ int report(const Config& c, const RunShape& s, Totals& t) {
   out["scale"] = c.scale;
   out["block_bytes"] = s.block;
   out["capacity_blocks"] = c.capacity_blocks;
+  out["kv_codec"] = c.kv_codec;
+  // With a codec: the mean stored block and the blocks the memory holds at that size
+  // (the simulations' and the optimum's capacity).
+  out["stored_block_bytes"] = t.stored_blocks ? t.stored_bytes / t.stored_blocks : s.block;
+  out["capacity_blocks_encoded"] = t.capacity_blocks;
   out["nodes"] = s.nodes;
   if (s.nodes > 1) out["network"] = s.netns ? "namespaces" : "loopback";
   out["eviction"] = c.eviction;
@@ -42,14 +47,14 @@ int report(const Config& c, const RunShape& s, Totals& t) {
   out["ratio_to_optimum"] = share(t.hit_blocks, bound.block_hits);
   Json tiers = Json::array();
   tiers.push_back({{"tier", "memory"},
-                   {"capacity_blocks", c.capacity_blocks * s.nodes},
+                   {"capacity_blocks", t.capacity_blocks * s.nodes},
                    {"lru_sim_block_hit_ratio", ratio(t.sim_hits)},
                    {"optimum_block_hit_ratio", ratio(t.optimum.block_hits)},
                    {"optimum_prefix_hit_ratio", ratio(t.optimum.prefix_hits)},
                    {"lru_ratio_to_optimum", share(t.sim_hits, t.optimum.block_hits)}});
   if (c.disk_blocks)
     tiers.push_back({{"tier", "memory+disk"},
-                     {"capacity_blocks", c.capacity_blocks + c.disk_blocks},
+                     {"capacity_blocks", t.capacity_blocks + c.disk_blocks},
                      {"lru_sim_block_hit_ratio", ratio(t.hier_sim_hits)},
                      {"optimum_block_hit_ratio", ratio(t.hier_optimum.block_hits)},
                      {"optimum_prefix_hit_ratio", ratio(t.hier_optimum.prefix_hits)},
@@ -130,6 +135,12 @@ int report(const Config& c, const RunShape& s, Totals& t) {
         "client(s)\n",
         c.trace.c_str(), c.model.c_str(), bench::format_size(s.block).c_str(), c.scale,
         static_cast<unsigned long long>(c.capacity_blocks), s.nclients);
+    if (c.kv_codec != "none")
+      std::printf(
+          "  kv codec            %s: blocks stored in %s on average, %llu of them in the "
+          "same memory\n",
+          c.kv_codec.c_str(), bench::format_size(out["stored_block_bytes"].get<uint64_t>()).c_str(),
+          static_cast<unsigned long long>(t.capacity_blocks));
     std::printf("  requests            %llu in %.1f s\n",
                 static_cast<unsigned long long>(t.requests), t.wall_s);
     std::printf("  block hit ratio     %.2f%% (%s)   same-run LRU simulation%s: %.2f%%\n",
