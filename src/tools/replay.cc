@@ -95,7 +95,11 @@ int run(const Config& c) {
   }
 
   Agents agents;
-  if (const int rc = agents.start(c, block, slot); rc != 0) return rc;
+  // The agent's slab pages are max_chunk_size each, one size class a page: encoded
+  // blocks share pages of four unencoded blocks (one a page would waste half of an
+  // int4 page).
+  const uint64_t max_chunk = slot == block ? block : std::max(slot, 4 * block);
+  if (const int rc = agents.start(c, block, max_chunk); rc != 0) return rc;
   const uint32_t nodes = static_cast<uint32_t>(agents.sockets().size());
   const uint32_t nclients = std::max<uint32_t>(nodes, std::max<uint32_t>(1, c.clients));
   Totals t;

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The KV quality bench (python/benchmarks/bench_kv_quality.py) on a small slice, in
+# the vLLM venv (transformers) on SmolLM2, its targets asserted for lossless and int8
+# (int4 misses its agreement target: the full run is in docs/status.md):
+# kv_quality_test.sh PKGDIR. Skipped (77) without the venv or the model.
+set -euo pipefail
+pkgdir=$(realpath "$1")
+src=$(dirname "$(realpath "$0")")/..
+source "$src/tests/vllm_venv_common.sh"
+vllm_python "$pkgdir"
+if ! "$src/scripts/smollm2_model.sh" --find >/dev/null; then
+  echo "SKIP: no SmolLM2 model here (scripts/deps.sh --test makes it)"
+  exit 77
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$vllm_py" "$src/python/benchmarks/bench_kv_quality.py" "$pkgdir" --prompts 16 --gen 16 \
+  --ppl-tokens 1024 --codecs none,lossless,int8,int4 --check lossless,int8 --json > "$tmp/q.json"
+"$vllm_py" - "$tmp/q.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+rows = {r["codec"]: r for r in d["results"]}
+assert d["bench"] == "kv_quality" and set(rows) == {"none", "lossless", "int8", "int4"}, d
+for r in rows.values():
+    assert len(r["samples"]["agreement"]) == 16 and r["ppl_tokens"] == 1024, r
+    print(f"kv_quality: {r['codec']}: {r['compression']:.2f}x, agreement "
+          f"{100 * r['agreement']:.2f}%, perplexity {r['perplexity']:.3f} "
+          f"({100 * (r['perplexity_ratio'] - 1):+.2f}%)")
+assert rows["lossless"]["agreement"] == 1 and rows["lossless"]["perplexity_ratio"] == 1, rows
+# The check can fail: int4 moves the model's tokens (on this slice as on the full run).
+assert rows["int4"]["agreement"] < 1, rows["int4"]
+PY
