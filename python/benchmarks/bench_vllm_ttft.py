@@ -16,7 +16,8 @@ vLLM's own prefix cache on: the KV never leaves the engine, the limit a connecto
 hit can approach), dpukv (DpukvConnectorV1 as the README configures it, against an
 agent this bench starts; dpukv-staging: the same with dpukv.share_caches off, its
 loads through staging and the connector's scatter; dpukv-lossless, dpukv-int8,
-dpukv-int4, asked for by name: dpukv.kv_codec set, the connector decoding), vllm-offload (vLLM's kv_offloading_size, its native CPU
+dpukv-int4, asked for by name: dpukv.kv_codec set, the connector decoding;
+dpukv-agent-compress: an agent of its own with --compress, decoding itself), vllm-offload (vLLM's kv_offloading_size, its native CPU
 offloading), lmcache (vLLM's LMCacheMPConnector, what kv_offloading_backend
 "lmcache" picks; lmcache-shm: the same in LMCache's lmcache-driven mode, its
 server moving the KV through shared memory; each against an LMCache server this
@@ -52,8 +53,9 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_
           "eos_token_id": 2}
 CONFIGS = ("none", "prefix-cache", "dpukv", "dpukv-staging", "vllm-offload", "lmcache",
            "lmcache-shm")
-# Asked for by name (--configs): dpukv with dpukv.kv_codec set.
-CODEC_CONFIGS = ("dpukv-lossless", "dpukv-int8", "dpukv-int4")
+# Asked for by name (--configs): dpukv with dpukv.kv_codec set, and dpukv against an
+# agent of its own started with --compress (lossless on the agent's compress engine).
+CODEC_CONFIGS = ("dpukv-lossless", "dpukv-int8", "dpukv-int4", "dpukv-agent-compress")
 
 
 def prompt(seed, n):
@@ -77,7 +79,7 @@ def worker(model, config, socket, lengths, reps, lmcache_port=None, batch=1):
         extra = {"dpukv.socket": socket}
         if config == "dpukv-staging":  # loads through staging: the caches not shared in place
             extra["dpukv.share_caches"] = False
-        if config in CODEC_CONFIGS:  # chunks encoded, decoded into the blocks by the connector
+        if config in CODEC_CONFIGS[:3]:  # chunks encoded, decoded into the blocks by the connector
             extra["dpukv.kv_codec"] = config.split("-", 1)[1]
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="DpukvConnectorV1", kv_connector_module_path="dpukv.vllm",
@@ -138,7 +140,7 @@ def worker(model, config, socket, lengths, reps, lmcache_port=None, batch=1):
                          "same_token": tokens[0] == tokens[1], "tokens_miss_hit": tokens,
                          "margins_miss_hit": margins,
                          "differs_at_tie": tokens[0] != tokens[1] and all(
-                             m <= 0.5 for t0, t1, m in zip(tokens[0], tokens[1], margins[0])
+                             m <= 0.5 + 1e-3 for t0, t1, m in zip(tokens[0], tokens[1], margins[0])
                              if t0 != t1)})
     print("ROWS " + json.dumps(rows), flush=True)
 
@@ -229,15 +231,19 @@ def main():
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
     from random_llama import write_random_llama
     write_random_llama(model, CONFIG)
-    sock = os.path.join(tmp, "agent.sock")
-    agent = subprocess.Popen([a.dpukv_bin, "--log-level", "warning", "agent", "--socket", sock,
-                              "--memory-bytes", "2G", "--metrics-port", "0"])
-    results, medians = [], {}
-    try:
-        while not os.path.exists(sock):
-            if agent.poll() is not None:
+    def start_agent(path, *more):
+        p = subprocess.Popen([a.dpukv_bin, "--log-level", "warning", "agent", "--socket", path,
+                              "--memory-bytes", "2G", "--metrics-port", "0", *more])
+        while not os.path.exists(path):
+            if p.poll() is not None:
                 sys.exit("the agent exited before it listened")
             time.sleep(0.05)
+        return p
+
+    sock = os.path.join(tmp, "agent.sock")
+    agent = start_agent(sock)
+    results, medians = [], {}
+    try:
         for config in a.configs.split(","):
             print(f"bench vllm_ttft: {config} ...", file=sys.stderr, flush=True)
             server, port = None, None
@@ -246,13 +252,20 @@ def main():
                 if server is None:
                     results.append({"config": config, "ran": False, "why": port})
                     continue
+            own = None
+            if config == "dpukv-agent-compress":
+                own = start_agent(os.path.join(tmp, "compress.sock"), "--compress")
             try:
                 rows, why = run_config(sys.executable, os.path.abspath(a.package_dir), model,
-                                       config, sock, lengths, a.reps, port, a.batch)
+                                       config, os.path.join(tmp, "compress.sock") if own else sock,
+                                       lengths, a.reps, port, a.batch)
             finally:
                 if server is not None:
                     server.terminate()
                     server.wait()
+                if own is not None:
+                    own.terminate()
+                    own.wait()
             if rows is None:
                 results.append({"config": config, "ran": False, "why": why})
                 continue
