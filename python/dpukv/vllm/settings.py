@@ -186,6 +186,10 @@ class Settings:
                                      self.kv_layout, self.kv_codec)
         self.model = native.model_id(self.model_name)
         self.socket = str(_extra(tc, "dpukv.socket", ""))
+        # kv_producer (a prefill engine of a disaggregated pair): each step waits for
+        # its stores, so that a prompt's KV is in dpukv before its response leaves
+        # and a decode engine asked next finds it.
+        self.kv_role = str(getattr(tc, "kv_role", None) or "kv_both")
         # The largest hit a worker's load staging carries (one layer's chunks at a
         # time): the scheduler never reports more.
         self.max_load_chunks = _max_load_chunks(

@@ -27,6 +27,7 @@ class VllmWorker:
         self.stage_layers, self.total_layers = s.stage_layers, s.total_layers
         self.kv_heads, self.head_dim, self.dtype = s.kv_heads, s.head_dim, s.dtype
         self.rank = rank
+        self.producer = s.kv_role == "kv_producer"
         self.core = DpukvConnector(
             client, s.model_name, chunk_tokens=s.chunk_tokens, staging_bytes=s.staging_bytes,
             world_size=s.world_size, rank=rank, kv_layout=s.kv_layout,
@@ -166,8 +167,9 @@ class VllmWorker:
     def wait_for_save(self):
         # The step's gathers copied its blocks into staging already: the stores
         # finish while the next steps run (collected here as they do, and waited
-        # for when their staging slots are needed or at shutdown).
-        self.core.collect_saves()
+        # for when their staging slots are needed or at shutdown). A producer's
+        # step waits for them: a decode engine asks for the prompt's KV next.
+        self.core.collect_saves(block=self.producer)
         for rm in self._loading:  # the step's loads are over: their slots go back
             self.core.request_finished(rm.req_id)
         self._loading = []

@@ -1,0 +1,119 @@
+"""Prefill and decode on different vLLM engines behind vLLM's own router (issue 49,
+first part): two `vllm serve` processes of the tiny Llama (seeded random weights),
+one kv_producer and one kv_consumer, each beside its own dpukv agent, the agents in
+one cluster (a Redis this test starts, UCX on loopback); `vllm-router
+--vllm-pd-disaggregation` in front. A completions request through the router is
+prefilled on the producer (its agent stores the prompt's chunks) and decoded on the
+consumer, whose agent reads every chunk from the producer's agent through the
+directory (remote hits): the tokens are those of one engine without dpukv.
+
+test_vllm_pd.py PYTHON PACKAGE_DIR DPUKV_BIN (PYTHON: the vLLM venv's). Skipped
+(77) where the router's venv (scripts/vllm_router_venv.sh) or redis-server is not
+here."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+PY, PKG, BIN = sys.argv[1:4]
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.join(HERE, "..", "..")
+sys.path.insert(0, HERE)
+from test_vllm_engine import kill, run, stat, tokens, workspace  # noqa: E402
+from test_vllm_serve import free_port, post, serve, stop  # noqa: E402
+
+
+def router_cmd():
+    p = subprocess.run([os.path.join(SRC, "scripts", "vllm_router_venv.sh"), "--find"],
+                       capture_output=True, text=True)
+    if p.returncode != 0 or shutil.which("redis-server") is None:
+        print("SKIP: no vllm-router venv (scripts/deps.sh --test makes it) or no redis-server")
+        sys.exit(77)
+    return p.stdout.strip()
+
+
+def until(what, cond, deadline_s=300):
+    deadline = time.monotonic() + deadline_s
+    while not cond():
+        assert time.monotonic() < deadline, f"{what} never happened"
+        time.sleep(0.05)
+
+
+def listening(port):
+    import socket
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def main():
+    router = router_cmd()
+    tmp, model, _ = workspace("dpukv-vllm-pd-")
+    procs = []
+    servers = []
+    try:
+        redis_port = free_port()
+        procs.append(subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind",
+                                       "127.0.0.1", "--save", "", "--appendonly", "no",
+                                       "--logfile", os.path.join(tmp, "redis.log")]))
+        until("redis listening", lambda: listening(redis_port))
+        socks = [os.path.join(tmp, f"agent{i}.sock") for i in (1, 2)]
+        for s in socks:
+            procs.append(subprocess.Popen(
+                [BIN, "--log-level", "warning", "agent", "--socket", s, "--memory-bytes", "256M",
+                 "--metrics-port", "0", "--cluster", f"redis://127.0.0.1:{redis_port}",
+                 "--advertise", "127.0.0.1"]))
+        until("the agents listening", lambda: all(os.path.exists(s) for s in socks))
+
+        prompt = tokens(7, 600)  # 2 whole 256-token chunks and a tail, of 2 layers
+        want = run(model, None, [prompt])[0]["tokens"]  # one engine, no dpukv
+
+        ports = [free_port(), free_port()]
+        for role, sock, port in zip(("kv_producer", "kv_consumer"), socks, ports):
+            cfg = {"kv_connector": "DpukvConnectorV1", "kv_connector_module_path": "dpukv.vllm",
+                   "kv_role": role,
+                   "kv_connector_extra_config": {"dpukv.socket": sock, "dpukv.model": "pd-tiny"}}
+            servers.append(serve(
+                [PY, "-m", "vllm.entrypoints.cli.main", "serve", model, "--kv-transfer-config",
+                 json.dumps(cfg), "--host", "127.0.0.1", "--port", str(port),
+                 "--skip-tokenizer-init", "--dtype", "bfloat16", "--max-model-len", "4096",
+                 "--enforce-eager", "--seed", "0", "--max-num-seqs", "4",
+                 "--kv-cache-memory-bytes", str(256 << 20), "--no-enable-prefix-caching"],
+                port, os.path.join(tmp, f"serve-{role}.log")))
+        rport = free_port()
+        procs.append(subprocess.Popen(
+            [router, "--host", "127.0.0.1", "--port", str(rport), "--vllm-pd-disaggregation",
+             "--prefill", f"http://127.0.0.1:{ports[0]}", "--decode", f"http://127.0.0.1:{ports[1]}"],
+            stdout=open(os.path.join(tmp, "router.log"), "w"), stderr=subprocess.STDOUT))
+
+        def router_up():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{rport}/health", timeout=5) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+        until("the router healthy", router_up)
+
+        body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0.0,
+                "return_token_ids": True}
+        got = post(rport, "/v1/completions", body)["choices"][0]["token_ids"]
+        prod, cons = stat(socks[0]), stat(socks[1])
+        chunks = 3 * 2
+        assert prod["stores"] == chunks and prod["retrieves"] == 0, prod
+        assert cons["stores"] == 0 and cons["retrieves"] == chunks, cons
+        assert cons["lookup_remote_hits"] == chunks and cons["remote_bytes"] > 0, cons
+        assert got == want, (got, want)
+        print(f"vllm.pd: ok: through vllm-router's PD mode, the producer's agent stored "
+              f"{prod['stores']} chunks, the consumer's read all {cons['lookup_remote_hits']} "
+              f"from it ({cons['remote_bytes']} bytes over UCX); tokens {got} as one engine's")
+    finally:
+        for s in servers:
+            stop(s)
+        for p in procs:
+            kill(p)
+
+
+if __name__ == "__main__":
+    main()
