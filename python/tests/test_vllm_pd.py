@@ -5,7 +5,12 @@ one cluster (a Redis this test starts, UCX on loopback); `vllm-router
 --vllm-pd-disaggregation` in front. A completions request through the router is
 prefilled on the producer (its agent stores the prompt's chunks) and decoded on the
 consumer, whose agent reads every chunk from the producer's agent through the
-directory (remote hits): the tokens are those of one engine without dpukv.
+directory (remote hits) and computes none of the prompt but its last token (vLLM's
+own count of cached prompt tokens): the tokens are those of one engine without dpukv.
+Then the two steps the router takes, by hand: a prompt prefilled on the producer,
+the producer's agent killed, the same prompt decoded on the consumer: its lookup
+finds the dead agent's chunks in the directory, their reads fail, it recomputes the
+prompt and gives one engine's tokens; nothing hangs.
 
 test_vllm_pd.py PYTHON PACKAGE_DIR DPUKV_BIN (PYTHON: the vLLM venv's). Skipped
 (77) where the router's venv (scripts/vllm_router_venv.sh) or redis-server is not
@@ -33,6 +38,19 @@ def router_cmd():
         print("SKIP: no vllm-router venv (scripts/deps.sh --test makes it) or no redis-server")
         sys.exit(77)
     return p.stdout.strip()
+
+
+def prompt_sources(port):
+    """vLLM's own count of prompt tokens by where they came from (its /metrics:
+    local_compute, local_cache_hit, external_kv_transfer)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:prompt_tokens_by_source_total{"):
+            source = line.split('source="', 1)[1].split('"', 1)[0]
+            out[source] = out.get(source, 0) + float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def until(what, cond, deadline_s=300):
@@ -68,7 +86,8 @@ def main():
         until("the agents listening", lambda: all(os.path.exists(s) for s in socks))
 
         prompt = tokens(7, 600)  # 2 whole 256-token chunks and a tail, of 2 layers
-        want = run(model, None, [prompt])[0]["tokens"]  # one engine, no dpukv
+        second = tokens(8, 600)
+        want, want2 = [r["tokens"] for r in run(model, None, [prompt, second])]  # no dpukv
 
         ports = [free_port(), free_port()]
         for role, sock, port in zip(("kv_producer", "kv_consumer"), socks, ports):
@@ -98,16 +117,39 @@ def main():
 
         body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0.0,
                 "return_token_ids": True}
+        before = prompt_sources(ports[1])
         got = post(rport, "/v1/completions", body)["choices"][0]["token_ids"]
+        # The decode engine computed the prompt's last token only, the rest came from
+        # dpukv (its answer's usage reports the prefill engine's hits, as vLLM's PD does).
+        after = prompt_sources(ports[1])
+        moved = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        assert moved.get("external_kv_transfer") == len(prompt) - 1, moved
+        assert moved.get("local_compute") == 1, moved
+        cached = int(moved["external_kv_transfer"])
         prod, cons = stat(socks[0]), stat(socks[1])
         chunks = 3 * 2
         assert prod["stores"] == chunks and prod["retrieves"] == 0, prod
         assert cons["stores"] == 0 and cons["retrieves"] == chunks, cons
         assert cons["lookup_remote_hits"] == chunks and cons["remote_bytes"] > 0, cons
         assert got == want, (got, want)
-        print(f"vllm.pd: ok: through vllm-router's PD mode, the producer's agent stored "
+        print(f"vllm.pd: through vllm-router's PD mode, the producer's agent stored "
               f"{prod['stores']} chunks, the consumer's read all {cons['lookup_remote_hits']} "
-              f"from it ({cons['remote_bytes']} bytes over UCX); tokens {got} as one engine's")
+              f"from it ({cons['remote_bytes']} bytes over UCX), {cached} of "
+              f"{len(prompt)} prompt tokens not computed; tokens {got} as one engine's")
+
+        # The producer's agent killed between prefill and decode.
+        first = post(ports[0], "/v1/completions", dict(body, prompt=second, max_tokens=1))
+        assert first["choices"][0]["token_ids"] == want2[:1], first
+        assert stat(socks[0])["stores"] == 2 * chunks  # the producer's step waited for them
+        kill(procs[1])
+        t0 = time.monotonic()
+        late = post(ports[1], "/v1/completions", dict(body, prompt=second))
+        took = time.monotonic() - t0
+        assert late["choices"][0]["token_ids"] == want2, (late, want2)
+        after = stat(socks[1])
+        assert after["retrieves"] == cons["retrieves"], (cons, after)  # nothing loaded
+        print(f"vllm.pd: ok: with the producer's agent killed after the prefill, the decode "
+              f"engine recomputed the prompt in {took:.1f} s and gave one engine's tokens")
     finally:
         for s in servers:
             stop(s)
