@@ -41,8 +41,8 @@ def main():
     import bench_vllm_ttft as ttft
     from random_llama import write_random_llama
     from test_vllm_engine import kill, stat, workspace
-    from test_vllm_pd import listening, until
-    from test_vllm_serve import free_port, post, serve, stop
+    from test_vllm_pd import listening, serve_role, until
+    from test_vllm_serve import free_port, post, stop
 
     tmp, _, _ = workspace("dpukv-bench-pd-")
     model = os.path.join(tmp, "llama-prefill")
@@ -62,17 +62,9 @@ def main():
         until("the agents listening", lambda: all(os.path.exists(s) for s in socks))
         ports = [free_port(), free_port()]
         for role, sock, port in zip(("kv_producer", "kv_consumer"), socks, ports):
-            cfg = {"kv_connector": "DpukvConnectorV1", "kv_connector_module_path": "dpukv.vllm",
-                   "kv_role": role,
-                   "kv_connector_extra_config": {"dpukv.socket": sock, "dpukv.model": "pd-bench"}}
-            servers.append(serve(
-                [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model,
-                 "--kv-transfer-config", json.dumps(cfg), "--host", "127.0.0.1", "--port", str(port),
-                 "--skip-tokenizer-init", "--dtype", "bfloat16",
-                 "--max-model-len", str(a.tokens + 16), "--max-num-batched-tokens",
-                 str(a.tokens + 16), "--enforce-eager", "--seed", "0", "--max-num-seqs", "2",
-                 "--kv-cache-memory-bytes", str(1 << 30), "--no-enable-prefix-caching"],
-                port, os.path.join(tmp, f"serve-{role}.log")))
+            servers.append(serve_role(sys.executable, model, role, sock, port,
+                                      os.path.join(tmp, f"serve-{role}.log"), "pd-bench",
+                                      a.tokens + 16, 1 << 30))
         rows = []
         for i in range(a.reps + 1):
             print(f"bench vllm_pd: prompt {i + 1} of {a.reps + 1} ...", file=sys.stderr, flush=True)

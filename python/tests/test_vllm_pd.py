@@ -53,6 +53,20 @@ def prompt_sources(port):
     return out
 
 
+def serve_role(py, model, role, sock, port, log, name="pd-tiny", max_len=4096,
+               kv_bytes=256 << 20):
+    """`vllm serve` of model as a kv_producer or kv_consumer whose connector talks to
+    the agent at sock (vLLM's prefix cache off), once it answers /health."""
+    cfg = {"kv_connector": "DpukvConnectorV1", "kv_connector_module_path": "dpukv.vllm",
+           "kv_role": role, "kv_connector_extra_config": {"dpukv.socket": sock, "dpukv.model": name}}
+    return serve([py, "-m", "vllm.entrypoints.cli.main", "serve", model, "--kv-transfer-config",
+                  json.dumps(cfg), "--host", "127.0.0.1", "--port", str(port),
+                  "--skip-tokenizer-init", "--dtype", "bfloat16", "--max-model-len", str(max_len),
+                  "--max-num-batched-tokens", str(max_len), "--enforce-eager", "--seed", "0",
+                  "--max-num-seqs", "4", "--kv-cache-memory-bytes", str(kv_bytes),
+                  "--no-enable-prefix-caching"], port, log)
+
+
 def until(what, cond, deadline_s=300):
     deadline = time.monotonic() + deadline_s
     while not cond():
@@ -91,16 +105,8 @@ def main():
 
         ports = [free_port(), free_port()]
         for role, sock, port in zip(("kv_producer", "kv_consumer"), socks, ports):
-            cfg = {"kv_connector": "DpukvConnectorV1", "kv_connector_module_path": "dpukv.vllm",
-                   "kv_role": role,
-                   "kv_connector_extra_config": {"dpukv.socket": sock, "dpukv.model": "pd-tiny"}}
-            servers.append(serve(
-                [PY, "-m", "vllm.entrypoints.cli.main", "serve", model, "--kv-transfer-config",
-                 json.dumps(cfg), "--host", "127.0.0.1", "--port", str(port),
-                 "--skip-tokenizer-init", "--dtype", "bfloat16", "--max-model-len", "4096",
-                 "--enforce-eager", "--seed", "0", "--max-num-seqs", "4",
-                 "--kv-cache-memory-bytes", str(256 << 20), "--no-enable-prefix-caching"],
-                port, os.path.join(tmp, f"serve-{role}.log")))
+            servers.append(serve_role(PY, model, role, sock, port,
+                                      os.path.join(tmp, f"serve-{role}.log")))
         rport = free_port()
         procs.append(subprocess.Popen(
             [router, "--host", "127.0.0.1", "--port", str(rport), "--vllm-pd-disaggregation",
