@@ -5,8 +5,8 @@ with the project (CMake puts the package with its extension in the build's
 python/ folder, and `cmake --install` into the system's). Where it is absent (a
 `pip install ./python`, or a GPU machine's own interpreter it was not built for),
 the same subset over the C ABI with ctypes (_ctypes_client.py, which loads
-libdpukv_client.so: DPUKV_CLIENT_LIB, else the loader's path). connector.py is a
-KV connector core for paged KV caches, device.py its device calls, vllm.py the
+libdpukv_client.so: DPUKV_CLIENT_LIB, else the loader's path). connector/ is a
+KV connector core for paged KV caches, device.py its device calls, vllm/ the
 adapter to vLLM's connector contract. `dpukv.client_kind` says which client
 loaded: "compiled" or "ctypes"."""
 import os as _os
