@@ -84,6 +84,26 @@ int submit(dpukv_client* c, bool store, uint64_t staging_id, const dpukv_key* ke
   });
 }
 
+bool kv_codec_of(int codec, dpukv::KvCodec* out) {
+  switch (codec) {
+    case DPUKV_KV_LOSSLESS:
+      *out = dpukv::KvCodec::kLosslessDelta;
+      return true;
+    case DPUKV_KV_INT8:
+      *out = dpukv::KvCodec::kInt8;
+      return true;
+    case DPUKV_KV_INT4:
+      *out = dpukv::KvCodec::kInt4;
+      return true;
+  }
+  return false;
+}
+// Sized once per thread to its largest chunk: no allocation per chunk after that.
+dpukv::KvScratch& kv_scratch(size_t bytes) {
+  thread_local dpukv::KvScratch s;
+  if (s.capacity() < bytes) s.reserve(bytes);
+  return s;
+}
 }  // namespace
 
 extern "C" {
@@ -394,29 +414,6 @@ uint64_t dpukv_kv_layout_fingerprint(const char* dtype, uint32_t layers, uint32_
                                      uint32_t head_dim) {
   return dtype ? dpukv::kv_layout_fingerprint(dtype, layers, kv_heads, head_dim) : 0;
 }
-
-namespace {
-bool kv_codec_of(int codec, dpukv::KvCodec* out) {
-  switch (codec) {
-    case DPUKV_KV_LOSSLESS:
-      *out = dpukv::KvCodec::kLosslessDelta;
-      return true;
-    case DPUKV_KV_INT8:
-      *out = dpukv::KvCodec::kInt8;
-      return true;
-    case DPUKV_KV_INT4:
-      *out = dpukv::KvCodec::kInt4;
-      return true;
-  }
-  return false;
-}
-// Sized once per thread to its largest chunk: no allocation per chunk after that.
-dpukv::KvScratch& kv_scratch(size_t bytes) {
-  thread_local dpukv::KvScratch s;
-  if (s.capacity() < bytes) s.reserve(bytes);
-  return s;
-}
-}  // namespace
 
 size_t dpukv_kv_encode_bound(int codec, uint32_t slabs, uint32_t tokens, uint32_t channels,
                              size_t len) {
