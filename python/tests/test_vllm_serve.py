@@ -57,10 +57,22 @@ def post(port, path, body):
 
 def serve(cmd, port, log_path):
     """`vllm serve` (cmd) started, once it answers /health; its output in log_path."""
+    return healthy(launch(cmd, log_path), port)
+
+
+def launch(cmd, log_path, **env_vars):
+    """`vllm serve` (cmd) started, its output in log_path, env_vars added to its
+    environment: (process, log), for healthy(). Several started before the first
+    waited on load their models at once."""
     log = open(log_path, "w+")
     env = dict(os.environ, PYTHONPATH=PKG, PYTHONDONTWRITEBYTECODE="1",
-               VLLM_LOGGING_LEVEL="WARNING")
-    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+               VLLM_LOGGING_LEVEL="WARNING", **env_vars)
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log
+
+
+def healthy(launched, port):
+    """The server of launch() once it answers /health on port."""
+    server, log = launched
     deadline = time.monotonic() + 900  # a server start on a busy 2-core machine
     while True:
         if server.poll() is not None:
