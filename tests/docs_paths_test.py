@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Every source path the docs name exists.
+"""Every source path the docs name exists, and no line of docs/*.md outside code
+blocks is longer than MAX_LINE characters (a table row included: a row that long
+belongs in the doc it summarizes).
 
 Reads README.md and docs/*.md and takes each `backticked` word that names a file of
 this repository: a path with a folder (`cache/tier/chunk_store.h`,
@@ -17,6 +19,7 @@ EXTS = (".h", ".cc", ".c", ".cu", ".py", ".sh", ".md", ".json", ".txt", ".toml",
         ".yaml", ".inc")
 # Folders of this tree a path may start with (others are elsewhere: /dev, ~/.cache, ...).
 ROOTS = ("src/", "python/", "scripts/", "tests/", "docs/", "examples/", ".ci/", "include/")
+MAX_LINE = 400
 SKIP = re.compile(r"(^|/)(build|\.venv|venv|site-packages)/|^/|^~|\*|<|>|\$|%")
 
 
@@ -39,9 +42,17 @@ def main():
         os.path.join(repo, "docs", f) for f in os.listdir(os.path.join(repo, "docs"))
         if f.endswith(".md"))
     missing = []
+    long_lines = []
     checked = 0
     for doc in docs:
+        in_code = False
         for n, line in enumerate(open(doc, encoding="utf-8"), 1):
+            if line.startswith("```"):
+                in_code = not in_code
+            if (not in_code and len(line.rstrip("\n")) > MAX_LINE and
+                    os.path.basename(os.path.dirname(doc)) == "docs"):
+                long_lines.append(f"{os.path.relpath(doc, repo)}:{n}: {len(line.rstrip())} "
+                                  f"characters (at most {MAX_LINE})")
             for word in re.findall(r"`([^`\s]+)`", line):
                 word = word.rstrip(".,:;)").split(":")[0]
                 for name in names(word):
@@ -58,10 +69,11 @@ def main():
                     checked += 1
                     if not found:
                         missing.append(f"{os.path.relpath(doc, repo)}:{n}: `{name}`")
-    for m in missing:
+    for m in missing + long_lines:
         print(m)
-    print(f"docs paths: {checked} checked, {len(missing)} missing")
-    return 1 if missing else 0
+    print(f"docs paths: {checked} checked, {len(missing)} missing; "
+          f"{len(long_lines)} docs lines over {MAX_LINE} characters")
+    return 1 if missing or long_lines else 0
 
 
 if __name__ == "__main__":
