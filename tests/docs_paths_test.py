@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Every source path the docs name exists, and no line of docs/*.md outside code
+"""Every source path the docs name exists, the README's layout block names existing
+folders in the tree's order and leaves none of the top-level or src/ folders out,
+and no line of docs/*.md outside code
 blocks is longer than MAX_LINE characters (a table row included: a row that long
 belongs in the doc it summarizes).
 
@@ -29,6 +31,31 @@ def names(word):
     if not m:
         return [word]
     return [m.group(1) + part + m.group(3) for part in m.group(2).split(",")]
+
+
+def layout_problems(repo):
+    """The README's "## Layout" block: its folders exist, are in sorted order, and
+    cover every top-level folder and every folder of src/ (itself or its children)."""
+    text = open(os.path.join(repo, "README.md"), encoding="utf-8").read()
+    block = text.split("## Layout\n\n", 1)[1].split("\n\n", 1)[0]
+    paths = [l.split()[0] for l in block.splitlines()
+             if l.startswith("    ") and not l.startswith("     ")]
+    out = [f"README.md layout: `{p}` does not exist" for p in paths
+           if not os.path.isdir(os.path.join(repo, p))]
+    parts = [p.rstrip("/").split("/") for p in paths]
+    if parts != sorted(parts):
+        out.append("README.md layout: folders not in the tree's (sorted) order")
+    named = {p.rstrip("/") for p in paths}
+    tops = [d for d in os.listdir(repo) if os.path.isdir(os.path.join(repo, d))
+            and not d.startswith(".") and d != "build"]
+    wanted = tops + ["src/" + d for d in os.listdir(os.path.join(repo, "src"))
+                     if os.path.isdir(os.path.join(repo, "src", d))]
+    for w in sorted(wanted):
+        if w == "src":
+            continue
+        if w not in named and not any(n.startswith(w + "/") for n in named):
+            out.append(f"README.md layout: `{w}/` is not in it")
+    return out
 
 
 def main():
@@ -69,10 +96,11 @@ def main():
                     checked += 1
                     if not found:
                         missing.append(f"{os.path.relpath(doc, repo)}:{n}: `{name}`")
+    long_lines += layout_problems(repo)
     for m in missing + long_lines:
         print(m)
     print(f"docs paths: {checked} checked, {len(missing)} missing; "
-          f"{len(long_lines)} docs lines over {MAX_LINE} characters")
+          f"{len(long_lines)} docs lines over {MAX_LINE} characters or layout problems")
     return 1 if missing or long_lines else 0
 
 
