@@ -5,7 +5,7 @@ and no line of docs/*.md outside code
 blocks is longer than MAX_LINE characters (a table row included: a row that long
 belongs in the doc it summarizes).
 
-Reads README.md and docs/*.md and takes each `backticked` word that names a file of
+Reads README.md, docs/*.md (and the Python package's sources) and takes each `backticked` word that names a file of
 this repository: a path with a folder (`cache/tier/chunk_store.h`,
 `scripts/gpu_check.sh`) or a file name with a source extension (`tcp_connection.h`).
 A path counts as found under the repository's root, under src/ (the docs name
@@ -31,6 +31,30 @@ def names(word):
     if not m:
         return [word]
     return [m.group(1) + part + m.group(3) for part in m.group(2).split(",")]
+
+
+def python_problems(repo, everything):
+    """The Python package's docstrings and comments: every file they name exists (a
+    bare name anywhere in the tree, a path from the repository, from src/, from the
+    package or from the module's own folder)."""
+    out, checked = [], 0
+    pkg = os.path.join(repo, "python", "dpukv")
+    for d, _, files in os.walk(pkg):
+        for f in sorted(files):
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(d, f)
+            for n, line in enumerate(open(path, encoding="utf-8"), 1):
+                for name in re.findall(r"[\w./-]+\.(?:py|h|cc|md|sh)\b", line):
+                    checked += 1
+                    if "/" not in name:
+                        found = name in everything
+                    else:
+                        found = any(os.path.exists(os.path.join(base, name))
+                                    for base in (repo, os.path.join(repo, "src"), pkg, d))
+                    if not found:
+                        out.append(f"{os.path.relpath(path, repo)}:{n}: `{name}`")
+    return out, checked
 
 
 def layout_problems(repo):
@@ -97,6 +121,9 @@ def main():
                     if not found:
                         missing.append(f"{os.path.relpath(doc, repo)}:{n}: `{name}`")
     long_lines += layout_problems(repo)
+    py_missing, py_checked = python_problems(repo, everything)
+    missing += py_missing
+    checked += py_checked
     for m in missing + long_lines:
         print(m)
     print(f"docs paths: {checked} checked, {len(missing)} missing; "
