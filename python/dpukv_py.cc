@@ -149,7 +149,7 @@ PYBIND11_MODULE(_dpukv, m) {
                       static_cast<unsigned long long>(k.prefix_hash));
         return std::string(b);
       });
-  m.def("model_id", &model_id, "xxh3-64 of a model name");
+  m.def("model_id", &model_id, py::arg("name"), "xxh3-64 of a model name");
   m.def("kv_layout_fingerprint", &kv_layout_fingerprint, py::arg("dtype"), py::arg("layers"),
         py::arg("kv_heads"), py::arg("head_dim"),
         "Fingerprint of a KV layout, the layout field of chunk keys");
@@ -170,13 +170,16 @@ PYBIND11_MODULE(_dpukv, m) {
       [](uint64_t model, const std::vector<int32_t>& tokens, uint32_t chunk_tokens,
          bool include_partial, uint32_t world_size, uint32_t rank,
          const std::vector<uint64_t>& layouts) {
-        // The prefix hashes do not depend on the layout: hashed once for all layers.
-        std::vector<ChunkKey> base;
-        chunk_keys(KeyContext{model, world_size, rank, 0}, tokens.data(), tokens.size(),
-                   chunk_tokens, include_partial, &base);
-        std::vector<std::vector<ChunkKey>> out(layouts.size(), base);
+        // The C ABI's, as the ctypes client calls it: one implementation.
+        const uint32_t cap = static_cast<uint32_t>(tokens.size() / std::max(chunk_tokens, 1u) + 1);
+        std::vector<ChunkKey> flat(layouts.size() * cap);
+        const uint32_t n = dpukv_chunk_keys_layers(
+            model, world_size, rank, layouts.data(), static_cast<uint32_t>(layouts.size()),
+            tokens.data(), tokens.size(), chunk_tokens, include_partial ? 1 : 0,
+            reinterpret_cast<dpukv_key*>(flat.data()), cap);
+        std::vector<std::vector<ChunkKey>> out(layouts.size());
         for (size_t l = 0; l < layouts.size(); ++l)
-          for (ChunkKey& k : out[l]) k.layout = layouts[l];
+          out[l].assign(flat.begin() + l * cap, flat.begin() + l * cap + n);
         return out;
       },
       py::arg("model"), py::arg("tokens"), py::arg("chunk_tokens"), py::arg("include_partial"),
@@ -262,13 +265,15 @@ PYBIND11_MODULE(_dpukv, m) {
            }),
            py::arg("socket") = "", py::arg("model") = 0, py::arg("connect_timeout_ms") = 2000,
            py::arg("absent_ok") = false)
-      .def("alloc_staging",
-           [](PyClient& pc, size_t bytes) {
-             Client& c = pc.get();
-             PyStaging s;
-             check(c.alloc_staging(bytes, &s.s), "alloc_staging");
-             return s;
-           })
+      .def(
+          "alloc_staging",
+          [](PyClient& pc, size_t bytes) {
+            Client& c = pc.get();
+            PyStaging s;
+            check(c.alloc_staging(bytes, &s.s), "alloc_staging");
+            return s;
+          },
+          py::arg("nbytes"))
       .def(
           "export_gpu",
           [](PyClient& pc, uint64_t ptr, size_t bytes, int device) {
@@ -298,7 +303,7 @@ PYBIND11_MODULE(_dpukv, m) {
             if (!s.gpu) throw std::invalid_argument("not a GPU staging");
             check(pc.get().release_gpu(s.g), "release_gpu");
           },
-          "Closes a GPU export at the agent")
+          py::arg("staging"), "Closes a GPU export at the agent")
       .def_property_readonly("agent_gpu", [](PyClient& pc) { return pc.get().agent_gpu(); })
       .def(
           "share_memory",
@@ -348,6 +353,7 @@ PYBIND11_MODULE(_dpukv, m) {
              const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& lengths) {
             return io_call(pc.get(), &Client::store, s, keys, offsets, lengths, "store");
           },
+          py::arg("staging"), py::arg("keys"), py::arg("offsets"), py::arg("lengths"),
           "Stores regions of a staging buffer; a status name per key (raises "
           "AgentUnavailable when the agent did not answer)")
       .def(
@@ -356,6 +362,7 @@ PYBIND11_MODULE(_dpukv, m) {
              const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& lengths) {
             return io_call(pc.get(), &Client::retrieve, s, keys, offsets, lengths, "retrieve");
           },
+          py::arg("staging"), py::arg("keys"), py::arg("offsets"), py::arg("lengths"),
           "Retrieves chunks into regions of a staging buffer; a status name per key")
       .def(
           "lookup",
@@ -434,21 +441,21 @@ PYBIND11_MODULE(_dpukv, m) {
             Client& c = pc.get();
             return keys_call(c, &Client::contains, keys, "contains");
           },
-          "SUCCESS or NOT_FOUND per key")
+          py::arg("keys"), "SUCCESS or NOT_FOUND per key")
       .def(
           "remove",
           [](PyClient& pc, const std::vector<ChunkKey>& keys) {
             Client& c = pc.get();
             return keys_call(c, &Client::remove, keys, "remove");
           },
-          "Drops chunks (BAD_STATE for one in use); a status name per key")
+          py::arg("keys"), "Drops chunks (BAD_STATE for one in use); a status name per key")
       .def(
           "prefetch",
           [](PyClient& pc, const std::vector<ChunkKey>& keys) {
             Client& c = pc.get();
             return keys_call(c, &Client::prefetch, keys, "prefetch");
           },
-          "Brings disk-only chunks into memory ahead of a retrieve")
+          py::arg("keys"), "Brings disk-only chunks into memory ahead of a retrieve")
       .def(
           "unpin",
           [](PyClient& pc, const std::vector<ChunkKey>& keys) {
@@ -456,7 +463,7 @@ PYBIND11_MODULE(_dpukv, m) {
             py::gil_scoped_release nogil;
             check(c.unpin(keys.data(), static_cast<uint32_t>(keys.size())), "unpin");
           },
-          "Releases pins taken by lookup(pin=True)")
+          py::arg("keys"), "Releases pins taken by lookup(pin=True)")
       .def(
           "clear",
           [](PyClient& pc) {
@@ -474,6 +481,7 @@ PYBIND11_MODULE(_dpukv, m) {
              const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& lengths) {
             return submit(pc.get(), &Client::submit_store, s, keys, offsets, lengths);
           },
+          py::arg("staging"), py::arg("keys"), py::arg("offsets"), py::arg("lengths"),
           "Starts a store; collect it with wait()")
       .def(
           "submit_retrieve",
@@ -481,6 +489,7 @@ PYBIND11_MODULE(_dpukv, m) {
              const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& lengths) {
             return submit(pc.get(), &Client::submit_retrieve, s, keys, offsets, lengths);
           },
+          py::arg("staging"), py::arg("keys"), py::arg("offsets"), py::arg("lengths"),
           "Starts a retrieve; collect it with wait()")
       .def(
           "poll",
@@ -494,6 +503,7 @@ PYBIND11_MODULE(_dpukv, m) {
             if (done) p.collected = true;
             return done;
           },
+          py::arg("pending"),
           "True once the operation has finished (never blocks); wait() then returns "
           "its statuses at once")
       .def(
@@ -511,10 +521,10 @@ PYBIND11_MODULE(_dpukv, m) {
             }
             return names(p.st);
           },
-          "Blocks until the operation finishes; a status name per key")
+          py::arg("pending"), "Blocks until the operation finishes; a status name per key")
       .def(
           "close", [](PyClient& pc) { pc.c.reset(); },
           "Ends the session (also on garbage collection); later calls raise");
-  m.def("keys_from_block_ids", &keys_from_ids,
+  m.def("keys_from_block_ids", &keys_from_ids, py::arg("model"), py::arg("ids"),
         "Keys from prefix-chained block ids (vLLM block hashes, trace ids)");
 }

@@ -25,6 +25,17 @@ int main(int argc, char** argv) {
   dpukv_key keys[2];
   if (dpukv_chunk_keys(dpukv_model_id("c-model"), 1, 0, 0, tokens, 512, 256, 0, keys, 2) != 2)
     return 5;
+  /* Per layer: the same prefix hashes, each row under its own layout. */
+  uint64_t layouts[3] = {0, 7, 9};
+  dpukv_key rows[3][2];
+  if (dpukv_chunk_keys_layers(dpukv_model_id("c-model"), 1, 0, layouts, 3, tokens, 512, 256, 0,
+                              &rows[0][0], 2) != 2)
+    return 30;
+  for (int l = 0; l < 3; ++l)
+    for (int i = 0; i < 2; ++i)
+      if (rows[l][i].layout != layouts[l] || rows[l][i].prefix_hash != keys[i].prefix_hash ||
+          rows[l][i].model != keys[i].model)
+        return 31;
   uint64_t offs[2] = {0, 65536}, lens[2] = {65536, 65536};
   memset(data, 0x5a, 131072);
   int st[2];

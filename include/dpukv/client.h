@@ -144,6 +144,13 @@ uint32_t dpukv_keys_from_block_ids(uint64_t model, const uint64_t* ids, uint32_t
 uint32_t dpukv_chunk_keys(uint64_t model, uint32_t world_size, uint32_t rank, uint64_t layout,
                           const int32_t* tokens, size_t n_tokens, uint32_t chunk_tokens,
                           int include_partial, dpukv_key* out, uint32_t max_keys);
+/* dpukv_chunk_keys for several layouts at once (one per layer: the prefix hashes
+ * are computed once): out holds n_layouts rows of max_keys keys, row l the keys
+ * under layouts[l]. Returns the keys in each row (at most max_keys). */
+uint32_t dpukv_chunk_keys_layers(uint64_t model, uint32_t world_size, uint32_t rank,
+                                 const uint64_t* layouts, uint32_t n_layouts, const int32_t* tokens,
+                                 size_t n_tokens, uint32_t chunk_tokens, int include_partial,
+                                 dpukv_key* out, uint32_t max_keys);
 uint64_t dpukv_model_id(const char* model_name);
 /* E.g. dpukv_kv_layout_fingerprint("bfloat16", 32, 8, 128). */
 uint64_t dpukv_kv_layout_fingerprint(const char* dtype, uint32_t layers, uint32_t kv_heads,

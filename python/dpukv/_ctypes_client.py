@@ -85,6 +85,9 @@ for name, res, args in [
                                  ctypes.POINTER(_int)]),
     ("dpukv_chunk_keys", _u32, [_u64, _u32, _u32, _u64, ctypes.POINTER(ctypes.c_int32),
                                 ctypes.c_size_t, _u32, _int, _KEYS, _u32]),
+    ("dpukv_chunk_keys_layers", _u32, [_u64, _u32, _u32, ctypes.POINTER(_u64), _u32,
+                                       ctypes.POINTER(ctypes.c_int32), ctypes.c_size_t, _u32,
+                                       _int, _KEYS, _u32]),
     ("dpukv_model_id", _u64, [ctypes.c_char_p]),
     ("dpukv_kv_layout_fingerprint", _u64, [ctypes.c_char_p, _u32, _u32, _u32]),
     ("dpukv_kv_encode_bound", ctypes.c_size_t, [_int, _u32, _u32, _u32, ctypes.c_size_t]),
@@ -131,9 +134,15 @@ def chunk_keys(model, tokens, chunk_tokens=256, include_partial=False, world_siz
 
 
 def chunk_keys_layers(model, tokens, chunk_tokens, include_partial, world_size, rank, layouts):
-    base = chunk_keys(model, tokens, chunk_tokens, include_partial, world_size, rank, 0)
-    return [[ChunkKey(k.model, k.world_size, k.rank, layout, k.prefix_hash) for k in base]
-            for layout in layouts]
+    if not layouts:
+        return []
+    toks = (ctypes.c_int32 * len(tokens))(*tokens)
+    cap = len(tokens) // max(chunk_tokens, 1) + 1
+    lays = (ctypes.c_uint64 * len(layouts))(*layouts)
+    out = (ChunkKey * (cap * len(layouts)))()
+    n = _lib.dpukv_chunk_keys_layers(model, world_size, rank, lays, len(layouts), toks,
+                                     len(tokens), chunk_tokens, int(include_partial), out, cap)
+    return [[out[l * cap + i] for i in range(n)] for l in range(len(layouts))]
 
 
 def kv_encode_bound(codec, slabs, tokens, channels, nbytes):

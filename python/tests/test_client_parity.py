@@ -46,6 +46,60 @@ def test_both_clients_have_the_same_surface():
     assert members(compiled.Client) == members(ctypes_client.Client)
 
 
+def pybind_params(fn):
+    """Parameter names of a compiled function from pybind11's signature line
+    ("name(a: int, b: list[int] = 256) -> ..."), self left out; None when it has no
+    single signature (an overload set, a property)."""
+    doc = (getattr(fn, "__doc__", None) or "").split("\n", 1)[0]
+    name = getattr(fn, "__name__", "")
+    if not doc.startswith(name + "(") or "Overloaded" in doc:
+        return None
+    inside, depth, cur, out = doc[len(name) + 1:], 0, "", []
+    for ch in inside:  # split the argument list at top-level commas
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            if depth == 0:
+                break
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur)
+    names = [a.split(":")[0].split("=")[0].strip() for a in out]
+    return [n for n in names if n and n != "self" and not n.startswith("*")]
+
+
+def python_params(fn):
+    try:
+        return [n for n in inspect.signature(fn).parameters if n != "self"]
+    except (TypeError, ValueError):
+        return None
+
+
+def test_both_clients_take_the_same_arguments():
+    """Same names in the same order, for every function and Client method whose
+    compiled signature is one line (overloads and properties are left out)."""
+    pairs = [(n, getattr(compiled, n), getattr(ctypes_client, n))
+             for n in surface(compiled) & surface(ctypes_client)
+             if not inspect.isclass(getattr(compiled, n))]
+    pairs += [("Client." + n, getattr(compiled.Client, n), getattr(ctypes_client.Client, n))
+              for n in members(compiled.Client) & members(ctypes_client.Client)]
+    compared, differ = 0, []
+    for name, a, b in sorted(pairs, key=lambda p: p[0]):
+        pa, pb = pybind_params(a), python_params(b)
+        if pa is None or pb is None:
+            continue
+        compared += 1
+        if pa != pb:
+            differ.append(f"{name}: compiled {pa}, ctypes {pb}")
+    assert compared >= 10, f"only {compared} signatures could be read"
+    assert not differ, "\n".join(differ)
+
+
 def roundtrip(mod, tag):
     """Store two chunks asynchronously, poll until done (never blocking), retrieve
     one; contains, prefetch, the staging limit. Returns what the client answered."""

@@ -406,6 +406,21 @@ uint32_t dpukv_chunk_keys(uint64_t model, uint32_t world_size, uint32_t rank, ui
   return n;
 }
 
+uint32_t dpukv_chunk_keys_layers(uint64_t model, uint32_t world_size, uint32_t rank,
+                                 const uint64_t* layouts, uint32_t n_layouts, const int32_t* tokens,
+                                 size_t n_tokens, uint32_t chunk_tokens, int include_partial,
+                                 dpukv_key* out, uint32_t max_keys) {
+  if (layouts == nullptr || n_layouts == 0) return 0;
+  const uint32_t n = dpukv_chunk_keys(model, world_size, rank, layouts[0], tokens, n_tokens,
+                                      chunk_tokens, include_partial, out, max_keys);
+  for (uint32_t l = 1; l < n_layouts; ++l) {
+    dpukv_key* row = out + static_cast<size_t>(l) * max_keys;
+    std::memcpy(row, out, n * sizeof(dpukv_key));
+    for (uint32_t i = 0; i < n; ++i) row[i].layout = layouts[l];
+  }
+  return n;
+}
+
 uint64_t dpukv_model_id(const char* model_name) {
   return model_name ? dpukv::model_id(model_name) : 0;
 }
