@@ -69,8 +69,7 @@ class DpukvConnector:
         # retrieves, the scatter into the blocks: on a GPU its launch only), for the
         # benchmarks' breakdown of a first token.
         self.phase_s = {"lookup": 0.0, "retrieve_wait": 0.0, "scatter": 0.0}
-        self.scheduler = Scheduler(client, self._layer_keys, lambda: self.worker, self.counters,
-                                   self.phase_s)
+        self.scheduler = Scheduler(client, self._layer_keys, self.counters, self.phase_s)
         # Every layer's keys of a request's tokens, hashed once for a step's saves
         # (by request, token count and salt: a request's tokens only grow); dropped
         # when the step's saves are collected.
@@ -108,6 +107,7 @@ class DpukvConnector:
         self.worker = Worker(self.client, layout, stage, self.counters, self.phase_s,
                              self.shared, codec)
         self.worker.warm_up()
+        self.scheduler.attach(layout)
 
     def close(self):
         """Gives back what register_kv_caches took of the driver (the host staging's
@@ -134,16 +134,14 @@ class DpukvConnector:
         tokens = list(tokens)
         tail = self._tail(len(tokens), end)
         block_ids = self.layout.check_blocks(block_ids, end, f"request {request_id!r}", tail)
-        if request_id in self.worker.requests:
-            raise ValueError(f"request {request_id!r} has a load prepared already")
         keys = self._layer_keys(tokens, salt, partial=True)
         if len(keys[0]) < end:
             raise ValueError(f"request {request_id!r}: {len(tokens)} tokens hold "
                              f"{len(keys[0])} chunks, not {end}")
         bpc = self.layout.blocks_per_chunk
-        self.worker.requests[request_id] = LoadRequest(
+        self.worker.expect(request_id, LoadRequest(
             keys=[k[first:end] for k in keys], chunks=end - first,
-            block_ids=block_ids[first * bpc:end * bpc], tail=tail)
+            block_ids=block_ids[first * bpc:end * bpc], tail=tail))
 
     def start_load_kv(self, request_id):
         """Starts the retrieve of every layer that fits in the load staging now;
@@ -199,9 +197,16 @@ class DpukvConnector:
         return self.scheduler.get_num_new_matched_tokens(request_id, tokens, num_computed_tokens)
 
     def update_state_after_alloc(self, request_id, block_ids, num_external_tokens: int):
-        self.scheduler.update_state_after_alloc(request_id, block_ids, num_external_tokens)
+        """The scheduler's plan for the request goes to the worker (vLLM sends it in
+        the step's metadata)."""
+        plan = self.scheduler.update_state_after_alloc(request_id, block_ids,
+                                                       num_external_tokens)
+        self.worker.expect(request_id, plan)
 
     def request_finished(self, request_id):
+        # Its loads are waited for before its pins go.
+        if self.worker is not None:
+            self.worker.forget(request_id)
         self.scheduler.request_finished(request_id)
 
     # ---- what callers and tests read -------------------------------------------

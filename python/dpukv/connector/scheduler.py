@@ -80,50 +80,57 @@ def lookup(client, keys, prompt_tokens, chunk_tokens, max_chunks=None, on_refuse
 
 
 class Scheduler:
-    """The engine-independent connector's scheduler side, over its worker (in one
-    process: the engine-independent connector runs both sides)."""
+    """The engine-independent connector's scheduler side. As in vLLM, it shares no
+    state with the worker side: it plans each request's load (keys, chunks found and
+    pinned, then the blocks allocated) and hands the plan back; the core passes it
+    to the worker."""
 
-    def __init__(self, client, keys_of, worker_of, counters, phase_s):
-        """keys_of(tokens, salt): every layer's keys of a prompt; worker_of(): the
-        worker once the caches are registered (None before). counters, phase_s:
+    def __init__(self, client, keys_of, counters, phase_s):
+        """keys_of(tokens, salt): every layer's keys of a prompt. counters, phase_s:
         the connector's dicts this part adds to (lookup_hit_tokens; lookup)."""
         self.client = client
         self._keys_of = keys_of
-        self._worker_of = worker_of
         self.counters = counters
         self.phase_s = phase_s
+        self.layout = None  # the KV caches' layout, once they are registered
+        self.plans = {}  # request id -> LoadRequest, until request_finished
 
-    def _worker(self):
-        w = self._worker_of()
-        if w is None:
+    def attach(self, layout):
+        """The caches are registered: their layout (chunk size, blocks)."""
+        self.layout = layout
+
+    def _layout(self):
+        if self.layout is None:
             raise ValueError("register_kv_caches first")
-        return w
+        return self.layout
 
     def get_num_new_matched_tokens(self, request_id, tokens, num_computed_tokens):
-        worker = self._worker()
+        layout = self._layout()
         tokens = list(tokens)
         keys = self._keys_of(tokens, 0)  # once per request: its loads use them too
         t0 = time.perf_counter()
-        found = lookup(self.client, keys, len(tokens), worker.layout.chunk_tokens)
+        found = lookup(self.client, keys, len(tokens), layout.chunk_tokens)
         if keys and keys[0]:
             self.phase_s["lookup"] += time.perf_counter() - t0
-        worker.requests[request_id] = LoadRequest(keys=keys, chunks=found.chunks,
-                                                  pinned=found.pinned)
-        hit = found.chunks * worker.layout.chunk_tokens
+        self.plans[request_id] = LoadRequest(keys=keys, chunks=found.chunks, pinned=found.pinned)
+        hit = found.chunks * layout.chunk_tokens
         self.counters["lookup_hit_tokens"] += hit
         return max(hit - num_computed_tokens, 0)
 
     def update_state_after_alloc(self, request_id, block_ids, num_external_tokens):
-        worker = self._worker()
-        req = worker.request(request_id)
+        """The request's load, its blocks allocated: the plan for the worker."""
+        layout = self._layout()
+        req = self.plans.get(request_id)
+        if req is None:
+            raise ValueError(f"unknown request {request_id!r}: get_num_new_matched_tokens first")
         if num_external_tokens < 0:
             raise ValueError(f"num_external_tokens must be >= 0, not {num_external_tokens}")
-        req.chunks = min(req.chunks, num_external_tokens // worker.layout.chunk_tokens)
-        req.block_ids = worker.layout.check_blocks(block_ids, req.chunks,
-                                                   f"request {request_id!r}")
+        req.chunks = min(req.chunks, num_external_tokens // layout.chunk_tokens)
+        req.block_ids = layout.check_blocks(block_ids, req.chunks, f"request {request_id!r}")
+        return req
 
     def request_finished(self, request_id):
-        worker = self._worker_of()
-        req = worker.forget(request_id) if worker is not None else None
+        """Releases the request's pins (its loads are over: the worker forgot it)."""
+        req = self.plans.pop(request_id, None)
         if req is not None:
             release_pins(self.client, req.pinned)

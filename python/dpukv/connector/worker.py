@@ -119,10 +119,18 @@ class Worker:
         load half of staging (the layers go through it in rounds)."""
         return self.staging.slots
 
+    def expect(self, request_id, plan):
+        """A load planned on the scheduler side (a LoadRequest: keys, chunks, blocks);
+        start_load starts it."""
+        if request_id in self.requests:
+            raise ValueError(f"request {request_id!r} has a load prepared already")
+        self.requests[request_id] = plan
+
     def request(self, request_id):
         req = self.requests.get(request_id)
         if req is None:
-            raise ValueError(f"unknown request {request_id!r}: get_num_new_matched_tokens first")
+            raise ValueError(f"unknown request {request_id!r}: no load planned "
+                             "(update_state_after_alloc or prepare_load first)")
         return req
 
     def forget(self, request_id):
