@@ -73,7 +73,7 @@ wait_socket "$tmp/ex.sock"
 "$bin" stat --socket "$tmp/ex.sock" | grep -q "memory tier    0.0 MiB of 64.0 MiB"
 kill -TERM "$ex"
 wait "$ex"
-for name in $("$py" - "$src/src/tools/agent_cmd.cc" <<'PY'
+for name in $("$py" - "$src/src/tools/agent/agent_cmd.cc" <<'PY'
 import re, sys
 print(" ".join(re.findall(r'\{"([a-z_]+)", (?:"DPUKV_[A-Z_]+"|nullptr), Kind::', open(sys.argv[1]).read())))
 PY

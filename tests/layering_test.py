@@ -25,8 +25,8 @@ ALLOWED = {
     # Of the engines, the client links only the KV codecs (dpukv_kv_codec).
     "client": {"runtime", "protocol", "comch", "engines", "dpukv"},
     "nvmf": {"runtime", "rpc", "nvme", "cache"},
-    "tools": {"runtime", "protocol", "engines", "comch", "nvme", "rpc", "cache", "cluster",
-              "agent", "client", "nvmf"},
+    # main.cc: the way in, routing to the command rooms below.
+    "tools": {"runtime", "protocol", "tools/agent", "tools/bench", "tools/nvme", "tools/replay"},
 }
 # Rooms: sub-folders with a row of their own (a room of a folder is built into that
 # folder's library). The cluster's endpoint and directory know nothing of the cache
@@ -37,8 +37,11 @@ ALLOWED = {
 # fabrics controller and what the target's parts share: core/target_side.h) knows
 # no transport; the TCP transport and the vfio-user emulation sit on the core; the
 # block devices under them know neither. The target (poll group, RPC, app) composes.
+# The dpukv command's rooms, one per command family over common/ (what they share:
+# outputs, sizes, network namespaces); main.cc, above them all, routes.
 ROOMS = ("cluster/ucx", "cluster/directory", "cache/tier", "nvmf/core", "nvmf/tcp",
-         "nvmf/vfio_user", "nvmf/bdev")
+         "nvmf/vfio_user", "nvmf/bdev", "tools/common", "tools/agent", "tools/bench",
+         "tools/nvme", "tools/replay")
 ALLOWED.update({
     "cluster/ucx": {"runtime"},
     "cluster/directory": {"runtime", "protocol"},
@@ -50,8 +53,15 @@ ALLOWED.update({
 })
 ALLOWED["nvmf"] |= {"nvmf/core", "nvmf/tcp", "nvmf/vfio_user", "nvmf/bdev"}
 ALLOWED["cluster"] |= {"cluster/ucx", "cluster/directory"}
-ALLOWED["tools"] |= {"cluster/ucx", "cluster/directory", "nvmf/core", "nvmf/tcp",
-                     "nvmf/vfio_user", "nvmf/bdev"}
+ALLOWED.update({
+    "tools/common": {"runtime", "cluster/directory"},
+    "tools/agent": {"runtime", "protocol", "agent", "cache", "client", "tools/common"},
+    "tools/bench": {"runtime", "engines", "comch", "cache", "client", "cluster/ucx",
+                    "cluster/directory", "tools/common"},
+    "tools/nvme": {"runtime", "nvme", "rpc", "nvmf", "nvmf/bdev", "nvmf/vfio_user",
+                   "tools/common"},
+    "tools/replay": {"runtime", "engines", "cache", "client", "tools/common"},
+})
 ALLOWED["cache"] |= {"cache/tier"}
 # Libraries whose sources are not in a folder of their own name.
 LIB_FOLDER = {"dpukv_crc32c": "runtime", "dpukv_kv_codec": "engines", "dpukv_client_shared": "client", "dpukv": "tools"}
@@ -245,6 +255,7 @@ def main():
     # does not know, and a cycle are each reported.
     for bad in ({"comch": {"cache"}}, {"newfolder": set()}, {"cluster/ucx": {"cache"}},
                 {"cluster/directory": {"cluster/ucx"}}, {"nvmf/core": {"nvmf/tcp"}},
+                {"tools/common": {"tools/bench"}}, {"tools/replay": {"tools/nvme"}},
                 {"engines": {"runtime"}, "runtime": {"engines"}}):
         assert problems(bad, linked), f"layering check misses {bad}"
     assert part_problems([("cache", "placement", "request_pipeline")]), "parts check misses"

@@ -6,17 +6,17 @@
 
 #include "protocol/version.h"
 #include "runtime/log.h"
-#include "tools/agent_cmd.h"
-#include "tools/bench_cache.h"
-#include "tools/bench_client.h"
-#include "tools/bench_cluster.h"
-#include "tools/bench_comch.h"
-#include "tools/bench_compress.h"
-#include "tools/bench_dma.h"
-#include "tools/events_cmd.h"
-#include "tools/nvme_cmd.h"
-#include "tools/replay.h"
-#include "tools/rpc_cmd.h"
+#include "tools/agent/agent_cmd.h"
+#include "tools/agent/events_cmd.h"
+#include "tools/bench/cache.h"
+#include "tools/bench/client.h"
+#include "tools/bench/cluster.h"
+#include "tools/bench/comch.h"
+#include "tools/bench/compress.h"
+#include "tools/bench/dma.h"
+#include "tools/nvme/nvme_cmd.h"
+#include "tools/nvme/rpc_cmd.h"
+#include "tools/replay/replay.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"dpukv: KV-cache offload and sharing engine for LLM inference"};

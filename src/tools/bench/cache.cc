@@ -1,4 +1,4 @@
-#include "tools/bench_cache.h"
+#include "tools/bench/cache.h"
 
 #include <fcntl.h>
 #include <liburing.h>
@@ -17,7 +17,7 @@
 #include "cache/cache_engine.h"
 #include "cache/eviction_policies.h"
 #include "runtime/log.h"
-#include "tools/bench_common.h"
+#include "tools/common/bench_common.h"
 
 namespace dpukv {
 namespace {

@@ -1,4 +1,4 @@
-#include "tools/nvme_perf.h"
+#include "tools/nvme/perf.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -26,7 +26,7 @@
 #include "runtime/child_process.h"
 #include "runtime/host_port.h"
 #include "runtime/log.h"
-#include "tools/bench_common.h"
+#include "tools/common/bench_common.h"
 
 namespace dpukv {
 namespace {

@@ -1,4 +1,4 @@
-#include "tools/bench_comch.h"
+#include "tools/bench/comch.h"
 
 #include <signal.h>
 #include <sys/epoll.h>
@@ -21,7 +21,7 @@
 #include "runtime/copy_routines.h"
 #include "runtime/log.h"
 #include "runtime/mem_region.h"
-#include "tools/bench_common.h"
+#include "tools/common/bench_common.h"
 
 namespace dpukv {
 namespace {

@@ -1,4 +1,4 @@
-#include "tools/nvme_cmd.h"
+#include "tools/nvme/nvme_cmd.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -21,8 +21,8 @@
 #include "runtime/arg_parse.h"
 #include "runtime/host_port.h"
 #include "runtime/log.h"
-#include "tools/bench_common.h"
-#include "tools/nvme_perf.h"
+#include "tools/common/bench_common.h"
+#include "tools/nvme/perf.h"
 
 namespace dpukv {
 namespace {

@@ -1,4 +1,4 @@
-#include "tools/events_cmd.h"
+#include "tools/agent/events_cmd.h"
 
 #include <signal.h>
 

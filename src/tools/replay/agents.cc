@@ -1,4 +1,4 @@
-#include "tools/replay_agents.h"
+#include "tools/replay/agents.h"
 
 #include <signal.h>
 #include <spawn.h>
@@ -12,7 +12,7 @@
 #include <iostream>
 
 #include "runtime/child_process.h"
-#include "tools/bench_common.h"
+#include "tools/common/bench_common.h"
 
 extern char** environ;
 

@@ -1,4 +1,4 @@
-#include "tools/replay_clients.h"
+#include "tools/replay/clients.h"
 
 #include <atomic>
 #include <chrono>
@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "client/client.h"
-#include "tools/replay_codec.h"
+#include "tools/replay/codec.h"
 
 namespace dpukv::replay {
 

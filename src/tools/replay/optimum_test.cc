@@ -1,4 +1,4 @@
-#include "tools/replay_optimum.h"
+#include "tools/replay/optimum.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "tools/replay_trace.h"
+#include "tools/replay/trace.h"
 
 #include <cmath>
 #include <fstream>

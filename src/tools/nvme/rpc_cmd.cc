@@ -1,4 +1,4 @@
-#include "tools/rpc_cmd.h"
+#include "tools/nvme/rpc_cmd.h"
 
 #include <poll.h>
 #include <sys/socket.h>

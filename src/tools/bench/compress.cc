@@ -1,4 +1,4 @@
-#include "tools/bench_compress.h"
+#include "tools/bench/compress.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -12,7 +12,7 @@
 #include "engines/compress/codec.h"
 #include "engines/compress/huffman.h"
 #include "engines/compress/kv_synth.h"
-#include "tools/bench_common.h"
+#include "tools/common/bench_common.h"
 
 namespace dpukv {
 namespace {

@@ -1,4 +1,4 @@
-#include "tools/agent_cmd.h"
+#include "tools/agent/agent_cmd.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -33,7 +33,7 @@
 #include "runtime/arg_parse.h"
 #include "runtime/host_port.h"
 #include "runtime/log.h"
-#include "tools/bench_common.h"
+#include "tools/common/bench_common.h"
 
 namespace dpukv {
 namespace {

@@ -1,11 +1,11 @@
-#include "tools/node_network.h"
+#include "tools/common/node_network.h"
 
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
-#include "tools/bench_common.h"
+#include "tools/common/bench_common.h"
 
 namespace dpukv {
 

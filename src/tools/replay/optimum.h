@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tools/replay_trace.h"
+#include "tools/replay/trace.h"
 
 namespace dpukv::replay {
 

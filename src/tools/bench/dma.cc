@@ -1,4 +1,4 @@
-#include "tools/bench_dma.h"
+#include "tools/bench/dma.h"
 
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -15,7 +15,7 @@
 #include "runtime/log.h"
 #include "runtime/mem_region.h"
 #include "runtime/mmap.h"
-#include "tools/bench_common.h"
+#include "tools/common/bench_common.h"
 
 namespace dpukv {
 namespace {

@@ -1,9 +1,9 @@
-#include "tools/replay_report.h"
+#include "tools/replay/report.h"
 
 #include <cstdio>
 #include <iostream>
 
-#include "tools/bench_common.h"
+#include "tools/common/bench_common.h"
 
 namespace dpukv::replay {
 

@@ -12,11 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tools/bench_common.h"
-#include "tools/replay.h"
-#include "tools/replay_agents.h"
-#include "tools/replay_optimum.h"
-#include "tools/replay_trace.h"
+#include "tools/common/bench_common.h"
+#include "tools/replay/agents.h"
+#include "tools/replay/optimum.h"
+#include "tools/replay/replay.h"
+#include "tools/replay/trace.h"
 
 namespace dpukv::replay {
 

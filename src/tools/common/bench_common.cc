@@ -1,4 +1,4 @@
-#include "tools/bench_common.h"
+#include "tools/common/bench_common.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -4,9 +4,9 @@
 
 #include <cstdint>
 
-#include "tools/replay.h"
-#include "tools/replay_clients.h"
-#include "tools/replay_trace.h"
+#include "tools/replay/clients.h"
+#include "tools/replay/replay.h"
+#include "tools/replay/trace.h"
 
 namespace dpukv::replay {
 

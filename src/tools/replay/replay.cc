@@ -1,4 +1,4 @@
-#include "tools/replay.h"
+#include "tools/replay/replay.h"
 
 #include <sys/types.h>
 
@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "cache/eviction_policies.h"
-#include "tools/bench_common.h"
-#include "tools/replay_agents.h"
-#include "tools/replay_clients.h"
-#include "tools/replay_codec.h"
-#include "tools/replay_report.h"
-#include "tools/replay_trace.h"
+#include "tools/common/bench_common.h"
+#include "tools/replay/agents.h"
+#include "tools/replay/clients.h"
+#include "tools/replay/codec.h"
+#include "tools/replay/report.h"
+#include "tools/replay/trace.h"
 
 namespace dpukv {
 namespace replay {

@@ -1,4 +1,4 @@
-#include "tools/bench_cluster.h"
+#include "tools/bench/cluster.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -24,8 +24,8 @@
 #include "runtime/child_process.h"
 #include "runtime/host_port.h"
 #include "runtime/log.h"
-#include "tools/bench_common.h"
-#include "tools/node_network.h"
+#include "tools/common/bench_common.h"
+#include "tools/common/node_network.h"
 
 extern char** environ;
 

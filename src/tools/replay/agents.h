@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "tools/node_network.h"
-#include "tools/replay.h"
+#include "tools/common/node_network.h"
+#include "tools/replay/replay.h"
 
 namespace dpukv::replay {
 

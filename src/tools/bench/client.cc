@@ -1,4 +1,4 @@
-#include "tools/bench_client.h"
+#include "tools/bench/client.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -13,7 +13,7 @@
 #include "runtime/child_process.h"
 #include "runtime/log.h"
 #include "runtime/mem_region.h"
-#include "tools/bench_common.h"
+#include "tools/common/bench_common.h"
 
 namespace dpukv {
 namespace {

@@ -1,4 +1,4 @@
-#include "tools/replay_codec.h"
+#include "tools/replay/codec.h"
 
 #include <cstring>
 
