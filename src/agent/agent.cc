@@ -28,7 +28,6 @@ struct Agent::Session {
   ComchServer* server = nullptr;   // the socket it came through
   const Tenant* tenant = nullptr;  // its keys are folded with tenant->tag
   bool admin = false;              // may clear and watch every tenant
-  bool all_events = false;         // an admin's feed of every tenant's events
   uint64_t model = 0;              // 0: any
   bool gone = false;
   uint32_t pending = 0;  // batches in flight
@@ -37,8 +36,8 @@ struct Agent::Session {
   // The proof its next GPU export must hold (kGpuProof), while has_proof.
   uint8_t proof[agent::kGpuProofBytes] = {};
   bool has_proof = false;
-  bool subscribed = false;   // sent the event feed
-  bool events_lost = false;  // a batch could not be sent: the next one says so
+  bool subscribed = false;  // sent the event feed
+  FeedSubscriber feed;      // what of the feed it sees (its model and tenant)
 };
 
 // One batch request in flight: its entries complete independently.
@@ -299,8 +298,8 @@ Status Agent::run(const std::atomic<bool>* stop) {
     }
     const uint64_t now = monotonic_ns();
     // Events go out in batches: every 5 ms at most, or when a message is full.
-    if (!events_.empty() &&
-        (now - last_flush_ns_ >= 5000000ull || events_.size() >= opts_.max_msg / 40)) {
+    if (feed_.pending() != 0 &&
+        (now - last_flush_ns_ >= 5000000ull || feed_.pending() >= opts_.max_msg / 40)) {
       last_flush_ns_ = now;
       flush_events();
     }
@@ -910,7 +909,7 @@ void Agent::on_subscribe(Session* s, const AgentHeader& h, const uint8_t*, uint3
     reply(s, h, Code::kNotPermitted, nullptr, 0);
     return;
   }
-  s->all_events = all;
+  s->feed.all_tenants = all;
   subscribe(s);
   reply(s, h, Code::kSuccess, nullptr, 0);
 }
@@ -968,89 +967,55 @@ Status Agent::gpu_export(Session* s, const uint8_t* body, uint32_t len, std::str
 void Agent::subscribe(Session* s) {
   if (s->subscribed) return;
   s->subscribed = true;
-  if (subscribers_.empty()) cache_->add_residency_listener(&Agent::on_residency, this, false);
-  subscribers_.push_back(s);
+  s->feed.model = s->model;
+  s->feed.tenant_tag = s->tenant->tag;
+  s->feed.owner = s;
+  if (feed_.add(&s->feed)) cache_->add_residency_listener(&Agent::on_residency, this, false);
 }
 
 void Agent::unsubscribe(Session* s) {
   if (!s->subscribed) return;
   s->subscribed = false;
-  for (size_t i = 0; i < subscribers_.size(); ++i) {
-    if (subscribers_[i] != s) continue;
-    subscribers_[i] = subscribers_.back();
-    subscribers_.pop_back();
-    break;
-  }
-  if (subscribers_.empty()) {
-    cache_->remove_residency_listener(&Agent::on_residency, this);
-    events_.clear();
-    events_lost_ = false;
-  }
+  if (feed_.remove(&s->feed)) cache_->remove_residency_listener(&Agent::on_residency, this);
 }
 
 void Agent::on_residency(void* arg, const ChunkKey& key, bool present) {
   auto* a = static_cast<Agent*>(arg);
-  if (a->events_.size() >= kMaxPendingEvents) {  // nobody drains them: keep the newest lost
-    a->events_lost_ = true;
-    ++a->counters_.events_dropped;
-    return;
-  }
-  agent::ChunkEvent e{};
-  e.key = key;
-  e.present = present ? 1 : 0;
-  a->events_.push_back(e);
+  if (!a->feed_.record(key, present)) ++a->counters_.events_dropped;
 }
 
-// Sends the queued events to every subscriber, the keys of its model only, in
-// messages of at most max_msg bytes. A subscriber whose send queue is full misses
-// the batch and is told so by the next one (kEventsLost); it is not disconnected.
+// Sends the queued events to every subscriber, in messages of at most max_msg
+// bytes. A subscriber whose send queue is full misses the batch and is told so by
+// the next one (kEventsLost); it is not disconnected.
 void Agent::flush_events() {
   const uint32_t per_msg =
       (opts_.max_msg - static_cast<uint32_t>(sizeof(AgentHeader))) / sizeof(agent::ChunkEvent);
-  std::vector<uint8_t> msg;
-  // A failed send may close a connection, and its disconnect changes
-  // subscribers_: walk a copy, each session held (pending) while it is sent to.
-  const std::vector<Session*> to = subscribers_;
+  // A failed send may close a connection, and its disconnect changes the feed's
+  // subscribers: walk a copy, each session held (pending) while it is sent to.
+  std::vector<Session*> to;
+  to.reserve(feed_.subscribers());
+  for (FeedSubscriber* f : feed_.subscriber_list()) to.push_back(static_cast<Session*>(f->owner));
   for (Session* s : to) ++s->pending;
   for (Session* s : to) {
-    size_t i = 0;
-    while (i < events_.size()) {
-      msg.assign(sizeof(AgentHeader), 0);
-      uint32_t n = 0;
-      for (; i < events_.size() && n < per_msg; ++i) {
-        const agent::ChunkEvent& kept = events_[i];
-        if (s->model != 0 && kept.key.model != s->model) continue;
-        const uint32_t tag = key_tenant(kept.key);
-        if (!s->all_events && tag != s->tenant->tag) continue;
-        // The key as its client named it; an admin's feed says whose it is.
-        agent::ChunkEvent e = kept;
-        e.key = tenant_unscope(kept.key);
-        if (s->all_events) e.tenant = tag;
-        const auto* p = reinterpret_cast<const uint8_t*>(&e);
-        msg.insert(msg.end(), p, p + sizeof(agent::ChunkEvent));
-        ++n;
-      }
-      if (n == 0 || s->gone) break;
-      AgentHeader h{};
-      h.op = static_cast<uint16_t>(static_cast<uint16_t>(Op::kEvents) | agent::kResponse);
-      h.version = agent::kProtocolVersion;
-      h.flags = (events_lost_ || s->events_lost) ? agent::kEventsLost : 0;
-      h.count = n;
-      std::memcpy(msg.data(), &h, sizeof(h));
+    s->feed.model = s->model;  // as its HELLO said, whenever it subscribed
+    size_t cursor = 0;
+    while (!s->gone) {
+      const uint32_t n = feed_.next_message(s->feed, &cursor, per_msg, &event_msg_);
+      if (n == 0) break;
       ComchSendTask* t;
-      Status st = s->server->send_alloc_init(s->conn, msg.data(), static_cast<uint32_t>(msg.size()),
-                                             UserData{}, &t);
+      Status st = s->server->send_alloc_init(
+          s->conn, event_msg_.data(), static_cast<uint32_t>(event_msg_.size()), UserData{}, &t);
       if (st.ok()) {
         st = s->server->submit(t);
         if (!st.ok()) (void)s->server->free(t);
       }
       if (s->gone) break;  // the send found the peer dead
       if (!st.ok()) {
-        s->events_lost = true;
+        s->feed.lost = true;
         counters_.events_dropped += n;
         break;
       }
-      s->events_lost = false;
+      s->feed.lost = false;
       counters_.events_sent += n;
     }
   }
@@ -1058,8 +1023,7 @@ void Agent::flush_events() {
     --s->pending;
     release_session(s);
   }
-  events_.clear();
-  events_lost_ = false;
+  feed_.sent();
 }
 
 void Agent::remote_lookup_done(void* arg, uint32_t fetched) {
@@ -1123,7 +1087,7 @@ AgentStatsSources Agent::stats_sources(bool asker_connected, const Session* aske
   s.cache = cache_->stats();
   if (metrics_server_) s.metrics_server = metrics_server_->counters();
   for (const auto& d : doors_) s.protocol_errors += d->server->counters().protocol_errors;
-  s.event_subscribers = subscribers_.size();
+  s.event_subscribers = feed_.subscribers();
   s.gpu_on = gpu_->on();
   s.gpu_path = gpu_->description();
   s.gpu = gpu_->counters();

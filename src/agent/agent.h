@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "agent/agent_stats.h"
+#include "agent/event_feed.h"
 #include "agent/gpu_service.h"
 #include "agent/tenants.h"
 #include "cache/cache_engine.h"
@@ -176,11 +177,9 @@ class Agent {
   bool resuming_ = false;
   AgentCounters counters_;
   std::vector<ChunkKey> lookup_keys_;  // reserved for the largest message
-  std::vector<Session*> subscribers_;
-  std::vector<agent::ChunkEvent> events_;  // not sent yet, at most kMaxPendingEvents
-  bool events_lost_ = false;               // some were dropped: the next batch says so
+  EventFeed feed_;                     // SUBSCRIBE / EVENTS (agent/event_feed.h)
+  std::vector<uint8_t> event_msg_;     // an EVENTS message being sent, reused
   uint64_t last_flush_ns_ = 0;
-  static constexpr size_t kMaxPendingEvents = 1 << 16;
   uint64_t connected_ = 0;
   std::vector<uint64_t> tenant_clients_;  // by Tenant::index
 };

@@ -18,7 +18,7 @@ using namespace vfio_user_test;
 
 TEST_F(NvmeTest, InvalidDoorbellRaisesAnErrorEvent) {
   start_target();
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   Sqe aer{};
   aer.opc = kAdminAsyncEvent;
   aer.cid = 31;
@@ -47,7 +47,7 @@ TEST_F(NvmeTest, FullCompletionQueueHoldsBackFetching) {
   start_target();
   DriverOptions o;
   o.queue_entries = 8;
-  attach(o);
+  ASSERT_NO_FATAL_FAILURE(attach(o));
   // 7 commands in an 8-entry SQ/CQ pair: the CQ holds at most 7 completions.
   DmaBuffer b = buf(4096);
   for (uint16_t i = 0; i < 7; ++i) {
@@ -85,7 +85,7 @@ TEST_F(NvmeTest, FullCompletionQueueHoldsBackFetching) {
 
 TEST_F(NvmeTest, DeletingQueuesUnderIo) {
   start_target({"--bdev", "file", "--file", file_});
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   DmaBuffer b = buf(32 * 8192);
   for (int round = 0; round < 3; ++round) {
     for (uint16_t i = 0; i < 32; ++i) {
@@ -125,7 +125,7 @@ TEST_F(NvmeTest, MsixInterruptsAndMasking) {
   start_target();
   DriverOptions o;
   o.interrupts = true;
-  attach(o);
+  ASSERT_NO_FATAL_FAILURE(attach(o));
   DmaBuffer b = buf(4096);
   uint32_t before = drv_->interrupts_seen();
   EXPECT_EQ(sc(io(kNvmRead, 0, 1, &b)), kSuccess);
@@ -152,7 +152,7 @@ TEST_F(NvmeTest, MsixInterruptsAndMasking) {
 // ends a wait at once instead of after its timeout.
 TEST_F(NvmeTest, DriverDisablesIntxAndStopsWaitingOnFatalStatus) {
   start_target();
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   uint16_t cmd = 0;
   ASSERT_TRUE(drv_->client().region_read(vu::kConfig, 0x04, &cmd, 2).ok());
   EXPECT_EQ(cmd & 0x0406, 0x0406) << "memory space, bus master, INTx disable";
@@ -170,7 +170,7 @@ TEST_F(NvmeTest, DriverDisablesIntxAndStopsWaitingOnFatalStatus) {
 
 TEST_F(NvmeTest, MalformedMessagesGetErrorsAndTheServerKeepsServing) {
   start_target();
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   VfioUserClient& c = drv_->client();
   vu::Header h{};
   std::vector<uint8_t> body;
@@ -247,13 +247,13 @@ TEST_F(NvmeTest, MalformedMessagesGetErrorsAndTheServerKeepsServing) {
     vu::Header rr{};
     EXPECT_FALSE(other->raw(bad.data(), bad.size(), &rr, &body).ok());
   }
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   EXPECT_EQ(sc(io(kNvmRead, 0, 1, &b)), kSuccess);
 }
 
 TEST_F(NvmeTest, CommandsBeforeVersionAreRefusedAndSecondClientIsTurnedAway) {
   start_target();
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   // A second client while the first is connected: closed by the server.
   std::unique_ptr<VfioUserClient> second;
   EXPECT_FALSE(VfioUserClient::connect(socket_, 300, &second).ok());
@@ -291,7 +291,7 @@ TEST_F(NvmeTest, KilledClientMidIoLeavesTheServerReady) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     ASSERT_TRUE(signal_child(child, SIGKILL));
     reap_child(child, nullptr);
-    attach();
+    ASSERT_NO_FATAL_FAILURE(attach());
     DmaBuffer w = buf(4096), r = buf(4096);
     fill(w, static_cast<uint32_t>(round));
     EXPECT_EQ(sc(io(kNvmWrite, 2000, 1, &w)), kSuccess);
@@ -303,7 +303,7 @@ TEST_F(NvmeTest, KilledClientMidIoLeavesTheServerReady) {
 
 TEST_F(NvmeTest, FileNamespaceKeepsDataAcrossRestarts) {
   start_target({"--bdev", "file", "--file", file_});
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   DmaBuffer w = buf(16 * 4096), r = buf(16 * 4096);
   fill(w, 1234);
   ASSERT_EQ(sc(io(kNvmWrite, 77, 16, &w)), kSuccess);
@@ -311,7 +311,7 @@ TEST_F(NvmeTest, FileNamespaceKeepsDataAcrossRestarts) {
   drv_.reset();
   stop_target();
   start_target({"--bdev", "file", "--file", file_});
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   r = buf(16 * 4096);
   w = buf(16 * 4096);
   fill(w, 1234);
@@ -328,7 +328,7 @@ TEST_F(NvmeTest, FileNamespaceKeepsDataAcrossRestarts) {
 // command rung meanwhile runs once the memory is mapped again.
 TEST_F(NvmeTest, UnmappedQueueMemoryParksTheQueuesUntilMappedAgain) {
   start_target();
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   DmaBuffer w, r;
   ASSERT_TRUE(drv_->alloc(4096, &w).ok());
   ASSERT_TRUE(drv_->alloc(4096, &r).ok());
@@ -359,7 +359,7 @@ TEST_F(NvmeTest, UnmappedQueueMemoryParksTheQueuesUntilMappedAgain) {
   ASSERT_TRUE(drv_->unmap_memory().ok());
   EXPECT_FALSE(drv_->read32(kRegCsts) & kCstsCfs);
   drv_.reset();
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   ASSERT_TRUE(drv_->alloc(4096, &r).ok());
   ASSERT_TRUE(drv_->submit(0, c, &r, 4096, nullptr).ok());
   ASSERT_TRUE(drv_->wait_one(0, &e, 5000).ok());

@@ -17,7 +17,7 @@ using namespace vfio_user_test;
 
 TEST_F(NvmeTest, IdentifyDescribesControllerAndNamespace) {
   start_target({"--serial", "SN-TEST-42"});
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   uint8_t id[kIdentifySize];
   uint16_t st = 0;
   ASSERT_TRUE(drv_->identify(kCnsController, 0, id, &st).ok());
@@ -50,7 +50,7 @@ TEST_F(NvmeTest, IdentifyDescribesControllerAndNamespace) {
 
 TEST_F(NvmeTest, WritesAndReadsBackEveryPrpShape) {
   start_target();
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   // 4 KiB (PRP1), 8 KiB (PRP2 as data), 64 KiB and 1 MiB (PRP lists).
   uint64_t lba = 3;
   for (uint32_t blocks : {1u, 2u, 16u, 256u}) {
@@ -78,7 +78,7 @@ TEST_F(NvmeTest, WritesAndReadsBackEveryPrpShape) {
 
 TEST_F(NvmeTest, FiveTwelveByteBlocks) {
   start_target({"--block-size", "512"});
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   EXPECT_EQ(drv_->block_size(1), 512u);
   DmaBuffer w = buf(4096), r = buf(4096);
   fill(w, 5);
@@ -90,7 +90,7 @@ TEST_F(NvmeTest, FiveTwelveByteBlocks) {
 
 TEST_F(NvmeTest, InvalidIoCommandsGetTheRightStatus) {
   start_target();
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   DmaBuffer b = buf(8192);
   EXPECT_EQ(sc(io(kNvmRead, 0, 1, &b, /*nsid=*/2)), kInvalidNamespace);
   EXPECT_EQ(sc(io(kNvmRead, 0, 1, &b, /*nsid=*/0)), kInvalidNamespace);
@@ -141,7 +141,7 @@ TEST_F(NvmeTest, InvalidIoCommandsGetTheRightStatus) {
 
 TEST_F(NvmeTest, WriteZeroesDeallocateAndFlush) {
   start_target();
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   DmaBuffer w = buf(4 * 4096), r = buf(4 * 4096);
   fill(w, 1);
   ASSERT_EQ(sc(io(kNvmWrite, 100, 4, &w)), kSuccess);
@@ -178,7 +178,7 @@ TEST_F(NvmeTest, WriteZeroesDeallocateAndFlush) {
 
 TEST_F(NvmeTest, RegisterFlows) {
   start_target();
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   uint64_t cap = drv_->read64(kRegCap);
   EXPECT_EQ(cap & 0xffff, 1023u);    // MQES
   EXPECT_TRUE(cap & (1ull << 16));   // CQR
@@ -227,7 +227,7 @@ TEST_F(NvmeTest, QueueCreationAndDeletionAreValidated) {
   start_target();
   DriverOptions o;
   o.io_queues = 2;  // two granted; the test frees pair 2 and rebuilds it by hand
-  attach(o);
+  ASSERT_NO_FATAL_FAILURE(attach(o));
   DmaBuffer q = buf(64 * 64);
   auto create_cq = [&](uint32_t qid, uint32_t entries, uint32_t flags, uint16_t iv, uint64_t prp) {
     Sqe c{};
@@ -288,7 +288,7 @@ TEST_F(NvmeTest, QueueCreationAndDeletionAreValidated) {
 
 TEST_F(NvmeTest, FeaturesLogsAbortKeepAliveAndAsyncEvents) {
   start_target();
-  attach();
+  ASSERT_NO_FATAL_FAILURE(attach());
   auto get = [&](uint8_t fid, uint32_t sel = 0, uint32_t cdw11 = 0) {
     Sqe c{};
     c.opc = kAdminGetFeatures;

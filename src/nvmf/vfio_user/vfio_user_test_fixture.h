@@ -5,11 +5,13 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -29,14 +31,22 @@ extern char** environ;
 namespace dpukv::nvme::vfio_user_test {
 namespace vu = vfio_user;
 
+// The target as a child that dies with this test process (a test that crashes
+// leaves no target behind holding ctest's output pipe open).
 inline pid_t spawn(const std::vector<std::string>& args) {
   std::vector<char*> argv;
   std::string bin = DPUKV_BIN;
   argv.push_back(bin.data());
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  pid_t pid = -1;
-  EXPECT_EQ(posix_spawn(&pid, bin.c_str(), nullptr, nullptr, argv.data(), environ), 0);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
+    execve(bin.c_str(), argv.data(), environ);
+    _exit(127);
+  }
+  EXPECT_GT(pid, 0) << "fork: " << std::strerror(errno);
   return pid;
 }
 
@@ -71,8 +81,11 @@ class NvmeTest : public ::testing::Test {
       target_ = -1;
     }
   }
+  // Call as ASSERT_NO_FATAL_FAILURE(attach()): a test must not go on without a
+  // driver. The target may take long to listen on a busy machine.
   void attach(DriverOptions o = {}) {
     o.memory_bytes = 16u << 20;
+    o.connect_timeout_ms = std::max(o.connect_timeout_ms, 60000);
     ASSERT_TRUE(VfioUserDriver::attach(socket_, o, &drv_).ok());
   }
   // One I/O command on queue 0, waited for.
