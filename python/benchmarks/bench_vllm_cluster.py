@@ -111,7 +111,7 @@ def main():
     ap.add_argument("--max-blocks", type=int, default=31, help="hash ids kept per request")
     ap.add_argument("--cache-fraction", type=float, default=0.3,
                     help="total dpukv memory as a fraction of the slice's distinct chunks")
-    ap.add_argument("--temperature", type=float, default=1.0,
+    ap.add_argument("--temperature", type=float, default=100.0,
                     help="the router's --router-temperature for the +soft policies")
     ap.add_argument("--policies", nargs="+", default=POLICIES, choices=POLICIES)
     ap.add_argument("--json", action="store_true")
