@@ -23,6 +23,7 @@ import urllib.request
 
 from test_vllm_engine import BIN, VOCAB, kill, stat  # noqa: F401
 from test_vllm_pd import listening, until
+from test_vllm_pd import prompt_sources as sources  # vLLM's count by source, per engine
 from test_vllm_serve import free_port, healthy, launch, post, stop
 
 BLOCK_TOKENS = 128  # tokens per Mooncake hash id (its blocks are 512: scaled by 1/4)
@@ -118,19 +119,6 @@ def router_credit(tmp, policy):
     found = re.findall(r"KV prefix decision.*?credited_prefix_tokens=(\d+)", text)
     assert found, "no kv_aware decision in the router's log"
     return int(found[-1])
-
-
-def sources(port):
-    """vLLM's own count of an engine's prompt tokens by where they came from:
-    local_compute, local_cache_hit (its prefix cache), external_kv_transfer (dpukv)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("vllm:prompt_tokens_by_source_total{"):
-            source = line.split('source="', 1)[1].split('"', 1)[0]
-            out[source] = out.get(source, 0) + float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def send(router_port, engines, prompt):
