@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "cache/cache_test_harness.h"
 #include "engines/device_copier.h"
+#include "testing/cache_test_harness.h"
 
 namespace dpukv {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <set>
 
-#include "cache/cache_test_harness.h"
+#include "testing/cache_test_harness.h"
 
 namespace dpukv {
 namespace {

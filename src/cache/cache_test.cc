@@ -22,13 +22,13 @@
 #include <unordered_set>
 #include <vector>
 
-#include "cache/cache_test_harness.h"
 #include "cache/cache_test_trace.h"
 #include "cache/chunk_index.h"
 #include "cache/tier/slab_allocator.h"
 #include "engines/compress/kv_synth.h"
 #include "runtime/child_process.h"
 #include "runtime/log.h"
+#include "testing/cache_test_harness.h"
 
 namespace dpukv {
 namespace {

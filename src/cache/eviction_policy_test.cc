@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "cache/arc_policy.h"
-#include "cache/cache_test_harness.h"
 #include "cache/cache_test_trace.h"
+#include "testing/cache_test_harness.h"
 
 namespace dpukv {
 namespace {

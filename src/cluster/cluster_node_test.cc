@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/cache_test_harness.h"
+#include "testing/cache_test_harness.h"
 #include "testing/redis_test_server.h"
 
 namespace dpukv {

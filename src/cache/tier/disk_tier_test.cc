@@ -19,11 +19,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cache/cache_test_harness.h"
 #include "cache/tier/slab_allocator.h"
 #include "engines/compress/kv_synth.h"
 #include "runtime/child_process.h"
 #include "runtime/log.h"
+#include "testing/cache_test_harness.h"
 
 namespace dpukv {
 namespace {

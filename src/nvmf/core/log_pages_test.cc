@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "nvme/nvme_spec.h"
-#include "nvmf/core/spec_bytes_for_tests.h"
+#include "testing/spec_bytes_for_tests.h"
 
 namespace dpukv::nvme {
 namespace {

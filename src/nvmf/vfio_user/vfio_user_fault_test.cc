@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "nvmf/bdev/bdev_malloc.h"
-#include "nvmf/vfio_user/vfio_user_test_fixture.h"
+#include "testing/vfio_user_test_fixture.h"
 
 namespace dpukv::nvme {
 namespace {

@@ -8,7 +8,7 @@
 #include <random>
 #include <thread>
 
-#include "nvmf/vfio_user/vfio_user_test_fixture.h"
+#include "testing/vfio_user_test_fixture.h"
 
 namespace dpukv::nvme {
 namespace {
