@@ -110,14 +110,19 @@ def start_router(router_bin, engines, policy, tmp, temperature=None):
     return proc, port
 
 
-def router_credit(tmp, policy):
+def router_credit(tmp, policy, decisions=1):
     """The cached prefix tokens the router credited its last kv_aware decision with
-    (its debug log's "KV prefix decision ... credited_prefix_tokens=N")."""
+    (its debug log's "KV prefix decision ... credited_prefix_tokens=N"), once the log
+    holds `decisions` of them (its writer may lag the response)."""
     import re
-    with open(os.path.join(tmp, f"router-{policy}.log"), errors="replace") as f:
-        text = re.sub(r"\x1b\[[0-9;]*m", "", f.read())  # its colours
-    found = re.findall(r"KV prefix decision.*?credited_prefix_tokens=(\d+)", text)
-    assert found, "no kv_aware decision in the router's log"
+    found = []
+
+    def logged():
+        with open(os.path.join(tmp, f"router-{policy}.log"), errors="replace") as f:
+            text = re.sub(r"\x1b\[[0-9;]*m", "", f.read())  # its colours
+        found[:] = re.findall(r"KV prefix decision.*?credited_prefix_tokens=(\d+)", text)
+        return len(found) >= decisions
+    until(f"{decisions} kv_aware decisions in the router's log", logged, 60)
     return int(found[-1])
 
 
