@@ -1,7 +1,11 @@
 #include "cache/cache_engine.h"
-#include "cache/eviction_policies.h"
 
 #include <sys/epoll.h>
+
+#include <algorithm>
+#include <iterator>
+
+#include "cache/eviction_policies.h"
 
 namespace dpukv {
 
@@ -146,14 +150,15 @@ CacheStats CacheEngine::stats() const {
     s.disk_ios_in_flight = placement_.spills_in_flight() + pipeline_.disk_reads();
     s.writes_waiting = placement_.writes_waiting();
   }
-  // In the order of kRequestStateNames; write-backs are placement's, not requests.
-  const RequestState working[] = {
-      RequestState::kWaitRoom, RequestState::kDma,    RequestState::kDiskRead, RequestState::kFree,
-      RequestState::kEncode,   RequestState::kShrink, RequestState::kDecode};
-  static_assert(sizeof(working) / sizeof(working[0]) == kRequestStates);
-  for (size_t i = 0; i < kRequestStates; ++i)
-    s.requests_in_state[i] = working[i] == RequestState::kFree ? placement_.spills_in_flight()
-                                                               : pipeline_.in_state(working[i]);
+  // In the order of kRequestStateNames. Disk writes are placement's write-backs, not
+  // requests of the pipeline.
+  const uint64_t in_state[] = {
+      pipeline_.in_state(RequestState::kWaitRoom), pipeline_.in_state(RequestState::kDma),
+      pipeline_.in_state(RequestState::kDiskRead), placement_.spills_in_flight(),
+      pipeline_.in_state(RequestState::kEncode),   pipeline_.in_state(RequestState::kShrink),
+      pipeline_.in_state(RequestState::kDecode)};
+  static_assert(sizeof(in_state) / sizeof(in_state[0]) == kRequestStates);
+  std::copy(std::begin(in_state), std::end(in_state), s.requests_in_state);
   return s;
 }
 
