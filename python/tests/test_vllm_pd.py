@@ -74,6 +74,17 @@ def until(what, cond, deadline_s=300):
         time.sleep(0.05)
 
 
+def router_healthy(proc, port):
+    """vllm-router (proc) answers /health on port; an exited router fails at once."""
+    if proc.poll() is not None:
+        raise AssertionError(f"vllm-router exited ({proc.returncode}): see its log")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 def listening(port):
     import socket
     with socket.socket() as s:
@@ -112,14 +123,7 @@ def main():
             [router, "--host", "127.0.0.1", "--port", str(rport), "--vllm-pd-disaggregation",
              "--prefill", f"http://127.0.0.1:{ports[0]}", "--decode", f"http://127.0.0.1:{ports[1]}"],
             stdout=open(os.path.join(tmp, "router.log"), "w"), stderr=subprocess.STDOUT))
-
-        def router_up():
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{rport}/health", timeout=5) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-        until("the router healthy", router_up)
+        until("the router healthy", lambda: router_healthy(procs[-1], rport))
 
         body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0.0,
                 "return_token_ids": True}

@@ -19,10 +19,9 @@ import json
 import os
 import subprocess
 import time
-import urllib.request
 
 from test_vllm_engine import BIN, VOCAB, kill, stat  # noqa: F401
-from test_vllm_pd import listening, until
+from test_vllm_pd import listening, router_healthy, until
 from test_vllm_pd import prompt_sources as sources  # vLLM's count by source, per engine
 from test_vllm_serve import free_port, healthy, launch, post, stop
 
@@ -97,16 +96,7 @@ def start_router(router_bin, engines, policy, tmp, temperature=None):
             cmd += ["--router-temperature", str(temperature)]
     proc = subprocess.Popen(cmd, stdout=open(os.path.join(tmp, f"router-{policy}.log"), "w"),
                             stderr=subprocess.STDOUT)
-
-    def up():
-        if proc.poll() is not None:
-            raise AssertionError(f"vllm-router exited ({proc.returncode}): see its log")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                return r.status == 200
-        except OSError:
-            return False
-    until("the router healthy", up)
+    until("the router healthy", lambda: router_healthy(proc, port))
     return proc, port
 
 
