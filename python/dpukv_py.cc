@@ -189,17 +189,17 @@ PYBIND11_MODULE(_dpukv, m) {
   // The KV codecs for a connector that encodes its own chunks (dpukv.kv_codec):
   // buffers by address (tensor.data_ptr()), as the C ABI takes them.
   m.def("kv_encode_bound", &dpukv_kv_encode_bound, py::arg("codec"), py::arg("slabs"),
-        py::arg("tokens"), py::arg("channels"), py::arg("nbytes"),
-        "The largest encoding of nbytes (0 for an unknown codec)");
+        py::arg("tokens"), py::arg("channels"), py::arg("flags"), py::arg("nbytes"),
+        "The largest encoding of nbytes (0 for an unknown codec or flags)");
   m.def(
       "kv_encode",
-      [](int codec, int dtype, uint32_t slabs, uint32_t tokens, uint32_t channels, uint64_t src,
-         size_t nbytes, uint64_t dst, size_t cap) {
+      [](int codec, int dtype, uint32_t slabs, uint32_t tokens, uint32_t channels, uint32_t flags,
+         uint64_t src, size_t nbytes, uint64_t dst, size_t cap) {
         size_t out = 0;
         int rc;
         {
           py::gil_scoped_release nogil;
-          rc = dpukv_kv_encode(codec, dtype, slabs, tokens, channels,
+          rc = dpukv_kv_encode(codec, dtype, slabs, tokens, channels, flags,
                                reinterpret_cast<const void*>(src), nbytes,
                                reinterpret_cast<void*>(dst), cap, &out);
         }
@@ -208,8 +208,9 @@ PYBIND11_MODULE(_dpukv, m) {
         return out;
       },
       py::arg("codec"), py::arg("dtype"), py::arg("slabs"), py::arg("tokens"), py::arg("channels"),
-      py::arg("src"), py::arg("nbytes"), py::arg("dst"), py::arg("cap"),
-      "Encodes nbytes at address src into dst (cap bytes); returns the encoded length");
+      py::arg("flags"), py::arg("src"), py::arg("nbytes"), py::arg("dst"), py::arg("cap"),
+      "Encodes nbytes at address src into dst (cap bytes); returns the encoded length. flags: "
+      "1 (values per token) when the slabs alternate keys and values");
   m.def(
       "kv_decode_rows",
       [](uint64_t base, const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& caps,

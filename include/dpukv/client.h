@@ -161,16 +161,21 @@ uint64_t dpukv_kv_layout_fingerprint(const char* dtype, uint32_t layers, uint32_
  * Huffman: exact), DPUKV_KV_INT8 and DPUKV_KV_INT4 (per channel, groups of tokens:
  * scale and zero point). A chunk is `slabs` independent [tokens, channels]
  * matrices of 16-bit values (DPUKV_KV_BF16 or DPUKV_KV_FP16). An encoded chunk
- * carries its header and checksum, so any reader can check and decode it. */
+ * carries its header and checksum, so any reader can check and decode it.
+ * flags: 0, or for INT8 and INT4 DPUKV_KV_VALUES_PER_TOKEN: the slabs alternate
+ * keys and values (K, V, K, V, ...; an even count), and value slabs are quantized
+ * per token (a scale and zero point per token, as KIVI does) instead of per channel. */
 enum { DPUKV_KV_LOSSLESS = 2, DPUKV_KV_INT8 = 3, DPUKV_KV_INT4 = 4 };
 enum { DPUKV_KV_BF16 = 1, DPUKV_KV_FP16 = 2 };
-/* The largest encoding of len bytes (0 for an unknown codec). */
+enum { DPUKV_KV_VALUES_PER_TOKEN = 1 };
+/* The largest encoding of len bytes (0 for an unknown codec or flags). */
 size_t dpukv_kv_encode_bound(int codec, uint32_t slabs, uint32_t tokens, uint32_t channels,
-                             size_t len);
+                             uint32_t flags, size_t len);
 /* INVALID_VALUE if the shape is not len bytes, or NaN or infinity in a lossy
- * codec's input; TOO_BIG if cap is short. */
+ * codec's input, or flags the codec does not take; TOO_BIG if cap is short. */
 int dpukv_kv_encode(int codec, int dtype, uint32_t slabs, uint32_t tokens, uint32_t channels,
-                    const void* src, size_t len, void* dst, size_t cap, size_t* out_len);
+                    uint32_t flags, const void* src, size_t len, void* dst, size_t cap,
+                    size_t* out_len);
 /* Decodes n encoded chunks into rows. Chunk i lies at base + offsets[i], in a slot
  * of caps[i] bytes (its length is in its header); it fills rows_per_chunk rows
  * (the last chunk: last_rows), row_bytes each, taken in order from rows (the rows'

@@ -68,6 +68,8 @@ class KvRoundTrip:
                                                                      2 * head_dim)
         self.row_bytes = kv_heads * 2 * BLOCK * head_dim * 2
         self.codes = codec_mod.CODECS
+        self.flags = {name: codec_mod.codec_flags(name, "BHNC", 2 * head_dim)
+                      for name in self.codes}
 
     def __call__(self, codec, k, v):
         """k, v: [1, kv_heads, S, head_dim] (S a multiple of 256): the decoded pair
@@ -85,14 +87,14 @@ class KvRoundTrip:
         out = torch.empty_like(rows)
         per = CHUNK // BLOCK
         slot = self.native.kv_encode_bound(self.codes[codec], self.slabs * per, self.tokens,
-                                           self.channels, per * self.row_bytes)
+                                           self.channels, self.flags[codec], per * self.row_bytes)
         enc = torch.empty((blocks // per) * slot, dtype=torch.uint8)
         offsets, total = [], 0
         for c in range(blocks // per):
             src = rows[c * per:(c + 1) * per]
             total += self.native.kv_encode(self.codes[codec], 1, self.slabs * per, self.tokens,
-                                           self.channels, src.data_ptr(), per * self.row_bytes,
-                                           enc.data_ptr() + c * slot, slot)
+                                           self.channels, self.flags[codec], src.data_ptr(),
+                                           per * self.row_bytes, enc.data_ptr() + c * slot, slot)
             offsets.append(c * slot)
         addrs = torch.tensor([out[b].data_ptr() for b in range(blocks)], dtype=torch.int64)
         st = self.native.kv_decode_rows(enc.data_ptr(), offsets, [slot] * len(offsets),

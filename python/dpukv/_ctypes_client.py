@@ -90,8 +90,8 @@ for name, res, args in [
                                        _int, _KEYS, _u32]),
     ("dpukv_model_id", _u64, [ctypes.c_char_p]),
     ("dpukv_kv_layout_fingerprint", _u64, [ctypes.c_char_p, _u32, _u32, _u32]),
-    ("dpukv_kv_encode_bound", ctypes.c_size_t, [_int, _u32, _u32, _u32, ctypes.c_size_t]),
-    ("dpukv_kv_encode", _int, [_int, _int, _u32, _u32, _u32, _p, ctypes.c_size_t, _p,
+    ("dpukv_kv_encode_bound", ctypes.c_size_t, [_int, _u32, _u32, _u32, _u32, ctypes.c_size_t]),
+    ("dpukv_kv_encode", _int, [_int, _int, _u32, _u32, _u32, _u32, _p, ctypes.c_size_t, _p,
                                ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
     ("dpukv_kv_decode_rows", _int, [_p, _U64S, _U64S, _u32, _p, _u32, _u32, _u64, _INTS]),
 ]:
@@ -145,16 +145,17 @@ def chunk_keys_layers(model, tokens, chunk_tokens, include_partial, world_size, 
     return [[out[l * cap + i] for i in range(n)] for l in range(len(layouts))]
 
 
-def kv_encode_bound(codec, slabs, tokens, channels, nbytes):
-    """The largest encoding of nbytes (0 for an unknown codec)."""
-    return _lib.dpukv_kv_encode_bound(codec, slabs, tokens, channels, nbytes)
+def kv_encode_bound(codec, slabs, tokens, channels, flags, nbytes):
+    """The largest encoding of nbytes (0 for an unknown codec or flags)."""
+    return _lib.dpukv_kv_encode_bound(codec, slabs, tokens, channels, flags, nbytes)
 
 
-def kv_encode(codec, dtype, slabs, tokens, channels, src, nbytes, dst, cap):
-    """Encodes nbytes at address src into dst (cap bytes); returns the encoded length."""
+def kv_encode(codec, dtype, slabs, tokens, channels, flags, src, nbytes, dst, cap):
+    """Encodes nbytes at address src into dst (cap bytes); returns the encoded length.
+    flags: 1 (values per token) when the slabs alternate keys and values."""
     out = ctypes.c_size_t()
-    rc = _lib.dpukv_kv_encode(codec, dtype, slabs, tokens, channels, src, nbytes, dst, cap,
-                              ctypes.byref(out))
+    rc = _lib.dpukv_kv_encode(codec, dtype, slabs, tokens, channels, flags, src, nbytes, dst,
+                              cap, ctypes.byref(out))
     if rc != 0:
         raise ValueError(f"kv_encode: {_name(rc)}")
     return out.value

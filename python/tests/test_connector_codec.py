@@ -74,12 +74,16 @@ def prompt(n):
     return torch.randint(0, CFG.vocab_size, (n,)).tolist()
 
 
-@pytest.mark.parametrize("codec,max_err,min_ratio", [("lossless", 0.0, 1.0), ("int8", 0.01, 1.9),
-                                                     ("int4", 0.12, 3.5)])
-def test_each_codec_loads_back_what_was_saved_in_fewer_bytes(codec, max_err, min_ratio):
-    # vLLM's CPU layout and block size: [blocks, kv_heads, 128, K|V].
-    cache = PagedKVCache(CFG, num_blocks=16, block_size=128, bhnc=True)
-    c = connector(f"codec-{codec}", codec, cache, chunk_tokens=256)
+@pytest.mark.parametrize("codec,max_err,min_ratio,head_dim",
+                         [("lossless", 0.0, 1.0, 16), ("int8", 0.01, 1.9, 16),
+                          ("int4", 0.12, 3.5, 16), ("int4", 0.12, 3.5, 64)])
+def test_each_codec_loads_back_what_was_saved_in_fewer_bytes(codec, max_err, min_ratio, head_dim):
+    # vLLM's CPU layout and block size: [blocks, kv_heads, 128, K|V]. At 64 channels a
+    # head, int4 quantizes values per token (SmolLM2's and Llama's heads).
+    cfg = LlamaConfig(dtype=torch.bfloat16, head_dim=head_dim)
+    cache = PagedKVCache(cfg, num_blocks=16, block_size=128, bhnc=True)
+    c = connector(f"codec-{codec}-{head_dim}", codec, cache, chunk_tokens=256)
+    assert c.codec.flags == (1 if codec == "int4" and head_dim >= 64 else 0)
     tokens = prompt(3 * 256 + 10)  # 3 whole chunks stored
     blocks = save(c, cache, "s", tokens)
     assert c.counters["saved_chunks"] == 3 * CFG.layers, c.counters

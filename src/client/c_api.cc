@@ -431,21 +431,24 @@ uint64_t dpukv_kv_layout_fingerprint(const char* dtype, uint32_t layers, uint32_
 }
 
 size_t dpukv_kv_encode_bound(int codec, uint32_t slabs, uint32_t tokens, uint32_t channels,
-                             size_t len) {
+                             uint32_t flags, size_t len) {
   dpukv::KvCodecParams p;
-  if (!kv_codec_of(codec, &p.codec)) return 0;
+  if (!kv_codec_of(codec, &p.codec) || flags > DPUKV_KV_VALUES_PER_TOKEN) return 0;
   p.shape = {slabs, tokens, channels};
+  p.flags = static_cast<uint8_t>(flags);
   return dpukv::kv_encode_bound(p, len);
 }
 
 int dpukv_kv_encode(int codec, int dtype, uint32_t slabs, uint32_t tokens, uint32_t channels,
-                    const void* src, size_t len, void* dst, size_t cap, size_t* out_len) {
+                    uint32_t flags, const void* src, size_t len, void* dst, size_t cap,
+                    size_t* out_len) {
   dpukv::KvCodecParams p;
   if (!kv_codec_of(codec, &p.codec) || (dtype != DPUKV_KV_BF16 && dtype != DPUKV_KV_FP16) ||
-      src == nullptr || dst == nullptr || out_len == nullptr)
+      flags > DPUKV_KV_VALUES_PER_TOKEN || src == nullptr || dst == nullptr || out_len == nullptr)
     return code(dpukv::Code::kInvalidValue);
   p.dtype = static_cast<dpukv::KvDtype>(dtype);
   p.shape = {slabs, tokens, channels};
+  p.flags = static_cast<uint8_t>(flags);
   return code(dpukv::kv_encode(p, static_cast<const uint8_t*>(src), len, static_cast<uint8_t*>(dst),
                                cap, &kv_scratch(len), out_len, nullptr));
 }

@@ -323,8 +323,10 @@ TEST(KvCodec, SimdPathsAreBitIdenticalToScalar) {
   for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp16}) {
     auto v = make_kv(KvDataset::kRealistic, dt, sh, 11);
     const size_t len = v.size() * 2;
-    for (KvCodec c : {KvCodec::kInt8, KvCodec::kInt4, KvCodec::kLosslessDelta}) {
-      KvCodecParams p{c, dt, sh, 32};
+    for (auto [c, flags] :
+         {std::pair{KvCodec::kInt8, 0}, std::pair{KvCodec::kInt4, 0}, std::pair{KvCodec::kInt8, 1},
+          std::pair{KvCodec::kInt4, 1}, std::pair{KvCodec::kLosslessDelta, 0}}) {
+      KvCodecParams p{c, dt, sh, 32, static_cast<uint8_t>(flags)};
       std::vector<std::vector<uint8_t>> encs, decs;
       for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
         kv_force_simd_level(l);
@@ -357,8 +359,9 @@ TEST(KvCodec, DecodeIntoRowsEqualsWholeDecodeAndCorruptionTouchesNoRow) {
   KvScratch scratch(sh.elements() * 2);
   auto v = make_kv(KvDataset::kRealistic, KvDtype::kBf16, sh);
   const size_t len = v.size() * 2;
-  for (KvCodec c : {KvCodec::kLosslessDelta, KvCodec::kInt8, KvCodec::kInt4}) {
-    KvCodecParams p{c, KvDtype::kBf16, sh, 0};
+  for (auto [c, flags] : {std::pair{KvCodec::kLosslessDelta, 0}, std::pair{KvCodec::kInt8, 0},
+                          std::pair{KvCodec::kInt4, 0}, std::pair{KvCodec::kInt4, 1}}) {
+    KvCodecParams p{c, KvDtype::kBf16, sh, 0, static_cast<uint8_t>(flags)};
     std::vector<uint8_t> enc(kv_encode_bound(p, len) + 100), whole(len);
     size_t n = 0, m = 0;
     ASSERT_TRUE(kv_encode(p, reinterpret_cast<uint8_t*>(v.data()), len, enc.data(), enc.size(),
@@ -401,14 +404,108 @@ TEST(KvCodec, DecodeIntoRowsEqualsWholeDecodeAndCorruptionTouchesNoRow) {
   }
 }
 
+// kKvValuesPerToken: slabs alternate keys and values, and value slabs get a scale
+// and zero per token. A value slab whose tokens differ in scale by orders of
+// magnitude (as KV values do) keeps each token's own precision: its small tokens'
+// error falls well below the per-channel quantizer's, which spreads the large
+// tokens' range over the group. Keys are quantized as without the flag. The bytes
+// are the same for 64-channel heads (one scale and zero per token or per channel
+// and 64-token group).
+TEST(KvCodec, ValuesPerTokenKeepEachTokensPrecision) {
+  const KvShape sh{2, 128, 64};
+  KvScratch scratch(sh.elements() * 2);
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint16_t> v(sh.elements());
+  for (uint32_t s = 0; s < 2; ++s)
+    for (uint32_t t = 0; t < 128; ++t)
+      for (uint32_t c = 0; c < 64; ++c) {
+        // Token t's values: scale 1 on odd tokens, 1/256 on even ones.
+        const float x = nd(rng) * ((t & 1) ? 1.0f : 1.0f / 256);
+        v[(static_cast<size_t>(s) * 128 + t) * 64 + c] = f32_to_bf16(x);
+      }
+  const size_t len = v.size() * 2;
+  auto small_token_error = [&](const std::vector<uint8_t>& dec, uint32_t slab) {
+    double se = 0, sx = 0;
+    for (uint32_t t = 0; t < 128; t += 2)
+      for (uint32_t c = 0; c < 64; ++c) {
+        const size_t i = (static_cast<size_t>(slab) * 128 + t) * 64 + c;
+        uint16_t y;
+        std::memcpy(&y, dec.data() + 2 * i, 2);
+        const double d = static_cast<double>(bf16_to_f32(v[i])) - bf16_to_f32(y);
+        se += d * d, sx += static_cast<double>(bf16_to_f32(v[i])) * bf16_to_f32(v[i]);
+      }
+    return std::sqrt(se / sx);
+  };
+  std::vector<uint8_t> decs[2];
+  size_t sizes[2];
+  for (uint8_t flags : {uint8_t{0}, kKvValuesPerToken}) {
+    KvCodecParams p{KvCodec::kInt4, KvDtype::kBf16, sh, 0, flags};
+    std::vector<uint8_t> enc(kv_encode_bound(p, len)), dec(len);
+    size_t n = 0, m = 0;
+    ASSERT_TRUE(kv_encode(p, reinterpret_cast<uint8_t*>(v.data()), len, enc.data(), enc.size(),
+                          &scratch, &n, nullptr)
+                    .ok());
+    KvChunkHeader h;
+    ASSERT_TRUE(kv_read_header(enc.data(), n, &h).ok());
+    EXPECT_EQ(h.flags, flags);
+    ASSERT_TRUE(kv_decode(enc.data(), n, dec.data(), dec.size(), &scratch, &m).ok());
+    decs[flags] = dec;
+    sizes[flags] = n;
+  }
+  EXPECT_EQ(sizes[0], sizes[1]);
+  // Keys (slab 0): the same quantizer with or without the flag.
+  EXPECT_EQ(std::memcmp(decs[0].data(), decs[1].data(), len / 2), 0);
+  // Values (slab 1): the small tokens keep their precision only per token.
+  const double per_channel = small_token_error(decs[0], 1),
+               per_token = small_token_error(decs[1], 1);
+  EXPECT_LT(per_token, 0.2) << per_token;
+  EXPECT_GT(per_channel, 10 * per_token) << per_channel << " vs " << per_token;
+
+  // The flag needs key and value slabs in pairs, and a lossy codec.
+  size_t n = 0;
+  std::vector<uint8_t> enc(1 << 20);
+  KvCodecParams odd{KvCodec::kInt4, KvDtype::kBf16, KvShape{1, 256, 64}, 0, kKvValuesPerToken};
+  EXPECT_EQ(kv_encode(odd, reinterpret_cast<uint8_t*>(v.data()), len, enc.data(), enc.size(),
+                      &scratch, &n, nullptr),
+            Code::kInvalidValue);
+  KvCodecParams lossless{KvCodec::kLosslessDelta, KvDtype::kBf16, sh, 0, kKvValuesPerToken};
+  EXPECT_EQ(kv_encode(lossless, reinterpret_cast<uint8_t*>(v.data()), len, enc.data(), enc.size(),
+                      &scratch, &n, nullptr),
+            Code::kInvalidValue);
+  KvCodecParams unknown{KvCodec::kInt8, KvDtype::kBf16, sh, 0, 2};
+  EXPECT_EQ(kv_encode(unknown, reinterpret_cast<uint8_t*>(v.data()), len, enc.data(), enc.size(),
+                      &scratch, &n, nullptr),
+            Code::kInvalidValue);
+  // A header whose flags were changed (and its crc resealed) describes other
+  // parameters than the payload holds, or flags no reader knows: refused.
+  KvCodecParams p{KvCodec::kInt8, KvDtype::kBf16, KvShape{2, 128, 32}, 0, 0};
+  ASSERT_TRUE(kv_encode(p, reinterpret_cast<uint8_t*>(v.data()), 2 * 128 * 32 * 2, enc.data(),
+                        enc.size(), &scratch, &n, nullptr)
+                  .ok());
+  for (uint8_t flags : {kKvValuesPerToken, uint8_t{2}, uint8_t{0x80}}) {
+    KvChunkHeader h;
+    std::memcpy(&h, enc.data(), sizeof(h));
+    h.flags = flags;
+    h.header_crc = crc32c(&h, offsetof(KvChunkHeader, header_crc));
+    std::vector<uint8_t> bad(enc.begin(), enc.begin() + static_cast<std::ptrdiff_t>(n));
+    std::memcpy(bad.data(), &h, sizeof(h));
+    KvChunkHeader out;
+    EXPECT_EQ(kv_read_header(bad.data(), bad.size(), &out), Code::kCorrupted) << int{flags};
+  }
+}
+
 TEST(KvCodec, CorruptionIsDetectedNeverReturned) {
   const KvShape sh{1, 256, 512};
   KvScratch scratch(sh.elements() * 2);
   auto v = make_kv(KvDataset::kRealistic, KvDtype::kBf16, sh);
   const size_t len = v.size() * 2;
   std::mt19937 rng(9);
-  for (KvCodec c : {KvCodec::kRaw, KvCodec::kLosslessDelta, KvCodec::kInt8, KvCodec::kInt4}) {
-    KvCodecParams p{c, KvDtype::kBf16, sh, 0};
+  for (auto [c, flags] :
+       {std::pair{KvCodec::kRaw, 0}, std::pair{KvCodec::kLosslessDelta, 0},
+        std::pair{KvCodec::kInt8, 0}, std::pair{KvCodec::kInt4, 0}, std::pair{KvCodec::kInt4, 1}}) {
+    const KvShape shape = flags ? KvShape{2, 128, 512} : sh;  // keys and values: two slabs
+    KvCodecParams p{c, KvDtype::kBf16, shape, 0, static_cast<uint8_t>(flags)};
     std::vector<uint8_t> enc(kv_encode_bound(p, len)), dec(len);
     size_t n = 0, m = 0;
     ASSERT_TRUE(kv_encode(p, reinterpret_cast<uint8_t*>(v.data()), len, enc.data(), enc.size(),

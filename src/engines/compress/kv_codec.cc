@@ -343,6 +343,58 @@ __attribute__((target("avx2,f16c"))) void dequant_avx2(const uint8_t* codes, uin
   }
 }
 
+// One token of a value slab (kKvValuesPerToken): values [c0, c1) of a row share the
+// token's scale and zero.
+void dequant_row_scalar(const uint8_t* codes, uint32_t c0, uint32_t c1, Params p, KvDtype dt,
+                        uint16_t* out) {
+  for (uint32_t c = c0; c < c1; ++c)
+    out[c] = store_16(static_cast<float>(codes[c]) * p.scale + p.zero, dt);
+}
+
+__attribute__((target("avx512f,avx512bw,f16c"))) void dequant_row_avx512(const uint8_t* codes,
+                                                                         uint32_t c1, Params p,
+                                                                         KvDtype dt,
+                                                                         uint16_t* out) {
+  const __m512 vz = _mm512_set1_ps(p.zero), vs = _mm512_set1_ps(p.scale);
+  for (uint32_t c = 0; c + 16 <= c1; c += 16) {
+    const __m512i q =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + c)));
+    const __m512 y = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), vs), vz);
+    __m256i h;
+    if (dt == KvDtype::kBf16) {
+      __m512i b = _mm512_castps_si512(y);
+      __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+      b = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+      h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
+    } else {
+      h = _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c), h);
+  }
+}
+
+__attribute__((target("avx2,f16c"))) void dequant_row_avx2(const uint8_t* codes, uint32_t c1,
+                                                           Params p, KvDtype dt, uint16_t* out) {
+  const __m256 vz = _mm256_set1_ps(p.zero), vs = _mm256_set1_ps(p.scale);
+  for (uint32_t c = 0; c + 8 <= c1; c += 8) {
+    uint64_t raw;
+    std::memcpy(&raw, codes + c, 8);
+    const __m256i q = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(raw)));
+    const __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), vs), vz);
+    __m128i h;
+    if (dt == KvDtype::kBf16) {
+      __m256i b = _mm256_castps_si256(y);
+      __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+      b = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)),
+                            16);
+      h = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    } else {
+      h = _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c), h);
+  }
+}
+
 // int4 codes, two a byte (low nibble first), back to one a byte: 32 bytes a step,
 // then the rest one by one (the same codes as the scalar loop).
 __attribute__((target("avx2"))) size_t unpack_nibbles_avx2(const uint8_t* packed, size_t n,
@@ -402,6 +454,28 @@ namespace {
 uint32_t default_group(KvCodec c) {
   return c == KvCodec::kInt8 ? 128 : 64;
 }
+
+// Where a lossy chunk's parameters lie. A slab quantized per channel has a scale
+// and zero per group of G tokens and channel; a value slab under kKvValuesPerToken
+// (an odd slab) one per token. Slabs come in (key, value) pairs then.
+struct LossyLayout {
+  uint32_t T, C, G, groups;
+  bool per_token_values;
+  LossyLayout(uint32_t tokens, uint32_t channels, uint32_t group, uint8_t flags)
+      : T(tokens),
+        C(channels),
+        G(group),
+        groups(group ? (tokens + group - 1) / group : 0),
+        per_token_values((flags & kKvValuesPerToken) != 0) {}
+  uint64_t channel_params() const { return static_cast<uint64_t>(groups) * C * 4; }
+  uint64_t token_params() const { return static_cast<uint64_t>(T) * 4; }
+  bool per_token(uint64_t s) const { return per_token_values && (s & 1); }
+  uint64_t params_at(uint64_t s) const {
+    if (!per_token_values) return s * channel_params();
+    return s / 2 * (channel_params() + token_params()) + (s & 1 ? channel_params() : 0);
+  }
+  uint64_t params_len(uint64_t slabs) const { return params_at(slabs); }
+};
 
 void seal_header(KvChunkHeader* h) {
   h->header_crc = crc32c(h, offsetof(KvChunkHeader, header_crc));
@@ -480,16 +554,49 @@ Status encode_lossless(const KvCodecParams& p, const uint8_t* src, size_t len, u
   return Code::kSuccess;
 }
 
+// A value slab under kKvValuesPerToken: each token's channels get one scale and
+// zero. The per-channel kernels do the quantizing, with every channel given the
+// token's parameters, so the codes are the same at every SIMD level.
+bool quantize_tokens(const QuantJob& base, uint32_t T, uint32_t cv, SimdLevel lvl, Params* prm,
+                     uint8_t* params_out, ErrAcc* acc) {
+  const uint32_t C = base.C;
+  for (uint32_t r = 0; r < T; ++r) {
+    const uint16_t* row = base.src + static_cast<size_t>(r) * C;
+    float mn = INFINITY, mx = -INFINITY;
+    bool bad = false;
+    for (uint32_t c = 0; c < C; ++c) {
+      bad |= nonfinite16(row[c], base.dt);
+      const float x = load_f32(row + c, base.dt);
+      mn = std::min(mn, x);
+      mx = std::max(mx, x);
+    }
+    uint16_t zh, shh;
+    Params tp;
+    if (bad || !make_params(mn, mx, base.qmax, &zh, &shh, &tp)) return false;
+    std::memcpy(params_out + 4 * static_cast<size_t>(r), &shh, 2);
+    std::memcpy(params_out + 4 * static_cast<size_t>(r) + 2, &zh, 2);
+    std::fill(prm, prm + C, tp);
+    QuantJob j = base;
+    j.r0 = r, j.r1 = r + 1;
+    if (lvl == SimdLevel::kAvx512) quant_avx512(j, 0, cv, acc);
+    if (lvl == SimdLevel::kAvx2) quant_avx2(j, 0, cv, acc);
+    quant_scalar(j, cv, C, acc);
+  }
+  return true;
+}
+
 Status encode_lossy(const KvCodecParams& p, const uint8_t* src, size_t len, uint8_t* dst,
                     size_t cap, KvScratch* scratch, size_t* out_len, KvCodecError* err) {
   const KvShape& sh = p.shape;
   if (!shape_matches(sh, len)) return Code::kInvalidValue;
   const bool int4 = p.codec == KvCodec::kInt4;
   if (int4 && (sh.channels & 1)) return Code::kInvalidValue;
-  const uint32_t G = p.group_size ? p.group_size : default_group(p.codec);
+  if ((p.flags & ~kKvValuesPerToken) != 0 || ((p.flags & kKvValuesPerToken) && (sh.slabs & 1)))
+    return Code::kInvalidValue;
   const uint32_t C = sh.channels, T = sh.tokens;
-  const uint32_t groups = (T + G - 1) / G;
-  const size_t params_len = static_cast<size_t>(sh.slabs) * groups * C * 4;
+  const LossyLayout lay(T, C, p.group_size ? p.group_size : default_group(p.codec), p.flags);
+  const uint32_t G = lay.G, groups = lay.groups;
+  const size_t params_len = lay.params_len(sh.slabs);
   const size_t n = sh.elements();
   const size_t codes_len = int4 ? n / 2 : n;
   if (cap < sizeof(KvChunkHeader) + params_len + codes_len) return Code::kTooBig;
@@ -510,23 +617,29 @@ Status encode_lossy(const KvCodecParams& p, const uint8_t* src, size_t len, uint
   for (uint32_t s = 0; s < sh.slabs; ++s) {
     const uint16_t* slab = v + static_cast<size_t>(s) * T * C;
     uint8_t* codes = codes_base + (int4 ? 0 : static_cast<size_t>(s) * T * C);
-    for (uint32_t g = 0; g < groups; ++g) {
-      QuantJob j{slab, C, g * G, std::min(T, (g + 1) * G), p.dtype, qmax, codes, prm};
-      bool ok = true;
-      if (lvl == SimdLevel::kAvx512) ok &= minmax_avx512(j, 0, cv, mn, mx);
-      if (lvl == SimdLevel::kAvx2) ok &= minmax_avx2(j, 0, cv, mn, mx);
-      ok &= minmax_scalar(j, cv, C, mn, mx);
-      if (!ok) return Code::kInvalidValue;  // NaN or infinity in the input
-      uint8_t* pp = out_params + ((static_cast<size_t>(s) * groups + g) * C) * 4;
-      for (uint32_t c = 0; c < C; ++c) {
-        uint16_t zh, shh;
-        if (!make_params(mn[c], mx[c], qmax, &zh, &shh, &prm[c])) return Code::kInvalidValue;
-        std::memcpy(pp + 4 * c, &shh, 2);
-        std::memcpy(pp + 4 * c + 2, &zh, 2);
+    uint8_t* slab_params = out_params + lay.params_at(s);
+    if (lay.per_token(s)) {
+      const QuantJob j{slab, C, 0, T, p.dtype, qmax, codes, prm};
+      if (!quantize_tokens(j, T, cv, lvl, prm, slab_params, &acc)) return Code::kInvalidValue;
+    } else {
+      for (uint32_t g = 0; g < groups; ++g) {
+        QuantJob j{slab, C, g * G, std::min(T, (g + 1) * G), p.dtype, qmax, codes, prm};
+        bool ok = true;
+        if (lvl == SimdLevel::kAvx512) ok &= minmax_avx512(j, 0, cv, mn, mx);
+        if (lvl == SimdLevel::kAvx2) ok &= minmax_avx2(j, 0, cv, mn, mx);
+        ok &= minmax_scalar(j, cv, C, mn, mx);
+        if (!ok) return Code::kInvalidValue;  // NaN or infinity in the input
+        uint8_t* pp = slab_params + static_cast<size_t>(g) * C * 4;
+        for (uint32_t c = 0; c < C; ++c) {
+          uint16_t zh, shh;
+          if (!make_params(mn[c], mx[c], qmax, &zh, &shh, &prm[c])) return Code::kInvalidValue;
+          std::memcpy(pp + 4 * c, &shh, 2);
+          std::memcpy(pp + 4 * c + 2, &zh, 2);
+        }
+        if (lvl == SimdLevel::kAvx512) quant_avx512(j, 0, cv, &acc);
+        if (lvl == SimdLevel::kAvx2) quant_avx2(j, 0, cv, &acc);
+        quant_scalar(j, cv, C, &acc);
       }
-      if (lvl == SimdLevel::kAvx512) quant_avx512(j, 0, cv, &acc);
-      if (lvl == SimdLevel::kAvx2) quant_avx2(j, 0, cv, &acc);
-      quant_scalar(j, cv, C, &acc);
     }
     if (int4) {
       uint8_t* o = out_codes + static_cast<size_t>(s) * T * C / 2;
@@ -539,6 +652,7 @@ Status encode_lossy(const KvCodecParams& p, const uint8_t* src, size_t len, uint
   h.version = KvChunkHeader::kVersion;
   h.codec = static_cast<uint8_t>(p.codec);
   h.dtype = static_cast<uint8_t>(p.dtype);
+  h.flags = p.flags;
   h.slabs = sh.slabs, h.tokens = T, h.channels = C;
   h.group_size = G;
   h.original_len = len;
@@ -559,9 +673,12 @@ Status encode_lossy(const KvCodecParams& p, const uint8_t* src, size_t len, uint
 
 size_t kv_encode_bound(const KvCodecParams& p, size_t len) {
   if (kv_codec_lossy(p.codec)) {
-    const uint32_t G = p.group_size ? p.group_size : default_group(p.codec);
-    const uint64_t groups = (p.shape.tokens + G - 1) / G;
-    return sizeof(KvChunkHeader) + p.shape.slabs * groups * p.shape.channels * 4 + len / 2 + 1;
+    const LossyLayout lay(p.shape.tokens, p.shape.channels,
+                          p.group_size ? p.group_size : default_group(p.codec), p.flags);
+    // An odd slab count under kKvValuesPerToken is refused by the encode; bound it
+    // as if the last slab were a pair's key.
+    return sizeof(KvChunkHeader) + lay.params_len(p.shape.slabs + (p.shape.slabs & 1)) + len / 2 +
+           1;
   }
   return sizeof(KvChunkHeader) + huffman::bound(len / 2) + len / 2 + 1 + 8;
 }
@@ -572,6 +689,7 @@ Status kv_encode(const KvCodecParams& p, const uint8_t* src, size_t len, uint8_t
     return Code::kInvalidValue;
   if (p.dtype != KvDtype::kBf16 && p.dtype != KvDtype::kFp16) return Code::kInvalidValue;
   if (err) *err = {};
+  if (p.flags != 0 && !kv_codec_lossy(p.codec)) return Code::kInvalidValue;
   switch (p.codec) {
     case KvCodec::kLossless:
     case KvCodec::kLosslessDelta:
@@ -604,8 +722,9 @@ Status kv_read_header(const uint8_t* src, size_t len, KvChunkHeader* out) {
   if (src == nullptr || len < sizeof(KvChunkHeader)) return Code::kCorrupted;
   KvChunkHeader h;
   std::memcpy(&h, src, sizeof(h));
-  if (h.magic != KvChunkHeader::kMagic || h.version != KvChunkHeader::kVersion || h.flags != 0 ||
-      h.reserved != 0 || h.header_crc != crc32c(&h, offsetof(KvChunkHeader, header_crc)))
+  if (h.magic != KvChunkHeader::kMagic || h.version != KvChunkHeader::kVersion ||
+      (h.flags & ~kKvValuesPerToken) != 0 || h.reserved != 0 ||
+      h.header_crc != crc32c(&h, offsetof(KvChunkHeader, header_crc)))
     return Code::kCorrupted;
   if (h.dtype != static_cast<uint8_t>(KvDtype::kBf16) &&
       h.dtype != static_cast<uint8_t>(KvDtype::kFp16))
@@ -616,20 +735,22 @@ Status kv_read_header(const uint8_t* src, size_t len, KvChunkHeader* out) {
   const uint64_t n = static_cast<uint64_t>(h.slabs) * h.tokens * h.channels;
   switch (codec) {
     case KvCodec::kRaw:
-      if (h.payload_len != h.original_len) return Code::kCorrupted;
+      if (h.payload_len != h.original_len || h.flags != 0) return Code::kCorrupted;
       break;
     case KvCodec::kLossless:
     case KvCodec::kLosslessDelta:
-      if (n != h.original_len / 2 || h.payload_len != h.section_len + n + (h.original_len & 1))
+      if (h.flags != 0 || n != h.original_len / 2 ||
+          h.payload_len != h.section_len + n + (h.original_len & 1))
         return Code::kCorrupted;
       break;
     case KvCodec::kInt8:
     case KvCodec::kInt4: {
       if (h.group_size == 0 || h.tokens == 0 || h.channels == 0 || n * 2 != h.original_len ||
-          (codec == KvCodec::kInt4 && (h.channels & 1)))
+          (codec == KvCodec::kInt4 && (h.channels & 1)) ||
+          ((h.flags & kKvValuesPerToken) && (h.slabs & 1)))
         return Code::kCorrupted;
-      const uint64_t groups = (h.tokens + h.group_size - 1) / h.group_size;
-      const uint64_t params = static_cast<uint64_t>(h.slabs) * groups * h.channels * 4;
+      const uint64_t params =
+          LossyLayout(h.tokens, h.channels, h.group_size, h.flags).params_len(h.slabs);
       const uint64_t codes = codec == KvCodec::kInt4 ? n / 2 : n;
       if (h.section_len != params || h.payload_len != params + codes) return Code::kCorrupted;
       break;
@@ -649,8 +770,8 @@ template <typename SlabOut>
 Status dequantize(const KvChunkHeader& h, const uint8_t* body, KvScratch* scratch, SlabOut&& out) {
   const bool int4 = static_cast<KvCodec>(h.codec) == KvCodec::kInt4;
   const auto dt = static_cast<KvDtype>(h.dtype);
-  const uint32_t C = h.channels, T = h.tokens, G = h.group_size;
-  const uint32_t groups = (T + G - 1) / G;
+  const uint32_t C = h.channels, T = h.tokens;
+  const LossyLayout lay(T, C, h.group_size, h.flags);
   if ((int4 && scratch->capacity() < h.original_len) || !KvCodecImpl::row_fits(scratch, C))
     return Code::kTooBig;
   const uint8_t* params = body;
@@ -667,8 +788,23 @@ Status dequantize(const KvChunkHeader& h, const uint8_t* body, KvScratch* scratc
       codes = un;
     }
     uint16_t* o = out(s);
-    for (uint32_t g = 0; g < groups; ++g) {
-      const uint8_t* pp = params + ((static_cast<size_t>(s) * groups + g) * C) * 4;
+    const uint8_t* slab_params = params + lay.params_at(s);
+    if (lay.per_token(s)) {
+      for (uint32_t r = 0; r < T; ++r) {
+        uint16_t sh, zh;
+        std::memcpy(&sh, slab_params + 4 * static_cast<size_t>(r), 2);
+        std::memcpy(&zh, slab_params + 4 * static_cast<size_t>(r) + 2, 2);
+        const Params tp{fp16_to_f32(sh), fp16_to_f32(zh), 0.0f};
+        const uint8_t* cr = codes + static_cast<size_t>(r) * C;
+        uint16_t* orow = o + static_cast<size_t>(r) * C;
+        if (lvl == SimdLevel::kAvx512) dequant_row_avx512(cr, cv, tp, dt, orow);
+        if (lvl == SimdLevel::kAvx2) dequant_row_avx2(cr, cv, tp, dt, orow);
+        dequant_row_scalar(cr, cv, C, tp, dt, orow);
+      }
+      continue;
+    }
+    for (uint32_t g = 0; g < lay.groups; ++g) {
+      const uint8_t* pp = slab_params + static_cast<size_t>(g) * C * 4;
       for (uint32_t c = 0; c < C; ++c) {
         uint16_t sh, zh;
         std::memcpy(&sh, pp + 4 * c, 2);
@@ -676,7 +812,7 @@ Status dequantize(const KvChunkHeader& h, const uint8_t* body, KvScratch* scratc
         prm[c].scale = fp16_to_f32(sh);
         prm[c].zero = fp16_to_f32(zh);
       }
-      const uint32_t r0 = g * G, r1 = std::min(T, (g + 1) * G);
+      const uint32_t r0 = g * lay.G, r1 = std::min(T, (g + 1) * lay.G);
       if (lvl == SimdLevel::kAvx512) dequant_avx512(codes, C, r0, r1, 0, cv, prm, dt, o);
       if (lvl == SimdLevel::kAvx2) dequant_avx2(codes, C, r0, r1, 0, cv, prm, dt, o);
       dequant_scalar(codes, C, r0, r1, cv, C, prm, dt, o);
