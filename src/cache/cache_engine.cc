@@ -33,13 +33,13 @@ Status CacheEngine::create(ProgressEngine* pe, const CacheOptions& o,
 }
 
 CacheEngine::~CacheEngine() {
-  if (disk_watched_) pe()->unwatch_fd(placement_.disk()->event_fd(), &disk_watch_);
+  if (disk_watched_) pe()->unwatch_fd(placement_.disk_event_fd(), &disk_watch_);
 }
 
 Status CacheEngine::do_start() {
   DPUKV_RETURN_IF_ERROR(pipeline_.start());
-  if (DiskTier* d = placement_.disk()) {
-    DPUKV_RETURN_IF_ERROR(pe()->watch_fd(d->event_fd(), EPOLLIN, &disk_watch_));
+  if (placement_.disk() != nullptr) {
+    DPUKV_RETURN_IF_ERROR(pe()->watch_fd(placement_.disk_event_fd(), EPOLLIN, &disk_watch_));
     disk_watched_ = true;
   }
   return Code::kSuccess;
@@ -51,24 +51,21 @@ void CacheEngine::do_stop() {
 
 bool CacheEngine::drained() {
   if (!pipeline_.idle()) return false;
-  DiskTier* d = placement_.disk();
-  if (d == nullptr) return true;
-  if (d->inflight() != 0) return false;
+  if (placement_.disk() == nullptr) return true;
+  if (placement_.disk_inflight() != 0) return false;
   if (disk_watched_) {
-    pe()->unwatch_fd(d->event_fd(), &disk_watch_);
+    pe()->unwatch_fd(placement_.disk_event_fd(), &disk_watch_);
     disk_watched_ = false;
   }
-  (void)d->sync();
+  (void)placement_.sync_disk();
   return true;
 }
 
 // One io_uring ring carries the write-backs (placement's) and the reloads (the
 // pipeline's); the tag says whose.
 size_t CacheEngine::poll() {
-  DiskTier* d = placement_.disk();
-  if (d == nullptr) return 0;
   DiskTier::Completion c[32];
-  const size_t n = d->poll(c, 32);
+  const size_t n = placement_.poll_disk(c, 32);
   for (size_t i = 0; i < n; ++i) {
     if ((c[i].tag & Placement::kSpillTag) != 0)
       placement_.spill_done(c[i].tag, c[i].status, c[i].err);
@@ -167,8 +164,7 @@ uint64_t CacheEngine::index_bytes_per_chunk() const {
 }
 
 Status CacheEngine::sync() {
-  DiskTier* d = placement_.disk();
-  return d != nullptr ? d->sync() : Status();
+  return placement_.sync_disk();
 }
 
 // ---------------------------------------------------------------- sharing
@@ -191,11 +187,11 @@ Status CacheEngine::end_ingest(const ChunkKey& key, bool bytes_ok) {
 }
 
 void CacheEngine::add_residency_listener(ResidencyCb cb, void* arg, bool replay) {
-  placement_.table().add_listener(cb, arg, replay);
+  placement_.add_residency_listener(cb, arg, replay);
 }
 
 void CacheEngine::remove_residency_listener(ResidencyCb cb, void* arg) {
-  placement_.table().remove_listener(cb, arg);
+  placement_.remove_residency_listener(cb, arg);
 }
 
 }  // namespace dpukv

@@ -248,6 +248,83 @@ void Placement::fill_failed(int32_t e) {
   en.memory = ChunkEntry::Memory::kNone;
 }
 
+int32_t Placement::reserve(const ChunkKey& key, uint64_t hash, uint64_t size, uint64_t stored,
+                           bool encoded) {
+  const int32_t e = insert_entry(key, hash);
+  if (e < 0) return -1;
+  ChunkEntry& en = table_.at(e);
+  en.size = size;
+  en.stored = stored;
+  en.encoded = encoded;
+  en.memory = ChunkEntry::Memory::kAwaitingRoom;  // not evictable, not yet present
+  return e;
+}
+
+void Placement::free_slot(uint64_t off) {
+  mem_alloc_.free(off);
+}
+
+void Placement::begin_fill(int32_t e, uint64_t off) {
+  ChunkEntry& en = table_.at(e);
+  en.mem_off = off;
+  en.memory = ChunkEntry::Memory::kFilling;
+}
+
+void Placement::await_room(int32_t e) {
+  table_.at(e).memory = ChunkEntry::Memory::kAwaitingRoom;
+}
+
+void Placement::abandon(int32_t e) {
+  table_.erase(e);
+}
+
+bool Placement::smaller_slot(uint64_t stored, uint64_t len, uint64_t* off) {
+  return mem_alloc_.class_size(len) < mem_alloc_.class_size(stored) && mem_alloc_.alloc(len, off);
+}
+
+void Placement::encoded_into(int32_t e, uint64_t off, uint64_t len) {
+  ChunkEntry& en = table_.at(e);
+  en.mem_off = off;
+  en.stored = len;
+}
+
+Status Placement::begin_reload(int32_t e, uint64_t off, uint64_t tag) {
+  if ((tag & kSpillTag) != 0 || !disk_) {
+    mem_alloc_.free(off);
+    return Code::kInvalidValue;
+  }
+  begin_fill(e, off);
+  const ChunkEntry& en = table_.at(e);
+  Status st = disk_->read(en.disk_off, arena_at(off), en.stored, tag);
+  if (!st.ok()) fill_failed(e);
+  return st;
+}
+
+void Placement::count_hit(int32_t e) {
+  ++table_.at(e).hits;
+}
+
+void Placement::begin_reading(int32_t e) {
+  ++table_.at(e).readers;
+}
+
+void Placement::end_reading(int32_t e) {
+  --table_.at(e).readers;
+}
+
+void Placement::read_done(int32_t e) {
+  ChunkEntry& en = table_.at(e);
+  if (en.replica_unread)
+    en.replica_unread = false;
+  else
+    touch(e);
+}
+
+void Placement::drop_corrupt(int32_t e) {
+  const ChunkEntry& en = table_.at(e);
+  if (en.readers == 0 && !en.writing() && !en.filling()) drop_entry(e);
+}
+
 // ---------------------------------------------------------------- write-back
 
 bool Placement::spilling_allowed() const {

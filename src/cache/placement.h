@@ -5,6 +5,12 @@
 // room in each, and moves bytes only between its own tiers (write-back); a
 // client's bytes are the request pipeline's to move (request_pipeline.h).
 //
+// Placement owns the chunks' state: others read it through const views (table(),
+// memory(), disk()) and change it only through the verbs below, one per step of a
+// chunk's life (reserve, begin_fill, store_landed, begin_reload, abandon, ...), as
+// LevelDB's VersionSet alone edits its file lists. The arena's bytes are lent to
+// the pipeline's copies (arena_map, arena_at): what they hold is the clients'.
+//
 // Contract:
 // - The memory tier never holds more than its capacity; pinned chunks and chunks
 //   with a copy under way (filling, read, written back) are never evicted.
@@ -59,36 +65,80 @@ class Placement {
     room_arg_ = arg;
   }
 
-  ChunkTable& table() { return table_; }
+  // ---- read-only views of placement's state
   const ChunkTable& table() const { return table_; }
-  SlabAllocator& memory() { return mem_alloc_; }
   const SlabAllocator& memory() const { return mem_alloc_; }
-  DiskTier* disk() { return disk_.get(); }
   const DiskTier* disk() const { return disk_.get(); }
-  Mmap* arena_map() { return arena_map_.get(); }
-  uint8_t* arena_at(uint64_t off) { return static_cast<uint8_t*>(arena_->data()) + off; }
+  // ---- the arena, lent to the pipeline's copies
+  Mmap* arena_map() const { return arena_map_.get(); }
+  uint8_t* arena_at(uint64_t off) const { return static_cast<uint8_t*>(arena_->data()) + off; }
   void arena(void** base, uint64_t* len) const;
   // The allocator's page: the largest slot a chunk may need.
   uint64_t page_bytes() const { return page_bytes_; }
 
-  // ---- chunks leaving and coming
-  void touch(int32_t e);  // a chunk was used
-  // An entry for a new chunk, evicting from every tier while the index is full;
-  // -1 if nothing can go.
-  int32_t insert_entry(const ChunkKey& key, uint64_t hash);
-  bool evictable(int32_t e) const;
-  void drop_memory(int32_t e);  // its memory copy goes; a disk-only chunk stays
-  void drop_entry(int32_t e);   // the chunk leaves every tier
+  // ---- the disk tier's ring: one for write-backs (placement's, kSpillTag) and
+  // reloads (the pipeline's); the owner polls it and hands each completion on.
+  int disk_event_fd() const { return disk_ ? disk_->event_fd() : -1; }
+  size_t poll_disk(DiskTier::Completion* out, size_t max) {
+    return disk_ ? disk_->poll(out, max) : 0;
+  }
+  uint32_t disk_inflight() const { return disk_ ? disk_->inflight() : 0; }
+  Status sync_disk() { return disk_ ? disk_->sync() : Status(); }
+
+  // ---- the residency feed (chunk_table.h)
+  void add_residency_listener(ChunkTable::ResidencyCb cb, void* arg, bool replay) {
+    table_.add_listener(cb, arg, replay);
+  }
+  void remove_residency_listener(ChunkTable::ResidencyCb cb, void* arg) {
+    table_.remove_listener(cb, arg);
+  }
+
+  // ---- a chunk's life, one verb per step (the request pipeline's)
+  // A store: an entry held for a new chunk of `size` bytes taking `stored` in the
+  // tiers (encoded: stored with the codec), awaiting room; evicts from every tier
+  // while the index is full; -1 if nothing can go.
+  int32_t reserve(const ChunkKey& key, uint64_t hash, uint64_t size, uint64_t stored, bool encoded);
   // Memory for size bytes, evicting (or writing back first) as needed. queued:
   // what requests waiting before this one need of the room already coming. False:
   // no room now (it may come: wait for the room listener, or give up).
   bool make_room(uint64_t size, uint64_t queued, uint64_t* off);
+  void free_slot(uint64_t off);  // a slot from make_room or smaller_slot, unused
+  // A store's copy into the slot at off (from make_room) begins.
+  void begin_fill(int32_t e, uint64_t off);
+  // A reserved store waits again (for room or an engine), holding no slot.
+  void await_room(int32_t e);
+  // A reserved store that will not land: its entry goes (it never was present).
+  void abandon(int32_t e);
+  // An encoded chunk's slot of its own size, when its size class is below the
+  // worst-case slot it was encoded into (stored bytes); false if none.
+  bool smaller_slot(uint64_t stored, uint64_t len, uint64_t* off);
+  // The chunk's encoded bytes, len of them, are (or are being copied) at off.
+  void encoded_into(int32_t e, uint64_t off, uint64_t len);
   // A copy into the arena landed: the chunk is present, with this checksum.
   void store_landed(int32_t e, uint64_t checksum);
+  // A disk-only chunk is read back into the slot at off (from make_room); the
+  // completion comes with `tag` (no kSpillTag). On failure the slot goes back.
+  Status begin_reload(int32_t e, uint64_t off, uint64_t tag);
   // A reload from disk landed: the chunk is in memory again.
   void reload_landed(int32_t e);
   // A copy into the arena failed or was abandoned: its room goes back.
   void fill_failed(int32_t e);
+  // A retrieve found the chunk (it counts toward disk admission).
+  void count_hit(int32_t e);
+  // A copy out of the memory copy starts and ends: it is not evicted meanwhile.
+  void begin_reading(int32_t e);
+  void end_reading(int32_t e);
+  // A read succeeded: the chunk is recent, unless it is an ingested replica read
+  // for the first time (another agent holds it; this copy goes first).
+  void read_done(int32_t e);
+  // A copy failed its checksum: the chunk goes once nothing else uses it.
+  void drop_corrupt(int32_t e);
+
+  // ---- chunks leaving
+  void touch(int32_t e);  // a chunk was used
+  bool evictable(int32_t e) const;
+  void drop_memory(int32_t e);  // its memory copy goes; a disk-only chunk stays
+  void drop_entry(int32_t e);   // the chunk leaves every tier
 
   // ---- write-back
   SpillStart start_spill(int32_t e);
@@ -134,6 +184,9 @@ class Placement {
   Status end_ingest(const ChunkKey& key, bool bytes_ok);
 
  private:
+  // An entry for a new chunk, evicting from every tier while the index is full;
+  // -1 if nothing can go.
+  int32_t insert_entry(const ChunkKey& key, uint64_t hash);
   struct Spill {
     int32_t entry = -1;
     uint64_t disk_off = 0;

@@ -65,18 +65,14 @@ class PlacementTest : public ::testing::Test {
   }
   bool put_key(const ChunkKey& k) {
     const uint64_t n = k.prefix_hash;
-    const int32_t e = p_->insert_entry(k, k.hash());
+    const int32_t e = p_->reserve(k, k.hash(), kChunk, kChunk, false);
     if (e < 0) return false;
-    ChunkEntry& en = p_->table().at(e);
-    en.size = en.stored = kChunk;
-    en.memory = ChunkEntry::Memory::kAwaitingRoom;
     uint64_t off;
     if (!p_->make_room(kChunk, 0, &off)) {
-      p_->table().erase(e);
+      p_->abandon(e);
       return false;
     }
-    en.mem_off = off;
-    en.memory = ChunkEntry::Memory::kFilling;
+    p_->begin_fill(e, off);
     std::memset(p_->arena_at(off), static_cast<int>(n), kChunk);
     p_->store_landed(e, chunk_checksum(p_->arena_at(off), kChunk));
     return true;
@@ -91,7 +87,7 @@ class PlacementTest : public ::testing::Test {
     uint32_t landed = 0;
     while (landed < n) {
       DiskTier::Completion c[8];
-      const size_t got = p_->disk()->poll(c, 8);
+      const size_t got = p_->poll_disk(c, 8);
       for (size_t i = 0; i < got; ++i) {
         ASSERT_NE(c[i].tag & Placement::kSpillTag, 0u) << "only write-backs were started";
         p_->spill_done(c[i].tag, c[i].status, c[i].err);
@@ -152,7 +148,7 @@ TEST_F(PlacementTest, AVictimWithoutADiskCopyIsWrittenBackFirstAndTheListenerHea
   EXPECT_TRUE(p_->contains(key(1)));
   EXPECT_TRUE(in_memory(2));
   EXPECT_EQ(st_.evictions, 1u);
-  p_->memory().free(off);
+  p_->free_slot(off);
 }
 
 // An ingest whose bytes do not match gives its room back and says so to the
@@ -242,7 +238,7 @@ TEST_F(PlacementTest, ATenantOverItsDiskQuotaDropsItsOwnDiskCopiesOnly) {
     ASSERT_FALSE(p_->make_room(kChunk, 0, &off));
     land_spills(1);
     ASSERT_TRUE(p_->make_room(kChunk, 0, &off));
-    p_->memory().free(off);
+    p_->free_slot(off);
   };
   ASSERT_TRUE(put_tenant(kB, 1));
   ASSERT_TRUE(put_tenant(kA, 1));

@@ -138,7 +138,7 @@ void RequestPipeline::finish(Request* r, Status st) {
   release_arena_bufs(r);
   release_tenant_charge(r);
   if (r->big_off != UINT64_MAX) {  // an encode slot that was not needed in the end
-    placement_->memory().free(r->big_off);
+    placement_->free_slot(r->big_off);
     r->big_off = UINT64_MAX;
   }
   if (r->user != nullptr) {  // the reference taken when the request was accepted
@@ -252,7 +252,7 @@ void RequestPipeline::codec_done(CompressTask* t, UserData task_ud, UserData ctx
 // chunk cannot change under its reader). Device chunks are never encoded, so the
 // bytes copied are the bytes stored.
 Status RequestPipeline::start_device_copy(Request* r, bool to_device) {
-  ChunkEntry& en = table_.at(r->entry);
+  const ChunkEntry& en = table_.at(r->entry);
   if (en.stored != en.size) return Code::kNotSupported;
   DPUKV_RETURN_IF_ERROR(device_->copy(r->dev.region, r->dev.offset,
                                       placement_->arena_at(en.mem_off), en.size, to_device,
@@ -303,31 +303,26 @@ Status RequestPipeline::begin_store_request(Request* r, uint64_t size) {
     finish(r, Code::kSuccess);
     return Code::kSuccess;
   }
-  const int32_t e = placement_->insert_entry(key, hash);
+  // Encoded chunks first take a slot of the codec's worst case, then move to one
+  // of their own size. Device bytes are not on the host for the codec to read.
+  const uint64_t bound =
+      codec_ && !r->device
+          ? kv_encode_bound(KvCodecParams{KvCodec::kLossless, KvDtype::kBf16, {1, 1, 0}, 0}, size)
+          : 0;
+  const bool encoded = codec_ != nullptr && !r->device && bound <= placement_->page_bytes();
+  const int32_t e = placement_->reserve(key, hash, size, encoded ? bound : size, encoded);
   if (e < 0) {
     ++st_->store_rejects;
     finish(r, Code::kNoMemory);
     return Code::kSuccess;
   }
   r->entry = e;
-  ChunkEntry& en = table_.at(e);
-  en.size = size;
-  en.memory = ChunkEntry::Memory::kAwaitingRoom;  // not evictable, not yet present
-  // Encoded chunks first take a slot of the codec's worst case, then move to one
-  // of their own size. Device bytes are not on the host for the codec to read.
-  const uint64_t bound =
-      codec_ && !r->device
-          ? kv_encode_bound(KvCodecParams{KvCodec::kLossless, KvDtype::kBf16, {1, 1, 0}, 0},
-                            en.size)
-          : 0;
-  en.encoded = codec_ != nullptr && !r->device && bound <= placement_->page_bytes();
-  en.stored = en.encoded ? bound : en.size;
   begin_store(r);
   return Code::kSuccess;
 }
 
 void RequestPipeline::begin_store(Request* r) {
-  ChunkEntry& en = table_.at(r->entry);
+  const ChunkEntry& en = table_.at(r->entry);
   uint64_t off;
   // A tenant at its quota makes room from its own chunks first; while the rest of
   // its quota is in flight it waits for those fills to land (they become its
@@ -339,7 +334,7 @@ void RequestPipeline::begin_store(Request* r) {
       wait_for_room(r, 0);
       return;
     }
-    table_.erase(r->entry);
+    placement_->abandon(r->entry);
     ++st_->store_rejects;
     finish(r, Code::kNoMemory);
     return;
@@ -349,13 +344,12 @@ void RequestPipeline::begin_store(Request* r) {
       wait_for_room(r, en.stored);
       return;
     }
-    table_.erase(r->entry);
+    placement_->abandon(r->entry);
     ++st_->store_rejects;
     finish(r, Code::kNoMemory);
     return;
   }
-  en.mem_off = off;
-  en.memory = ChunkEntry::Memory::kFilling;
+  placement_->begin_fill(r->entry, off);
   if (placement_->has_memory_quota(tenant)) {
     placement_->charge_fill(tenant, en.stored);
     r->tenant_charge = en.stored;
@@ -374,10 +368,10 @@ void RequestPipeline::begin_store(Request* r) {
     placement_->fill_failed(r->entry);
     release_tenant_charge(r);
     if (wait_for_engine(r, st)) {
-      table_.at(r->entry).memory = ChunkEntry::Memory::kAwaitingRoom;  // held, as for room
+      placement_->await_room(r->entry);  // held, as for room
       return;
     }
-    table_.erase(r->entry);
+    placement_->abandon(r->entry);
     finish(r, st);
   }
 }
@@ -386,7 +380,7 @@ void RequestPipeline::begin_store(Request* r) {
 // their own size (state Shrink) or, when none is smaller, keep that one.
 void RequestPipeline::after_encode(Request* r, Status st, uint64_t out_len) {
   const int32_t e = r->entry;
-  ChunkEntry& en = table_.at(e);
+  const ChunkEntry& en = table_.at(e);
   if (!st.ok() || stopping()) {
     placement_->drop_memory(e);
     finish(r, st.ok() ? Status(Code::kShutdown) : st);
@@ -394,26 +388,24 @@ void RequestPipeline::after_encode(Request* r, Status st, uint64_t out_len) {
   }
   st_->encoded_bytes_in += en.size;
   st_->encoded_bytes_out += out_len;
-  SlabAllocator& mem = placement_->memory();
   const uint64_t big = en.mem_off;
   uint64_t small;
-  if (mem.class_size(out_len) < mem.class_size(en.stored) && mem.alloc(out_len, &small)) {
+  if (placement_->smaller_slot(en.stored, out_len, &small)) {
     // Move to a slot of the encoded size; the DMA computes the checksum on the way.
     Status ds = inv_->get_by_addr(placement_->arena_map(), placement_->arena_at(small), out_len,
                                   &r->arena_buf2);
     if (ds.ok()) ds = start_dma(r, r->arena_buf, r->arena_buf2);
     if (ds.ok()) {
       r->big_off = big;
-      en.mem_off = small;
-      en.stored = out_len;
+      placement_->encoded_into(e, small, out_len);
       set_state(r, RequestState::kShrink);
       return;
     }
     if (r->arena_buf2) (void)r->arena_buf2->dec_refcount(), r->arena_buf2 = nullptr;
-    mem.free(small);
+    placement_->free_slot(small);
   }
   // Keep the encode slot.
-  en.stored = out_len;
+  placement_->encoded_into(e, big, out_len);
   complete_store(r, chunk_checksum(placement_->arena_at(big), out_len));
 }
 
@@ -462,7 +454,7 @@ void RequestPipeline::begin_retrieve_request(Request* r, uint64_t room) {
     finish(r, Code::kNotFound);
     return;
   }
-  ChunkEntry& en = table_.at(e);
+  const ChunkEntry& en = table_.at(e);
   // The decoder writes one host buffer: not device memory, not a scatter list.
   if (en.encoded && (r->device || r->user->list_len() > 1)) {
     finish(r, Code::kNotSupported);
@@ -473,7 +465,7 @@ void RequestPipeline::begin_retrieve_request(Request* r, uint64_t room) {
     return;
   }
   r->entry = e;
-  ++en.hits;
+  placement_->count_hit(e);
   if (en.mem_ready()) {
     begin_read(r);
     return;
@@ -485,8 +477,8 @@ void RequestPipeline::begin_retrieve_request(Request* r, uint64_t room) {
 // Memory copy → the client's buffer: a DMA (checksummed) or, for an encoded chunk,
 // a decode on the compress engine (which checks the original's checksum).
 void RequestPipeline::begin_read(Request* r) {
-  ChunkEntry& en = table_.at(r->entry);
-  ++en.readers;
+  const ChunkEntry& en = table_.at(r->entry);
+  placement_->begin_reading(r->entry);
   Status st;
   if (r->device) {
     // An encoded chunk is refused before; a reload cannot make one.
@@ -499,7 +491,7 @@ void RequestPipeline::begin_read(Request* r) {
                       : start_dma(r, r->arena_buf, r->user);
   }
   if (!st.ok()) {
-    --en.readers;
+    placement_->end_reading(r->entry);
     if (wait_for_engine(r, st)) return;
     finish(r, st);
   }
@@ -524,7 +516,7 @@ Status RequestPipeline::prefetch(const ChunkKey& key, DoneCb cb, void* arg) {
 }
 
 Status RequestPipeline::start_reload(Request* r) {
-  ChunkEntry& en = table_.at(r->entry);
+  const ChunkEntry& en = table_.at(r->entry);
   if (en.filling() || en.writing()) {  // another request is moving it; try again later
     wait_for_room(r, 0);
     return Code::kSuccess;
@@ -540,13 +532,7 @@ Status RequestPipeline::start_reload(Request* r) {
     }
     return Code::kNoMemory;
   }
-  en.mem_off = off;
-  en.memory = ChunkEntry::Memory::kFilling;
-  Status st = placement_->disk()->read(en.disk_off, placement_->arena_at(off), en.stored, r->index);
-  if (!st.ok()) {
-    placement_->fill_failed(r->entry);
-    return st;
-  }
+  DPUKV_RETURN_IF_ERROR(placement_->begin_reload(r->entry, off, r->index));
   ++disk_reads_;
   set_state(r, RequestState::kDiskRead);
   return Code::kSuccess;
@@ -555,7 +541,7 @@ Status RequestPipeline::start_reload(Request* r) {
 // The end of a DMA: a store's bytes are in the arena (state Dma, or Shrink after
 // an encode), or a retrieve's are in the client's buffer.
 void RequestPipeline::after_copy(Request* r, Status st, uint64_t cs) {
-  ChunkEntry& en = table_.at(r->entry);
+  const ChunkEntry& en = table_.at(r->entry);
   if (r->kind == RequestKind::kStore) {
     if (!st.ok() || stopping()) {
       placement_->drop_memory(r->entry);
@@ -573,7 +559,7 @@ void RequestPipeline::after_copy(Request* r, Status st, uint64_t cs) {
     // other bytes than the cache holds, and the cache's copy is intact: the copy or
     // the destination changed them (a client may write its own memory). This
     // request fails; the chunk, which other clients may read, stays.
-    --en.readers;
+    placement_->end_reading(r->entry);
     ++st_->landed_mismatches;
     ++st_->misses;
     LOG_WARN(
@@ -590,8 +576,8 @@ void RequestPipeline::after_copy(Request* r, Status st, uint64_t cs) {
 // whose bytes failed their check is dropped and reported as a miss.
 void RequestPipeline::finish_read(Request* r, Status st, bool corrupted) {
   const int32_t e = r->entry;
-  ChunkEntry& en = table_.at(e);
-  --en.readers;
+  const ChunkEntry& en = table_.at(e);
+  placement_->end_reading(e);
   if (corrupted) {
     ++st_->checksum_failures;
     LOG_WARN(
@@ -600,7 +586,7 @@ void RequestPipeline::finish_read(Request* r, Status st, bool corrupted) {
         key_text(en.key).c_str(), static_cast<unsigned long long>(en.stored),
         en.on_disk() ? "disk copy" : "memory",
         static_cast<unsigned long long>(en.on_disk() ? en.disk_off : en.mem_off));
-    if (en.readers == 0 && !en.writing() && !en.filling()) placement_->drop_entry(e);
+    placement_->drop_corrupt(e);
     ++st_->misses;
     finish(r, Code::kNotFound);
     return;
@@ -612,10 +598,7 @@ void RequestPipeline::finish_read(Request* r, Status st, bool corrupted) {
   ++st_->hits;
   ++st_->retrieves;
   st_->retrieve_bytes += en.size;
-  if (en.replica_unread)
-    en.replica_unread = false;
-  else
-    placement_->touch(e);
+  placement_->read_done(e);
   finish(r, Code::kSuccess);
 }
 
@@ -631,7 +614,7 @@ void RequestPipeline::reload_done(uint64_t tag, Status st, int err) {
 void RequestPipeline::after_reload(Request* r, Status st) {
   --disk_reads_;
   const int32_t e = r->entry;
-  ChunkEntry& en = table_.at(e);
+  const ChunkEntry& en = table_.at(e);
   if (!st.ok()) {
     ++st_->io_errors;
     LOG_ERR("cache: disk tier read of %llu bytes at offset %llu failed: %s",

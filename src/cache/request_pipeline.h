@@ -144,7 +144,7 @@ class RequestPipeline {
   Context* owner_;
   CacheOptions opts_;
   Placement* placement_;
-  ChunkTable& table_;
+  const ChunkTable& table_;  // placement's, read-only: its verbs change a chunk's state
   CacheStats* st_;
   std::unique_ptr<DmaEngine> dma_;
   std::unique_ptr<CompressEngine> codec_;
