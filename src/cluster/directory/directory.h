@@ -124,6 +124,7 @@ class Directory final : public Context {
   Counters counters() const;  // with the replica's
 
  private:
+  static constexpr uint64_t kChunkExpiryMs = 7ull * 86400000;  // a value nobody refreshes goes
   // One lookup: a single MGET of the keys' holder strings, or an answer from the
   // replica. Pooled: a lookup allocates nothing once the pool is warm.
   struct LookupOp {

@@ -56,6 +56,11 @@ Status parse_size_list(const std::string& s, std::vector<uint64_t>* out) {
   return out->empty() ? Status(Code::kInvalidValue) : Status();
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 std::string format_size(uint64_t b) {
   const char* units[] = {"", "K", "M", "G", "T"};
   int u = 0;

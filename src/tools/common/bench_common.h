@@ -24,6 +24,8 @@ using Json = nlohmann::ordered_json;
 Status parse_size(const std::string& s, uint64_t* out);
 Status parse_size_list(const std::string& s, std::vector<uint64_t>* out);
 std::string format_size(uint64_t bytes);  // 4096 -> "4K"
+// The middle sample (the upper one of an even count); v must not be empty.
+double median(std::vector<double> v);
 
 // Latency samples in nanoseconds. Keeps at most `cap` samples (reservoir beyond).
 class LatencyRecorder {
