@@ -6,7 +6,9 @@ may include. Each allowed edge must be backed by the libraries' link graph in
 CMakeLists.txt (target_link_libraries, followed transitively), so the
 table and the build cannot drift apart, and a folder that is not in the table
 fails the test until someone decides where it sits. Also fails on a folder-level
-include cycle. Usage: layering_test.py SRC_DIR [CMAKELISTS]"""
+include cycle, and on a source file over MAX_LINES lines (tests and generated files
+aside): a file that long holds more than one job. Usage: layering_test.py SRC_DIR
+[CMAKELISTS]"""
 import os
 import re
 import sys
@@ -246,6 +248,27 @@ def problems(deps, linked):
     return out
 
 
+MAX_LINES = 600
+
+
+def line_counts(src):
+    """Lines of every non-test, non-generated source file under src."""
+    out = {}
+    for root, _, files in os.walk(src):
+        for f in files:
+            if not f.endswith((".cc", ".h")) or f.endswith("_test.cc") or "testing" in root:
+                continue
+            path = os.path.join(root, f)
+            with open(path, encoding="utf-8") as fh:
+                out[os.path.relpath(path, src)] = sum(1 for _ in fh)
+    return out
+
+
+def size_problems(counts):
+    return [f"src/{p} has {n} lines (at most {MAX_LINES}): cut it by job"
+            for p, n in sorted(counts.items()) if n > MAX_LINES]
+
+
 def main():
     src = sys.argv[1] if len(sys.argv) > 1 else "src"
     cmakelists = sys.argv[2] if len(sys.argv) > 2 else os.path.join(src, "..", "CMakeLists.txt")
@@ -262,9 +285,14 @@ def main():
     assert not part_problems([("cache", "request_pipeline", "placement")])
     assert py_problems([("connector/staging", "connector/worker")]), "python check misses"
     assert py_problems([("connector/worker", "vllm")]), "python check misses"
+    assert size_problems({"agent/agent.cc": MAX_LINES + 1}), "size check misses"
+    assert not size_problems({"agent/agent.cc": MAX_LINES})
     for folder in sorted(deps):
         print(f"{folder:10s} -> {', '.join(sorted(deps[folder])) or '-'}")
-    found = problems(deps, linked) + part_problems(part_includes(src))
+    counts = line_counts(src)
+    assert counts, "no sources found: the size check reads nothing"
+    found = (problems(deps, linked) + part_problems(part_includes(src)) +
+             size_problems(counts))
     pkg = os.path.join(src, "..", "python", "dpukv")
     if os.path.isdir(pkg):
         edges = py_imports(pkg)
