@@ -129,19 +129,17 @@ Status NvmeTcpHost::open_queue(Queue* q, uint16_t qid, uint16_t depth, uint16_t*
   int fl = 1;
   (void)fl;
   // Connect: the data (host NQN, subsystem NQN, controller id) goes in the capsule.
-  Sqe c{};
-  c.opc = kFabricsOpcode;
-  c.flags = 0x40;  // SGL
-  c.cid = 0x7000 + qid;
-  auto* raw = reinterpret_cast<uint8_t*>(&c);
-  raw[4] = kConnect;
-  uint16_t sqsize = static_cast<uint16_t>(depth - 1);
-  std::memcpy(raw + kConnectQid, &qid, 2);
-  std::memcpy(raw + kConnectSqsize, &sqsize, 2);
-  raw[kConnectCattr] = opts_.disable_sq_flow_control ? kCattrDisableSqFlowControl : 0;
-  if (qid == 0) std::memcpy(raw + kConnectKato, &opts_.kato_ms, 4);
-  SglDescriptor sgl{0, sizeof(ConnectData), {}, kSglDataBlockOffset};
-  std::memcpy(raw + 24, &sgl, sizeof sgl);
+  ConnectCommand cc{};
+  cc.opcode = kFabricsOpcode;
+  cc.psdt = 0x40;  // SGL
+  cc.cid = static_cast<uint16_t>(0x7000 + qid);
+  cc.fctype = kConnect;
+  cc.sgl1 = SglDescriptor{0, sizeof(ConnectData), {}, kSglDataBlockOffset};
+  cc.qid = qid;
+  cc.sqsize = static_cast<uint16_t>(depth - 1);
+  cc.cattr = opts_.disable_sq_flow_control ? kCattrDisableSqFlowControl : 0;
+  if (qid == 0) cc.kato = opts_.kato_ms;
+  const Sqe c = to_sqe(cc);
   ConnectData cd{};
   cd.cntlid = qid == 0 ? kCntlidDynamic : cntlid_;
   std::memcpy(cd.subnqn, opts_.subnqn.data(), std::min<size_t>(opts_.subnqn.size(), 255));
@@ -361,7 +359,7 @@ Status NvmeTcpHost::read_log(uint8_t lid, uint64_t offset, uint8_t* out, uint32_
 Status NvmeTcpHost::discover(const TcpHostOptions& o, uint64_t* genctr,
                              std::vector<DiscoveryEntry>* out) {
   TcpHostOptions d = o;
-  d.subnqn = tcp::kDiscoveryNqn;
+  d.subnqn = kDiscoveryNqn;
   uint16_t status = 0;
   std::unique_ptr<NvmeTcpHost> h;
   if (Status st = connect_admin_only(d, &status, &h); !st.ok()) return st;

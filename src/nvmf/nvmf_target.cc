@@ -46,7 +46,7 @@ void NvmfTarget::Impl::accept_on(Listener* l) {
           LOG_WARN_LIMITED("nvme-tcp: %s: accept: %s; not accepting for 100 ms", l->key.c_str(),
                            std::strerror(errno));
         epoll_event ev{};
-        ev.data.ptr = l;
+        ev.data.ptr = static_cast<PollWatcher*>(l);
         epoll_ctl(epfd, EPOLL_CTL_MOD, l->fd, &ev);
         l->paused_until_ms = monotonic_ms() + 100;
       }
@@ -69,7 +69,7 @@ void NvmfTarget::Impl::accept_on(Listener* l) {
     auto c = std::make_unique<TcpConnection>(this, epfd, fd, l->key);
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.ptr = c.get();
+    ev.data.ptr = static_cast<PollWatcher*>(c.get());
     epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
     conns.push_back(std::move(c));
     ++l->connections;
@@ -90,7 +90,7 @@ void NvmfTarget::Impl::check_deadlines(uint64_t now_ms) {
     l->paused_until_ms = 0;
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.ptr = l.get();
+    ev.data.ptr = static_cast<PollWatcher*>(l.get());
     epoll_ctl(epfd, EPOLL_CTL_MOD, l->fd, &ev);
   }
   // Every stage a host can stall at has a deadline: its ICReq, its Connect, the
@@ -170,20 +170,21 @@ void NvmfTarget::Impl::run() {
     int n = epoll_wait(epfd, evs, 64, idle ? 1 : 0);
     int work = 0;
     for (int i = 0; i < n; ++i) {
-      void* ptr = evs[i].data.ptr;
-      if (ptr == nullptr) {
-        uint64_t v;
-        (void)::read(wake_fd, &v, sizeof v);
-        continue;
-      }
-      bool is_listener = false;
-      for (auto& l : listeners)
-        if (l.get() == ptr) {
-          accept_on(l.get());
-          is_listener = true;
-          ++work;
+      auto* w = static_cast<PollWatcher*>(evs[i].data.ptr);  // every entry is one (poll_watcher.h)
+      switch (w->kind) {
+        case PollWatcher::Kind::kWake: {
+          uint64_t v;
+          (void)::read(wake_fd, &v, sizeof v);
+          break;
         }
-      if (!is_listener) work += static_cast<TcpConnection*>(ptr)->on_readable();
+        case PollWatcher::Kind::kListener:
+          accept_on(static_cast<Listener*>(w));
+          ++work;
+          break;
+        case PollWatcher::Kind::kConnection:
+          work += static_cast<TcpConnection*>(w)->on_readable();
+          break;
+      }
     }
     each_subsystem([&](Subsystem& s) {
       for (auto& c : s.controllers) work += c->poll_bdevs();
@@ -231,7 +232,7 @@ void NvmfTarget::Impl::run() {
 Subsystem NvmfTarget::Impl::make_discovery() {
   Subsystem d;
   d.discovery = true;
-  d.cfg.nqn = tcp::kDiscoveryNqn;
+  d.cfg.nqn = kDiscoveryNqn;
   d.cfg.serial = "DPUKVDISCOVERY";
   d.cfg.model = "dpukv discovery controller";
   d.cfg.allow_any_host = true;
@@ -307,7 +308,7 @@ Status NvmfTarget::create(const TcpTransportOptions& o, std::unique_ptr<NvmfTarg
   if (m->epfd < 0 || m->wake_fd < 0) return Code::kDriver;
   epoll_event ev{};
   ev.events = EPOLLIN;
-  ev.data.ptr = nullptr;
+  ev.data.ptr = static_cast<PollWatcher*>(&m->wake_watcher);
   epoll_ctl(m->epfd, EPOLL_CTL_ADD, m->wake_fd, &ev);
   m->calls.set_wake_fd(m->wake_fd);
   m->thread = std::thread([m] { m->run(); });
@@ -478,7 +479,7 @@ Status NvmfTarget::add_listener(const std::string& nqn, const std::string& addr,
       nl->key = "tcp:" + addr + ":" + std::to_string(nl->port);
       epoll_event ev{};
       ev.events = EPOLLIN;
-      ev.data.ptr = nl.get();
+      ev.data.ptr = static_cast<PollWatcher*>(nl.get());
       epoll_ctl(impl_->epfd, EPOLL_CTL_ADD, fd, &ev);
       l = nl.get();
       impl_->listeners.push_back(std::move(nl));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "nvme/tcp_wire.h"
+#include "nvmf/core/poll_watcher.h"
 #include "nvmf/core/target_side.h"
 #include "nvmf/nvmf_target.h"
 #include "runtime/call_queue.h"
@@ -21,7 +22,8 @@ namespace dpukv::nvme {
 
 class TcpConnection;
 
-struct Listener {
+struct Listener final : PollWatcher {
+  Listener() : PollWatcher(Kind::kListener) {}
   std::string key;  // "tcp:ADDR:PORT"
   int fd = -1;
   uint16_t port = 0;
@@ -32,6 +34,9 @@ struct Listener {
 struct NvmfTarget::Impl final : TargetSide {
   TcpTransportOptions opts;
   int epfd = -1, wake_fd = -1;
+  struct WakeWatcher final : PollWatcher {
+    WakeWatcher() : PollWatcher(Kind::kWake) {}
+  } wake_watcher;
   std::thread thread;
   std::atomic<bool> stop{false};
   CallQueue calls;
@@ -62,7 +67,7 @@ struct NvmfTarget::Impl final : TargetSide {
   uint64_t discovery_genctr = 0;  // GENCTR: bumped by every change the log shows
   static Subsystem make_discovery();
   Subsystem* connect_target(const std::string& nqn) override {
-    return nqn == tcp::kDiscoveryNqn ? &discovery : find_subsystem(nqn);
+    return nqn == kDiscoveryNqn ? &discovery : find_subsystem(nqn);
   }
   const TcpTransportOptions& transport_options() const override { return opts; }
   TargetStats& counters() override { return stats; }

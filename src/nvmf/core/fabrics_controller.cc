@@ -2,12 +2,10 @@
 
 #include <cstring>
 
-#include "nvme/tcp_wire.h"
+#include "nvme/fabrics_spec.h"
 #include "nvmf/core/target_side.h"
 
 namespace dpukv::nvme {
-
-using namespace tcp;
 
 void FabricsController::complete(Request* r, uint16_t status) {
   r->queue->req_complete(r, status);

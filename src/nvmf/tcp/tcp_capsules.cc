@@ -50,22 +50,18 @@ void TcpConnection::send_resp(uint16_t cid, uint16_t status, uint32_t dw0, uint3
 }
 
 void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dlen) {
-  const auto* raw = reinterpret_cast<const uint8_t*>(&sqe);
-  uint16_t recfmt, qid, sqsize;
-  uint32_t kato;
-  std::memcpy(&recfmt, raw + kConnectRecfmt, 2);
-  std::memcpy(&qid, raw + kConnectQid, 2);
-  std::memcpy(&sqsize, raw + kConnectSqsize, 2);
-  std::memcpy(&kato, raw + kConnectKato, 4);
-  uint8_t cattr = raw[kConnectCattr];
+  const ConnectCommand cmd = connect_command(sqe);
+  const uint16_t qid = cmd.qid, sqsize = cmd.sqsize;
+  constexpr auto kQidField = static_cast<uint32_t>(offsetof(ConnectCommand, qid));
+  constexpr auto kSqsizeField = static_cast<uint32_t>(offsetof(ConnectCommand, sqsize));
   // Invalid-parameter answers name the field: bits 15:0 its byte offset, bit 16
   // set when it is in the connect data rather than the command.
   auto reject = [&](uint16_t status, uint32_t dw0) {
     ++t_->counters().connect_rejects;
     send_resp(sqe.cid, status, dw0, 0);
   };
-  if (recfmt != 0) return reject(kConnectIncompatibleFormat, 0);
-  const SglDescriptor sgl = sgl1(sqe);
+  if (cmd.recfmt != 0) return reject(kConnectIncompatibleFormat, 0);
+  const SglDescriptor& sgl = cmd.sgl1;
   if (data == nullptr || dlen < sizeof(ConnectData) || sgl.type != kSglDataBlockOffset ||
       sgl.length != sizeof(ConnectData))
     return reject(kConnectInvalidParameters, 24);
@@ -77,15 +73,15 @@ void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dle
   if (s == nullptr || (!s->discovery && std::find(s->listeners.begin(), s->listeners.end(),
                                                   listener_) == s->listeners.end()))
     return reject(kConnectInvalidParameters, (1u << 16) | 256);
-  if (s->discovery && qid != 0) return reject(kConnectInvalidParameters, kConnectQid);
+  if (s->discovery && qid != 0) return reject(kConnectInvalidParameters, kQidField);
   if (!s->host_allowed(hostnqn)) {
     LOG_WARN_LIMITED("nvme-tcp: host %s is not allowed on %s", hostnqn.c_str(), subnqn.c_str());
     return reject(kConnectInvalidHost, 0);
   }
   uint32_t max_depth = qid == 0 ? 128u : t_->transport_options().max_queue_depth;
   if (sqsize == 0 || sqsize + 1u > max_depth || (qid == 0 && sqsize < 31))
-    return reject(kConnectInvalidParameters, kConnectSqsize);
-  sq_flow_control_ = !(cattr & kCattrDisableSqFlowControl);
+    return reject(kConnectInvalidParameters, kSqsizeField);
+  sq_flow_control_ = !(cmd.cattr & kCattrDisableSqFlowControl);
   if (qid == 0) {
     if (cd.cntlid != kCntlidDynamic) return reject(kConnectInvalidParameters, (1u << 16) | 16);
     ControllerConfig cc;
@@ -106,7 +102,7 @@ void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dle
     if (s->discovery) pool = 128;  // the admin queue only
     auto c = std::make_unique<FabricsController>(cc, s->ns, pool, s, hostnqn);
     c->target = t_;
-    c->set_connect_kato(kato);
+    c->set_connect_kato(cmd.kato);
     c->queues.assign(s->discovery ? 1u : t_->transport_options().max_io_queues + 1u, nullptr);
     if (!setup_queue(static_cast<uint16_t>(sqsize + 1))) return reject(kConnectControllerBusy, 0);
     ctrl_ = c.get();
@@ -124,7 +120,7 @@ void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dle
     return reject(kConnectInvalidParameters, (1u << 16) | 16);
   if (!c->ready()) return reject(kCommandSequenceError, 0);  // enable the controller first
   if (qid > std::min(c->allocated_sqs(), c->allocated_cqs()) || c->queues[qid] != nullptr)
-    return reject(kConnectInvalidParameters, kConnectQid);
+    return reject(kConnectInvalidParameters, kQidField);
   if (!setup_queue(static_cast<uint16_t>(sqsize + 1))) return reject(kConnectControllerBusy, 0);
   ctrl_ = c;
   qid_ = qid;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -131,9 +132,29 @@ void TcpConnection::discard_output() {
   seg_pos_ = 0;
 }
 
+// The slot life cycle of tcp_connection.h, the one place it is written down as
+// code: [from][to]. Staying in a state is not a transition (set_slot returns).
+bool TcpConnection::slot_transition_allowed(SlotState from, SlotState to) {
+  constexpr bool kAllowed[4][4] = {
+      // to: Free  Executing AwaitingData SendingData
+      {false, true, false, false},  // from Free: a command capsule took it
+      {true, false, true, true},    // from Executing: done, R2T sent, or answered with data
+      {true, true, false, false},   // from AwaitingData: the data came (or the queue closed)
+      {true, false, false, false},  // from SendingData: the socket took its data
+  };
+  return kAllowed[static_cast<size_t>(from)][static_cast<size_t>(to)];
+}
+
 void TcpConnection::set_slot(uint16_t slot, SlotState to) {
   Slot& s = slots_[slot];
   if (s.state == to) return;
+  if (!slot_transition_allowed(s.state, to)) {
+    // A bug in this file: debug and sanitizer builds stop here; a release build
+    // says so and goes on, the slot accounting kept.
+    LOG_ERR("nvme-tcp: slot %u moved from state %u to %u, which its life cycle does not allow",
+            slot, static_cast<unsigned>(s.state), static_cast<unsigned>(to));
+    assert(false && "slot transition not in the life cycle");
+  }
   if (to == SlotState::kFree) {
     free_slots_.push_back(slot);
     --busy_slots_;

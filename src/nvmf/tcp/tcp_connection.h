@@ -14,17 +14,19 @@
 #include <string>
 #include <vector>
 
+#include "nvmf/core/poll_watcher.h"
 #include "nvmf/core/target_side.h"
 #include "runtime/clock.h"
 
 namespace dpukv::nvme {
 
-class TcpConnection final : public ControllerCore::QueueTransport {
+class TcpConnection final : public ControllerCore::QueueTransport, public PollWatcher {
  public:
   // poll_fd: the poll group's epoll set, which fd is in (close() takes it out: a
   // plain call, as close runs when the process may be out of descriptors).
   TcpConnection(TargetSide* t, int poll_fd, int fd, std::string listener)
-      : t_(t),
+      : PollWatcher(Kind::kConnection),
+        t_(t),
         poll_fd_(poll_fd),
         fd_(fd),
         listener_(std::move(listener)),
@@ -121,8 +123,10 @@ class TcpConnection final : public ControllerCore::QueueTransport {
     set_slot(slot, SlotState::kSendingData);
     segs_.push_back(OutSeg{data, 0, len, slot});
   }
-  // The one transition function: keeps free_slots_ and busy_slots_ with the states.
+  // The one transition function: keeps free_slots_ and busy_slots_ with the states,
+  // and checks each change against the life cycle above (slot_transition_allowed).
   void set_slot(uint16_t slot, SlotState to);
+  static bool slot_transition_allowed(SlotState from, SlotState to);
   void discard_output();  // the socket is gone: queued slots are freed
   void put_header(uint8_t type, uint8_t flags, uint8_t hlen, uint8_t pdo, uint32_t plen,
                   const void* rest, size_t rest_len);
