@@ -3,7 +3,8 @@
 # the vLLM venv (transformers) on SmolLM2: lossless exact; int8 within its byte and
 # perplexity targets, its agreement within a slice's error of the 99 % target (256
 # predictions: two of them more or less move it by 0.8 points; the full run, 6,400
-# predictions, is in docs/kv_codecs.md); int4 moving some tokens:
+# predictions, is in docs/kv_codecs.md); int4 within its byte and perplexity targets
+# and moving some tokens:
 # kv_quality_test.sh PKGDIR. Skipped (77) without the venv or the model.
 set -euo pipefail
 pkgdir=$(realpath "$1")
@@ -32,6 +33,10 @@ assert rows["lossless"]["agreement"] == 1 and rows["lossless"]["perplexity_ratio
 int8 = rows["int8"]
 assert int8["compression"] >= 1.9 and int8["perplexity_ratio"] <= 1.01, int8
 assert int8["agreement"] >= 0.98, int8
-# The check can fail: int4 moves the model's tokens (on this slice as on the full run).
-assert rows["int4"]["agreement"] < 1, rows["int4"]
+# int4 (values per token on SmolLM2's 64-channel heads): its byte and perplexity
+# targets; its agreement misses 95 % on the full run (94.4 %), so on this slice the
+# check is only that it can fail: int4 moves the model's tokens.
+int4 = rows["int4"]
+assert int4["compression"] >= 3.5 and int4["perplexity_ratio"] <= 1.05, int4
+assert int4["agreement"] < 1, int4
 PY
