@@ -79,18 +79,15 @@ void put_capsule(std::vector<uint8_t>* out, const Sqe& sqe, const void* icd, uin
 
 Sqe connect_sqe(uint16_t qid, uint16_t cntlid_unused) {
   (void)cntlid_unused;
-  Sqe c{};
-  c.opc = kFabricsOpcode;
-  c.flags = 0x40;
+  ConnectCommand c{};
+  c.opcode = kFabricsOpcode;
+  c.psdt = 0x40;
   c.cid = 0x7777;
-  auto* raw = reinterpret_cast<uint8_t*>(&c);
-  raw[4] = kConnect;
-  uint16_t sqsize = qid == 0 ? 31 : 15;
-  std::memcpy(raw + kConnectQid, &qid, 2);
-  std::memcpy(raw + kConnectSqsize, &sqsize, 2);
-  SglDescriptor sgl{0, sizeof(ConnectData), {}, kSglDataBlockOffset};
-  std::memcpy(raw + 24, &sgl, sizeof sgl);
-  return c;
+  c.fctype = kConnect;
+  c.qid = qid;
+  c.sqsize = qid == 0 ? 31 : 15;
+  c.sgl1 = SglDescriptor{0, sizeof(ConnectData), {}, kSglDataBlockOffset};
+  return to_sqe(c);
 }
 
 }  // namespace
