@@ -68,32 +68,18 @@ Status ComchConnection::release_import(Mmap* map) {
   return Code::kNotFound;
 }
 
-FastPathOps ComchBase::fast_path_ops(ComchBase* self) {
-  FastPathOps ops;
-  ops.channel = self;
-  ops.send_ctrl = [](void* ch, ComchConnection* c, MsgType type, const void* payload, uint32_t len,
-                     const int* fds, int nfds) {
-    return static_cast<ComchBase*>(ch)->send_ctrl(c, type, payload, len, fds, nfds);
-  };
-  ops.close_connection = [](void* ch, ComchConnection* c, Status reason, const char* why) {
-    static_cast<ComchBase*>(ch)->close_connection(c, reason, why);
-  };
-  ops.received = [](void* ch, FastPathConsumer* fc, Buf* buf, const uint8_t* imm, uint32_t imm_len,
-                    Status st, UserData ud) {
-    auto* base = static_cast<ComchBase*>(ch);
-    if (base->cb_.on_fp_recv)
-      base->cb_.on_fp_recv(fc, buf, imm, imm_len, st, ud, base->user_data());
-  };
-  ops.peer_consumer = [](void* ch, ComchConnection* c, uint64_t id, bool created) {
-    auto* base = static_cast<ComchBase*>(ch);
-    auto cb = created ? base->cb_.on_consumer_new : base->cb_.on_consumer_expired;
-    if (cb) cb(c, id, base->user_data());
-  };
-  return ops;
+void ComchBase::fast_path_received(FastPathConsumer* fc, Buf* buf, const uint8_t* imm,
+                                   uint32_t imm_len, Status st, UserData ud) {
+  if (cb_.on_fp_recv) cb_.on_fp_recv(fc, buf, imm, imm_len, st, ud, user_data());
+}
+
+void ComchBase::peer_consumer(ComchConnection* c, uint64_t id, bool created) {
+  auto cb = created ? cb_.on_consumer_new : cb_.on_consumer_expired;
+  if (cb) cb(c, id, user_data());
 }
 
 ComchBase::ComchBase(ProgressEngine* pe, const ComchOptions& opts)
-    : Context(pe), opts_(opts), fp_(fast_path_ops(this), pe, opts.max_imports_per_connection) {
+    : Context(pe), opts_(opts), fp_(this, pe, opts.max_imports_per_connection) {
   rx_.reset(new uint8_t[sizeof(MsgHeader) + comch::kMaxMsgLimit]);
   timer_.owner = this;
 }

@@ -107,7 +107,7 @@ struct ComchCallbacks {
                      UserData buf_ud, UserData ctx_ud) = nullptr;
 };
 
-class ComchBase : public Context {
+class ComchBase : public Context, public FastPathHost {
  public:
   ~ComchBase() override;
 
@@ -175,9 +175,9 @@ class ComchBase : public Context {
   ComchConnection* new_connection(int fd, uint64_t id);
   // Sends a control message now, or AGAIN. Bypasses the task pool and send queue.
   Status send_ctrl(ComchConnection* c, comch::MsgType type, const void* payload, uint32_t len,
-                   const int* fds = nullptr, int nfds = 0);
+                   const int* fds = nullptr, int nfds = 0) override;
   void open_connection(ComchConnection* c);
-  void close_connection(ComchConnection* c, Status reason, const char* why);
+  void close_connection(ComchConnection* c, Status reason, const char* why) override;
   void heartbeat_tick(ComchConnection* c, uint64_t now);
   Status start_timer(uint32_t period_ms);
   void stop_timer();
@@ -213,7 +213,10 @@ class ComchBase : public Context {
   std::unique_ptr<uint8_t[]> rx_;                   // one record
   std::vector<ComchConnection*> graveyard_;
   std::vector<std::unique_ptr<Mmap>> dead_maps_;  // released with live buffers
-  static FastPathOps fast_path_ops(ComchBase* self);
+  // FastPathHost: the user's callbacks for what the fast path hands back.
+  void fast_path_received(FastPathConsumer* fc, Buf* buf, const uint8_t* imm, uint32_t imm_len,
+                          Status st, UserData ud) override;
+  void peer_consumer(ComchConnection* c, uint64_t id, bool created) override;
   FastPath fp_;  // the fast path's consumers and the peer's
 };
 

@@ -69,7 +69,7 @@ size_t FastPathConsumer::poll() {
     ring_->comp_head.store(++comp_head_, std::memory_order_release);
     ++owner_->counters_.received;
     ++n;
-    owner_->ops_.received(owner_->ops_.channel, this, buf, e.imm, e.imm_len, Code::kSuccess, ud);
+    owner_->host_->fast_path_received(this, buf, e.imm, e.imm_len, Code::kSuccess, ud);
     if (!conn_->open()) break;  // the callback may have closed things
   }
   return n;
@@ -121,16 +121,14 @@ Status FastPath::create_consumer(ComchConnection* c, Mmap* map, uint32_t queue_s
   comch::ExportPayload ep{};
   int map_fd = -1;
   Status st = map->export_to(&ep.desc, &map_fd);
-  if (st.ok())
-    st = ops_.send_ctrl(ops_.channel, c, comch::MsgType::kExport, &ep, sizeof(ep), &map_fd, 1);
+  if (st.ok()) st = host_->send_ctrl(c, comch::MsgType::kExport, &ep, sizeof(ep), &map_fd, 1);
   comch::ConsumerNewPayload np{};
   np.consumer_id = fc->id_;
   np.data_map_id = map->id();
   int ring_fd = -1;
   if (st.ok()) st = fc->ring_map_->export_to(&np.ring, &ring_fd);
   int fds[2] = {ring_fd, fc->doorbell_};
-  if (st.ok())
-    st = ops_.send_ctrl(ops_.channel, c, comch::MsgType::kConsumerNew, &np, sizeof(np), fds, 2);
+  if (st.ok()) st = host_->send_ctrl(c, comch::MsgType::kConsumerNew, &np, sizeof(np), fds, 2);
   if (st.ok()) st = pe_->watch_fd(fc->doorbell_, EPOLLIN, fc.get());
   if (!st.ok()) {
     ::close(fc->doorbell_);
@@ -151,7 +149,7 @@ void FastPath::flush(FastPathConsumer* fc, Status why) {
     s.buf = nullptr;
     fc->free_slots_.push_back(i);
     --fc->posted_;
-    ops_.received(ops_.channel, fc, buf, nullptr, 0, why, ud);
+    host_->fast_path_received(fc, buf, nullptr, 0, why, ud);
   }
 }
 
@@ -189,8 +187,7 @@ Status FastPath::destroy_consumer(FastPathConsumer* fc) {
   ComchConnection* c = fc->conn_;
   if (c->open()) {
     comch::ConsumerExpiredPayload p{fc->id_};
-    (void)ops_.send_ctrl(ops_.channel, c, comch::MsgType::kConsumerExpired, &p, sizeof(p), nullptr,
-                         0);
+    (void)host_->send_ctrl(c, comch::MsgType::kConsumerExpired, &p, sizeof(p), nullptr, 0);
   }
   flush(fc, Code::kShutdown);
   pe_->unwatch_fd(fc->doorbell_, fc);
@@ -297,7 +294,7 @@ void FastPath::on_consumer_new(ComchConnection* c, const uint8_t* payload, int* 
   pc->post_head = pc->ring->post_head.load(std::memory_order_acquire);
   pc->comp_tail = pc->ring->comp_tail.load(std::memory_order_acquire);
   peer_consumers_.push_back(std::move(pc));
-  ops_.peer_consumer(ops_.channel, c, p.consumer_id, true);
+  host_->peer_consumer(c, p.consumer_id, true);
 }
 
 void FastPath::on_consumer_expired(ComchConnection* c, const uint8_t* payload) {
@@ -311,7 +308,7 @@ void FastPath::on_consumer_expired(ComchConnection* c, const uint8_t* payload) {
   }
   ::close((*it)->doorbell_fd);
   peer_consumers_.erase(it);
-  ops_.peer_consumer(ops_.channel, c, p.consumer_id, false);
+  host_->peer_consumer(c, p.consumer_id, false);
 }
 
 size_t FastPath::poll() {

@@ -15,7 +15,7 @@
 //
 // FastPath is the channel's part for all of this: its consumers, the producer side
 // of the peer's consumers, their announcements. It reaches its channel only
-// through FastPathOps (as an SPDK transport is reached through its ops table).
+// through FastPathHost.
 #pragma once
 
 #include <atomic>
@@ -95,19 +95,24 @@ struct PeerConsumer {
 class FastPath;
 class FastPathConsumer;
 
-// What the fast path needs of the channel it belongs to.
-struct FastPathOps {
-  void* channel = nullptr;
+// What the fast path needs of the channel it belongs to (ComchBase implements it,
+// as an NVMe queue pair reaches its controller through QueueTransport). Its
+// methods are the channel's own, not a subclass's: they stay valid while the
+// channel is torn down, when the fast path hands back what is posted.
+class FastPathHost {
+ public:
   // A control message now (with fds), or AGAIN.
-  Status (*send_ctrl)(void* channel, ComchConnection* c, comch::MsgType type, const void* payload,
-                      uint32_t len, const int* fds, int nfds) = nullptr;
-  void (*close_connection)(void* channel, ComchConnection* c, Status reason,
-                           const char* why) = nullptr;
+  virtual Status send_ctrl(ComchConnection* c, comch::MsgType type, const void* payload,
+                           uint32_t len, const int* fds, int nfds) = 0;
+  virtual void close_connection(ComchConnection* c, Status reason, const char* why) = 0;
   // A posted buffer came back (the user's on_fp_recv).
-  void (*received)(void* channel, FastPathConsumer* fc, Buf* buf, const uint8_t* imm,
-                   uint32_t imm_len, Status st, UserData ud) = nullptr;
+  virtual void fast_path_received(FastPathConsumer* fc, Buf* buf, const uint8_t* imm,
+                                  uint32_t imm_len, Status st, UserData ud) = 0;
   // A consumer of the peer appeared or expired (the user's callbacks).
-  void (*peer_consumer)(void* channel, ComchConnection* c, uint64_t id, bool created) = nullptr;
+  virtual void peer_consumer(ComchConnection* c, uint64_t id, bool created) = 0;
+
+ protected:
+  ~FastPathHost() = default;
 };
 
 class FastPathConsumer final : public FdWatcher {
@@ -158,8 +163,8 @@ class FastPath {
     uint64_t sent = 0, received = 0, doorbells = 0;
   };
   // max_peer_consumers: how many consumers a peer may announce on a connection.
-  FastPath(const FastPathOps& ops, ProgressEngine* pe, uint32_t max_peer_consumers)
-      : ops_(ops), pe_(pe), max_peer_consumers_(max_peer_consumers) {}
+  FastPath(FastPathHost* host, ProgressEngine* pe, uint32_t max_peer_consumers)
+      : host_(host), pe_(pe), max_peer_consumers_(max_peer_consumers) {}
   FastPath(const FastPath&) = delete;
   FastPath& operator=(const FastPath&) = delete;
 
@@ -189,10 +194,10 @@ class FastPath {
   void flush(FastPathConsumer* fc, Status why);
   fastpath::PeerConsumer* find_peer_consumer(const ComchConnection* c, uint64_t id);
   void close_connection(ComchConnection* c, Status reason, const char* why) {
-    ops_.close_connection(ops_.channel, c, reason, why);
+    host_->close_connection(c, reason, why);
   }
 
-  FastPathOps ops_;
+  FastPathHost* host_;
   ProgressEngine* pe_;
   uint32_t max_peer_consumers_;
   std::vector<std::unique_ptr<FastPathConsumer>> consumers_;
