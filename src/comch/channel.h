@@ -173,6 +173,15 @@ class ComchBase : public Context, public FastPathHost {
   virtual void on_connection_closed(ComchConnection* c) = 0;
 
   ComchConnection* new_connection(int fd, uint64_t id);
+  // What a handshake settled, recorded on the connection: the peer's credentials
+  // (server, at accept), the message bound and the peer's heartbeat (both ends),
+  // and the id the server gave it (client).
+  static void set_peer(ComchConnection* c, const PeerCred& peer) { c->peer_ = peer; }
+  static void agree(ComchConnection* c, uint32_t max_msg, uint32_t peer_heartbeat_ms) {
+    c->max_msg_ = max_msg;
+    c->peer_heartbeat_ms_ = peer_heartbeat_ms;
+  }
+  static void set_id(ComchConnection* c, uint64_t id) { c->id_ = id; }
   // Sends a control message now, or AGAIN. Bypasses the task pool and send queue.
   Status send_ctrl(ComchConnection* c, comch::MsgType type, const void* payload, uint32_t len,
                    const int* fds = nullptr, int nfds = 0) override;

@@ -67,7 +67,7 @@ Status ComchClient::try_connect() {
   ucred cred{};
   socklen_t clen = sizeof(cred);
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0)
-    conn_->peer_ = {cred.pid, cred.uid, cred.gid};
+    set_peer(conn_, PeerCred{cred.pid, cred.uid, cred.gid});
   comch::HelloPayload hello{opts_.max_msg_size, opts_.heartbeat_interval_ms, 0};
   Status st = send_ctrl(conn_, MsgType::kHello, &hello, sizeof(hello));
   if (!st.ok()) {
@@ -116,9 +116,8 @@ void ComchClient::on_handshake_msg(ComchConnection* c, const comch::MsgHeader& h
     close_connection(c, Code::kInvalidValue, "bad HELLO_ACK");
     return;
   }
-  c->id_ = ack.connection_id;
-  c->max_msg_ = ack.max_msg;
-  c->peer_heartbeat_ms_ = ack.heartbeat_ms;
+  set_id(c, ack.connection_id);
+  agree(c, ack.max_msg, ack.heartbeat_ms);
   set_state(CtxState::kRunning);
   open_connection(c);
 }
@@ -167,8 +166,8 @@ void ComchClient::on_timer() {
           refusal_ = words;
         }
       }
-    } else if (now - conn_->opened_ns_ > static_cast<uint64_t>(opts_.heartbeat_interval_ms) *
-                                             opts_.heartbeat_misses * 1000000ull) {
+    } else if (now - conn_->opened_ns() > static_cast<uint64_t>(opts_.heartbeat_interval_ms) *
+                                              opts_.heartbeat_misses * 1000000ull) {
       close_connection(conn_, Code::kTimeout, "server did not answer HELLO in time");
     }
     return;

@@ -56,13 +56,15 @@ class ComchConnection final : public FdWatcher {
   // live buffers. NOT_FOUND if the connection does not hold it.
   Status release_import(Mmap* map);
   int fd() const { return fd_; }
+  // When its socket was taken (a server closes one that stays silent too long).
+  uint64_t opened_ns() const { return opened_ns_; }
 
   void on_fd_ready(uint32_t events) override;
 
  private:
+  // Its channel alone drives it; the server and the client record what their
+  // handshake agreed through the channel's protected helpers (ComchBase::agree).
   friend class ComchBase;
-  friend class ComchServer;
-  friend class ComchClient;
   enum class State : uint8_t { kHandshake, kOpen, kClosed };
   ComchConnection(ComchBase* owner, int fd, uint64_t id, uint32_t queue_depth);
   ~ComchConnection() = default;

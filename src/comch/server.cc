@@ -254,7 +254,7 @@ bool ComchServer::admit(uid_t uid, RefuseReason* reason, uint32_t* limit) {
   ComchConnection* oldest = nullptr;
   for (auto& [id, c] : conns_) {
     if (c->open() || (uid_full && c->peer().uid != uid)) continue;
-    if (oldest == nullptr || c->opened_ns_ < oldest->opened_ns_) oldest = c;
+    if (oldest == nullptr || c->opened_ns() < oldest->opened_ns()) oldest = c;
   }
   if (oldest != nullptr) {
     close_connection(oldest, Code::kTimeout, "no HELLO yet; its place went to a new connection");
@@ -336,7 +336,7 @@ void ComchServer::take(int fd, RefuseReason full) {
     ++refused_;
     return;
   }
-  c->peer_ = peer;
+  set_peer(c, peer);
   conns_.emplace(c->id(), c);
   ++per_uid_[cred.uid];
   ++accepted_;
@@ -364,9 +364,8 @@ void ComchServer::on_handshake_msg(ComchConnection* c, const comch::MsgHeader& h
                      "bad HELLO (heartbeat above the bound, or a bad field)");
     return;
   }
-  c->max_msg_ = std::min(hello.max_msg, opts_.max_msg_size);
-  c->peer_heartbeat_ms_ = hello.heartbeat_ms;
-  comch::HelloAckPayload ack{c->id(), c->max_msg_, opts_.heartbeat_interval_ms};
+  agree(c, std::min(hello.max_msg, opts_.max_msg_size), hello.heartbeat_ms);
+  comch::HelloAckPayload ack{c->id(), c->max_msg(), opts_.heartbeat_interval_ms};
   Status st = send_ctrl(c, MsgType::kHelloAck, &ack, sizeof(ack));
   if (!st.ok()) {
     close_connection(c, Code::kConnectionReset, "cannot answer HELLO");
@@ -399,7 +398,7 @@ void ComchServer::on_timer() {
   for (auto& [id, c] : conns_) all.push_back(c);
   for (ComchConnection* c : all) {
     if (!c->open()) {
-      if (now - c->opened_ns_ > hello_ns) close_connection(c, Code::kTimeout, "no HELLO in time");
+      if (now - c->opened_ns() > hello_ns) close_connection(c, Code::kTimeout, "no HELLO in time");
       continue;
     }
     heartbeat_tick(c, now);
