@@ -66,7 +66,7 @@ void NvmfTarget::Impl::accept_on(Listener* l) {
     // a busy pass instead of waiting for autotuning.
     int sndbuf = 4 << 20;
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
-    auto c = std::make_unique<TcpConnection>(this, epfd, fd, l->key);
+    auto c = std::make_unique<TcpConnection>(this, &opts, epfd, fd, l->key);
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.ptr = static_cast<PollWatcher*>(c.get());

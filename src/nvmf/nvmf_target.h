@@ -20,6 +20,7 @@
 #include "nvmf/bdev/bdev.h"
 #include "nvmf/core/controller_core.h"
 #include "nvmf/core/target_side.h"
+#include "nvmf/tcp/tcp_transport_options.h"
 #include "nvmf/vfio_user/emulation_manager.h"
 
 namespace dpukv::nvme {

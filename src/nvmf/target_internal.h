@@ -69,7 +69,6 @@ struct NvmfTarget::Impl final : TargetSide {
   Subsystem* connect_target(const std::string& nqn) override {
     return nqn == kDiscoveryNqn ? &discovery : find_subsystem(nqn);
   }
-  const TcpTransportOptions& transport_options() const override { return opts; }
   TargetStats& counters() override { return stats; }
   template <class F>
   void each_subsystem(F f) {

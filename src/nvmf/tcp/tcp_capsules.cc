@@ -78,7 +78,7 @@ void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dle
     LOG_WARN_LIMITED("nvme-tcp: host %s is not allowed on %s", hostnqn.c_str(), subnqn.c_str());
     return reject(kConnectInvalidHost, 0);
   }
-  uint32_t max_depth = qid == 0 ? 128u : t_->transport_options().max_queue_depth;
+  uint32_t max_depth = qid == 0 ? 128u : opts_->max_queue_depth;
   if (sqsize == 0 || sqsize + 1u > max_depth || (qid == 0 && sqsize < 31))
     return reject(kConnectInvalidParameters, kSqsizeField);
   sq_flow_control_ = !(cmd.cattr & kCattrDisableSqFlowControl);
@@ -91,19 +91,18 @@ void TcpConnection::on_connect(const Sqe& sqe, const uint8_t* data, uint32_t dle
     cc.model = s->cfg.model;
     cc.subnqn = s->cfg.nqn;
     cc.cntlid = s->next_cntlid;
-    cc.max_io_queues = t_->transport_options().max_io_queues;
-    cc.mqes = static_cast<uint16_t>(t_->transport_options().max_queue_depth - 1);
-    cc.mdts = static_cast<uint8_t>(
-        std::countr_zero(std::max<uint32_t>(t_->transport_options().max_io_size, 4096) / 4096));
-    cc.in_capsule_bytes = t_->transport_options().in_capsule_data_size;
+    cc.max_io_queues = opts_->max_io_queues;
+    cc.mqes = static_cast<uint16_t>(opts_->max_queue_depth - 1);
+    cc.mdts =
+        static_cast<uint8_t>(std::countr_zero(std::max<uint32_t>(opts_->max_io_size, 4096) / 4096));
+    cc.in_capsule_bytes = opts_->in_capsule_data_size;
     s->next_cntlid = s->next_cntlid >= 0xffef ? 1 : static_cast<uint16_t>(s->next_cntlid + 1);
-    uint32_t pool = 128u + uint32_t{t_->transport_options().max_io_queues} *
-                               t_->transport_options().max_queue_depth;
+    uint32_t pool = 128u + uint32_t{opts_->max_io_queues} * opts_->max_queue_depth;
     if (s->discovery) pool = 128;  // the admin queue only
     auto c = std::make_unique<FabricsController>(cc, s->ns, pool, s, hostnqn);
     c->target = t_;
     c->set_connect_kato(cmd.kato);
-    c->queues.assign(s->discovery ? 1u : t_->transport_options().max_io_queues + 1u, nullptr);
+    c->queues.assign(s->discovery ? 1u : opts_->max_io_queues + 1u, nullptr);
     if (!setup_queue(static_cast<uint16_t>(sqsize + 1))) return reject(kConnectControllerBusy, 0);
     ctrl_ = c.get();
     c->queues[0] = this;
@@ -187,7 +186,7 @@ bool TcpConnection::on_capsule(const uint8_t* p, uint32_t plen, const uint8_t* d
   r->iovcnt = len > 0 ? 1 : 0;
   if (st == kSuccess && len > 0) {
     const SglDescriptor sgl = sgl1(sqe);
-    uint32_t icd_limit = qid_ == 0 ? 8192u : t_->transport_options().in_capsule_data_size;
+    uint32_t icd_limit = qid_ == 0 ? 8192u : opts_->in_capsule_data_size;
     if (((sqe.flags >> 6) & 3) != 1) {
       st = kInvalidField;
     } else if (sgl.length < len) {

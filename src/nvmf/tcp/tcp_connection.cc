@@ -181,9 +181,7 @@ int TcpConnection::on_readable() {
   const uint32_t max_pdu = !ready_ ? sizeof(IcReq)
                            : ctrl_ == nullptr
                                ? static_cast<uint32_t>(sizeof(CapsuleCmd)) + 1024 + 2 * 4
-                               : std::max(t_->transport_options().max_h2c_data,
-                                          t_->transport_options().in_capsule_data_size) +
-                                     256;
+                               : std::max(opts_->max_h2c_data, opts_->in_capsule_data_size) + 256;
   while (!closing_ && rlen_ - pos >= sizeof(CommonHeader)) {
     CommonHeader ch;
     std::memcpy(&ch, rbuf_.data() + pos, sizeof ch);
@@ -334,7 +332,7 @@ bool TcpConnection::on_icreq(const uint8_t* p, uint32_t plen) {
   r.pfv = 0;
   r.cpda = 0;
   r.dgst = req.dgst & (kDigestHeader | kDigestData);
-  r.maxh2cdata = t_->transport_options().max_h2c_data;
+  r.maxh2cdata = opts_->max_h2c_data;
   std::memcpy(out(sizeof r), &r, sizeof r);
   ++t_->counters().pdus_out;
   ready_ = true;
@@ -347,8 +345,7 @@ bool TcpConnection::setup_queue(uint16_t depth) {
   slots_.assign(depth, Slot{});
   free_slots_.clear();
   for (uint32_t i = depth; i-- > 0;) free_slots_.push_back(static_cast<uint16_t>(i));
-  uint32_t per =
-      std::max(t_->transport_options().max_io_size, t_->transport_options().in_capsule_data_size);
+  uint32_t per = std::max(opts_->max_io_size, opts_->in_capsule_data_size);
   per = std::max<uint32_t>(per, 8192);  // admin in-capsule data and log pages
   data_area_len_ = size_t{per} * depth;
   void* m =
@@ -404,10 +401,9 @@ bool TcpConnection::on_h2c_data(const uint8_t* p, const uint8_t* data, uint32_t 
     return false;
   }
   Slot& s = slots_[h.ttag];
-  if (h.datal != dlen || h.datal > t_->transport_options().max_h2c_data) {
-    fatal(
-        h.datal > t_->transport_options().max_h2c_data ? kFesDataLimitExceeded : kFesInvalidHeader,
-        16, p, sizeof h);
+  if (h.datal != dlen || h.datal > opts_->max_h2c_data) {
+    fatal(h.datal > opts_->max_h2c_data ? kFesDataLimitExceeded : kFesInvalidHeader, 16, p,
+          sizeof h);
     return false;
   }
   if (h.datao != s.received || h.datal > s.len - s.received) {
@@ -437,7 +433,7 @@ void TcpConnection::req_complete(ControllerCore::Request* r, uint16_t status) {
   uint32_t dw0 = r->dw0, dw1 = r->dw1;
   if (!closing_) {
     bool data_out = status == kSuccess && s.to_host && s.len > 0;
-    bool success_flag = data_out && t_->transport_options().c2h_success && !sq_flow_control_;
+    bool success_flag = data_out && opts_->c2h_success && !sq_flow_control_;
     if (data_out) send_c2h(cid, slot, s.len, success_flag);
     if (!success_flag) send_resp(cid, status, dw0, dw1);
   }

@@ -16,6 +16,7 @@
 
 #include "nvmf/core/poll_watcher.h"
 #include "nvmf/core/target_side.h"
+#include "nvmf/tcp/tcp_transport_options.h"
 #include "runtime/clock.h"
 
 namespace dpukv::nvme {
@@ -24,9 +25,11 @@ class TcpConnection final : public ControllerCore::QueueTransport, public PollWa
  public:
   // poll_fd: the poll group's epoll set, which fd is in (close() takes it out: a
   // plain call, as close runs when the process may be out of descriptors).
-  TcpConnection(TargetSide* t, int poll_fd, int fd, std::string listener)
+  TcpConnection(TargetSide* t, const TcpTransportOptions* opts, int poll_fd, int fd,
+                std::string listener)
       : PollWatcher(Kind::kConnection),
         t_(t),
+        opts_(opts),
         poll_fd_(poll_fd),
         fd_(fd),
         listener_(std::move(listener)),
@@ -131,7 +134,8 @@ class TcpConnection final : public ControllerCore::QueueTransport, public PollWa
   void put_header(uint8_t type, uint8_t flags, uint8_t hlen, uint8_t pdo, uint32_t plen,
                   const void* rest, size_t rest_len);
 
-  TargetSide* t_;  // the target that owns this connection
+  TargetSide* t_;                    // the target that owns this connection
+  const TcpTransportOptions* opts_;  // the target's, current (set_tcp_options)
   int poll_fd_;
   int fd_;
   std::string listener_;

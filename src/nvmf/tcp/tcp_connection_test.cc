@@ -22,7 +22,6 @@ using namespace tcp;  // the PDU layouts
 
 class TestTarget final : public TargetSide {
  public:
-  const TcpTransportOptions& transport_options() const override { return opts; }
   TargetStats& counters() override { return stats; }
   Subsystem* connect_target(const std::string&) override { return nullptr; }
   std::vector<uint8_t> discovery_log(const std::string&) const override { return {}; }
@@ -39,7 +38,7 @@ class TcpConnectionTest : public ::testing::Test {
     ep_ = epoll_create1(EPOLL_CLOEXEC);
     ASSERT_GE(ep_, 0);
     target_.opts.max_h2c_data = 64 * 1024;
-    conn_ = std::make_unique<TcpConnection>(&target_, ep_, sv[0], "tcp:test");
+    conn_ = std::make_unique<TcpConnection>(&target_, &target_.opts, ep_, sv[0], "tcp:test");
   }
   void TearDown() override {
     conn_.reset();
