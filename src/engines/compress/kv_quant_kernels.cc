@@ -103,6 +103,17 @@ __attribute__((target("avx512f,avx512bw,f16c"))) inline __m512 load16_512(const 
   return _mm512_cvtph_ps(v);
 }
 
+// 16 floats back to 16-bit values: bf16 rounds to nearest even in integer
+// arithmetic, as f32_to_bf16 does (no NaN here); fp16 by F16C.
+__attribute__((target("avx512f,avx512bw,f16c"))) inline __m256i store16_512(__m512 y, KvDtype dt) {
+  if (dt != KvDtype::kBf16)
+    return _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512i b = _mm512_castps_si512(y);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  b = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
+}
+
 __attribute__((target("avx512f,avx512bw,f16c"))) bool minmax_avx512(const QuantJob& j, uint32_t c0,
                                                                     uint32_t c1, float* mn,
                                                                     float* mx) {
@@ -164,17 +175,7 @@ __attribute__((target("avx512f,avx512bw,f16c"))) void dequant_avx512(
       const __m512i q =
           _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + off)));
       const __m512 y = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), vs), vz);
-      __m256i h;
-      if (dt == KvDtype::kBf16) {
-        // Round to nearest even in integer arithmetic, as f32_to_bf16 does (no NaN here).
-        __m512i b = _mm512_castps_si512(y);
-        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-        b = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-        h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
-      } else {
-        h = _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + off), h);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + off), store16_512(y, dt));
     }
   }
 }
@@ -185,6 +186,16 @@ __attribute__((target("avx2,f16c"))) inline __m256 load8_256(const uint16_t* p, 
   if (dt == KvDtype::kBf16)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
   return _mm256_cvtph_ps(v);
+}
+
+// 8 floats back to 16-bit values, as store16_512.
+__attribute__((target("avx2,f16c"))) inline __m128i store8_256(__m256 y, KvDtype dt) {
+  if (dt != KvDtype::kBf16)
+    return _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256i b = _mm256_castps_si256(y);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  b = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+  return _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
 }
 
 __attribute__((target("avx2,f16c"))) bool minmax_avx2(const QuantJob& j, uint32_t c0, uint32_t c1,
@@ -262,17 +273,7 @@ __attribute__((target("avx2,f16c"))) void dequant_avx2(const uint8_t* codes, uin
       std::memcpy(&raw, codes + off, 8);
       const __m256i q = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(raw)));
       const __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), vs), vz);
-      __m128i h;
-      if (dt == KvDtype::kBf16) {
-        __m256i b = _mm256_castps_si256(y);
-        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-        b = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)),
-                              16);
-        h = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-      } else {
-        h = _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      }
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + off), h);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + off), store8_256(y, dt));
     }
   }
 }
@@ -294,16 +295,7 @@ __attribute__((target("avx512f,avx512bw,f16c"))) void dequant_row_avx512(const u
     const __m512i q =
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + c)));
     const __m512 y = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), vs), vz);
-    __m256i h;
-    if (dt == KvDtype::kBf16) {
-      __m512i b = _mm512_castps_si512(y);
-      __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-      b = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-      h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
-    } else {
-      h = _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c), h);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c), store16_512(y, dt));
   }
 }
 
@@ -315,17 +307,7 @@ __attribute__((target("avx2,f16c"))) void dequant_row_avx2(const uint8_t* codes,
     std::memcpy(&raw, codes + c, 8);
     const __m256i q = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(raw)));
     const __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), vs), vz);
-    __m128i h;
-    if (dt == KvDtype::kBf16) {
-      __m256i b = _mm256_castps_si256(y);
-      __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-      b = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)),
-                            16);
-      h = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-    } else {
-      h = _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c), h);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c), store8_256(y, dt));
   }
 }
 
