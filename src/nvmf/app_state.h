@@ -1,8 +1,8 @@
 // What the NVMe-oF application's JSON-RPC methods act on, shared by the method
 // groups (rpc_bdev, rpc_transport, rpc_subsystem, rpc_emulation, each registering
-// its methods on `rpc`) and owned by NvmfApp: the target and its emulation
-// manager, the block devices, and the table every trtype is looked up in. Every
-// method runs on the RPC thread.
+// its methods on `rpc`) and owned by NvmfApp: the target (which owns its
+// transports, vfio-user's emulation manager among them), the block devices, and the table every
+// trtype is looked up in. Every method runs on the RPC thread.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,6 @@
 #include "nvmf/bdev/bdev.h"
 #include "nvmf/bdev/bdev_registry.h"
 #include "nvmf/nvmf_target.h"
-#include "nvmf/vfio_user/emulation_manager.h"
 #include "rpc/jsonrpc_server.h"
 
 namespace dpukv::nvme {
@@ -33,7 +32,6 @@ struct AppState {
   AppOptions opts;
   rpc::JsonRpcServer rpc;
   std::unique_ptr<NvmfTarget> target;
-  std::unique_ptr<EmulationManager> emu;
   std::map<std::string, std::shared_ptr<Bdev>> bdevs;  // RPC thread only
   std::map<std::string, uint32_t> bdev_seq;            // numbering of unnamed bdevs, per kind
   BdevLimits bdev_limits;

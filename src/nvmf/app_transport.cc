@@ -86,7 +86,7 @@ Json TcpAppTransport::stats() {
 VfioUserAppTransport::~VfioUserAppTransport() {
   for (const auto& f : functions_) {
     const std::string id = f.id;
-    (void)target_->run_on_poller([&] { return emu_->destroy_function(id); });
+    (void)target_->run_on_poller([&] { return vfio_->destroy_function(id); });
   }
 }
 
@@ -129,7 +129,7 @@ void VfioUserAppTransport::list_listeners(const SubsystemInfo& s, Json* out) con
 std::vector<FunctionInfo> VfioUserAppTransport::function_infos() {
   std::vector<FunctionInfo> infos;
   (void)target_->run_on_poller([&] {
-    infos = emu_->list_functions();
+    infos = vfio_->list_functions();
     return Status(Code::kSuccess);
   });
   return infos;
@@ -171,7 +171,7 @@ RpcError VfioUserAppTransport::make_function(const std::string& nqn, const std::
     }
   spec.config.mappable_doorbells = mappable_bar0_;
   std::string id;
-  Status st = target_->run_on_poller([&] { return emu_->create_function(spec, &id); });
+  Status st = target_->run_on_poller([&] { return vfio_->create_function(spec, &id); });
   if (!st.ok()) return rpc::from_status(st, "function at " + path);
   functions_.push_back(Function{id, nqn, path});
   *out = Json{
@@ -183,7 +183,7 @@ RpcError VfioUserAppTransport::destroy_function(const std::string& id) {
   auto it = std::find_if(functions_.begin(), functions_.end(),
                          [&](const Function& f) { return f.id == id; });
   if (it == functions_.end()) return RpcError{-ENODEV, "function " + id + ": not found"};
-  Status st = target_->run_on_poller([&] { return emu_->destroy_function(id); });
+  Status st = target_->run_on_poller([&] { return vfio_->destroy_function(id); });
   functions_.erase(it);
   return st.ok() ? RpcError{} : rpc::from_status(st, "function " + id);
 }

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "nvmf/nvmf_target.h"
-#include "nvmf/vfio_user/emulation_manager.h"
+#include "nvmf/vfio_user/vfio_user_transport.h"
 #include "rpc/params.h"
 
 namespace dpukv::nvme {
@@ -65,7 +65,8 @@ class TcpAppTransport final : public AppTransport {
 
 class VfioUserAppTransport final : public AppTransport {
  public:
-  VfioUserAppTransport(NvmfTarget* t, EmulationManager* m) : target_(t), emu_(m) {}
+  // t owns v (NvmfTarget::add_transport); v's methods run on t's poll thread.
+  VfioUserAppTransport(NvmfTarget* t, VfioUserTransport* v) : target_(t), vfio_(v) {}
   ~VfioUserAppTransport() override;
   const char* trtype() const override { return "VFIOUSER"; }
   rpc::RpcError create(const TransportOptions& o) override;
@@ -90,7 +91,7 @@ class VfioUserAppTransport final : public AppTransport {
   };
   std::vector<FunctionInfo> function_infos();
   NvmfTarget* target_;
-  EmulationManager* emu_;
+  VfioUserTransport* vfio_;
   std::vector<Function> functions_;  // RPC thread only
   bool mappable_bar0_ = true;
 };

@@ -28,13 +28,11 @@ Status NvmfApp::create(const AppOptions& o, std::unique_ptr<NvmfApp>* out) {
   TcpTransportOptions to;
   to.cpu = o.cpu;
   if (Status st = NvmfTarget::create(to, &a->app_.target); !st.ok()) return st;
-  ManagerOptions mo;
-  mo.own_thread = false;  // polled in the target's poll group
-  if (Status st = EmulationManager::create(mo, &a->app_.emu); !st.ok()) return st;
-  a->app_.target->attach_emulation(a->app_.emu.get());
+  std::unique_ptr<VfioUserTransport> vfio;
+  if (Status st = VfioUserTransport::create(&vfio); !st.ok()) return st;
+  auto* vu = static_cast<VfioUserTransport*>(a->app_.target->add_transport(std::move(vfio)));
   a->app_.tcp = std::make_unique<TcpAppTransport>(a->app_.target.get());
-  a->app_.vfio_user =
-      std::make_unique<VfioUserAppTransport>(a->app_.target.get(), a->app_.emu.get());
+  a->app_.vfio_user = std::make_unique<VfioUserAppTransport>(a->app_.target.get(), vu);
   a->app_.transports[0] = a->app_.tcp.get();
   a->app_.transports[1] = a->app_.vfio_user.get();
   a->register_framework_methods();
@@ -61,8 +59,6 @@ NvmfApp::~NvmfApp() {
   app_.rpc.stop();
   app_.vfio_user.reset();  // destroys its functions on the poll thread
   app_.tcp.reset();
-  if (app_.target) app_.target->attach_emulation(nullptr);
-  app_.emu.reset();
   app_.target.reset();
 }
 

@@ -1,230 +1,63 @@
-// NvmfTarget: the poll group and the configuration calls (subsystems, hosts,
-// namespaces, listeners), each run on the poll thread.
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <isa-l/crc.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sched.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <unistd.h>
+// NvmfTarget: the controllers' poller, the discovery log, and the configuration
+// calls (subsystems, hosts, namespaces, listeners), each run on the poll thread.
+#include "nvmf/nvmf_target.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
 #include <cstring>
-#include <map>
 
 #include "nvme/tcp_wire.h"
-#include "nvmf/nvmf_target.h"
 #include "nvmf/target_internal.h"
-#include "nvmf/tcp/tcp_connection.h"
-#include "runtime/call_queue.h"
-#include "runtime/clock.h"
-#include "runtime/crc32c.h"
 #include "runtime/log.h"
 
 namespace dpukv::nvme {
 
 using namespace tcp;
 
-// ---- the poll group ----------------------------------------------------------
+// ---- the controllers' poller ----------------------------------------------------
 
-void NvmfTarget::Impl::accept_on(Listener* l) {
-  for (;;) {
-    int fd = accept4(l->fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        // The pending connection stays in the backlog and the listener readable:
-        // watched, it would wake the poll group at once, forever. Not watched for
-        // 100 ms instead, as SPDK's acceptor polls again later; the hosts retry.
-        ++stats.accept_errors;
-        if (l->paused_until_ms == 0)
-          LOG_WARN_LIMITED("nvme-tcp: %s: accept: %s; not accepting for 100 ms", l->key.c_str(),
-                           std::strerror(errno));
-        epoll_event ev{};
-        ev.data.ptr = static_cast<PollWatcher*>(l);
-        epoll_ctl(epfd, EPOLL_CTL_MOD, l->fd, &ev);
-        l->paused_until_ms = monotonic_ms() + 100;
-      }
-      return;
-    }
-    if (l->connections >= opts.max_connections_per_listener) {
-      if (stats.connections_refused++ % 1024 == 0)
-        LOG_WARN_LIMITED("nvme-tcp: %s: %u connections open, closing a new one (%llu so far)",
-                         l->key.c_str(), l->connections,
-                         static_cast<unsigned long long>(stats.connections_refused));
-      ::close(fd);
-      continue;
-    }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    // A queue of 128 reads of 128 KiB answers 16 MiB at once; start with room for
-    // a busy pass instead of waiting for autotuning.
-    int sndbuf = 4 << 20;
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
-    auto c = std::make_unique<TcpConnection>(this, &opts, epfd, fd, l->key);
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = static_cast<PollWatcher*>(c.get());
-    epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
-    conns.push_back(std::move(c));
-    ++l->connections;
-    ++stats.connections;
-    stats.active_connections = conns.size();
-  }
+int NvmfTarget::Impl::poll() {
+  int work = 0;
+  each_subsystem([&](Subsystem& s) {
+    for (auto& c : s.controllers) work += c->poll_bdevs();
+  });
+  return work;
 }
 
-Listener* NvmfTarget::Impl::listener_of(const TcpConnection& c) {
-  for (auto& l : listeners)
-    if (l->key == c.listener()) return l.get();
-  return nullptr;
-}
-
-void NvmfTarget::Impl::check_deadlines(uint64_t now_ms) {
-  for (auto& l : listeners) {
-    if (l->paused_until_ms == 0 || now_ms < l->paused_until_ms) continue;
-    l->paused_until_ms = 0;
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = static_cast<PollWatcher*>(l.get());
-    epoll_ctl(epfd, EPOLL_CTL_MOD, l->fd, &ev);
-  }
-  // Every stage a host can stall at has a deadline: its ICReq, its Connect, the
-  // rest of a PDU whose header came. Closed connections are logged once a window.
-  for (auto& c : conns) {
-    if (c->closed()) continue;
-    const char* why = nullptr;
-    if (!c->ready()) {
-      if (now_ms - c->opened_ms() >= opts.icreq_timeout_ms)
-        ++stats.icreq_timeouts, why = "no ICReq in time";
-    } else if (c->controller() == nullptr && now_ms - c->ready_ms() >= opts.connect_timeout_ms) {
-      ++stats.connect_timeouts, why = "no Connect in time after the ICReq";
-    }
-    if (why == nullptr && c->partial_since_ms() != 0 &&
-        now_ms - c->partial_since_ms() >= opts.pdu_timeout_ms) {
-      ++stats.pdu_timeouts, why = "the rest of a PDU did not come in time";
-    }
-    if (why == nullptr) continue;
-    LOG_WARN_LIMITED("nvme-tcp: %s: closing a connection: %s", c->listener().c_str(), why);
-    c->close(why);
-  }
-}
-
-void NvmfTarget::Impl::close_controller(FabricsController* c, const char* why) {
-  for (ControllerCore::QueueTransport* q : c->queues)
-    if (q != nullptr) q->close(why);
-}
-
-// Connections that closed leave once their requests are back; a controller leaves
-// with its admin queue.
-void NvmfTarget::Impl::reap_closed() {
+void NvmfTarget::Impl::tick(uint64_t ms) {
+  const TcpTransportOptions& o = tcp->options();
   each_subsystem([&](Subsystem& s) {
     for (auto& c : s.controllers) {
-      ControllerCore::QueueTransport* admin = c->queues.empty() ? nullptr : c->queues[0];
-      if (admin != nullptr && admin->closed()) close_controller(c.get(), "admin queue closed");
+      // 64-bit: a KATO near 2^32 ms plus the grace wrapped in 32 bits and ended
+      // the association at once. KATO 0 (no keep alive) still ends an idle one.
+      const uint32_t kato = c->keep_alive_timeout_ms();
+      const uint64_t limit =
+          kato > 0 ? uint64_t{kato} + o.keep_alive_grace_ms : uint64_t{o.no_kato_timeout_ms};
+      if (ms - c->last_activity_ms > limit) {
+        LOG_WARN_LIMITED("nvme-tcp: controller %u of %s: %s (%llu ms without a command)",
+                         c->config().cntlid, s.cfg.nqn.c_str(),
+                         kato > 0 ? "keep alive timeout" : "idle with no keep alive (KATO 0)",
+                         static_cast<unsigned long long>(limit));
+        ++stats.keep_alive_expiries;
+        c->last_activity_ms = ms;  // once
+        c->close_queues("keep alive timeout");
+      }
     }
   });
-  for (size_t i = 0; i < conns.size();) {
-    TcpConnection* c = conns[i].get();
-    if (!c->closed()) {
-      ++i;
-      continue;
-    }
-    FabricsController* ctrl = c->controller();
-    if (ctrl != nullptr) ctrl->poll_bdevs();
-    if (!c->idle()) {
-      ++i;
-      continue;
-    }
-    if (ctrl != nullptr) {
-      ctrl->queues[c->qid()] = nullptr;
-      bool empty = std::all_of(ctrl->queues.begin(), ctrl->queues.end(),
-                               [](ControllerCore::QueueTransport* q) { return q == nullptr; });
-      if (empty) {
-        Subsystem* s = ctrl->subsys;
-        std::erase_if(s->controllers,
-                      [&](const std::unique_ptr<FabricsController>& x) { return x.get() == ctrl; });
-      }
-    }
-    if (Listener* l = listener_of(*c); l != nullptr && l->connections > 0) --l->connections;
-    conns.erase(conns.begin() + static_cast<long>(i));
-  }
-  stats.active_connections = conns.size();
 }
 
-void NvmfTarget::Impl::run() {
-  if (opts.cpu >= 0) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(opts.cpu, &set);
-    sched_setaffinity(0, sizeof set, &set);
-  }
-  uint64_t last_work = monotonic_us(), last_ka_check = monotonic_ms();
-  epoll_event evs[64];
-  while (!stop.load(std::memory_order_relaxed)) {
-    bool idle = monotonic_us() - last_work > 2000;
-    int n = epoll_wait(epfd, evs, 64, idle ? 1 : 0);
-    int work = 0;
-    for (int i = 0; i < n; ++i) {
-      auto* w = static_cast<PollWatcher*>(evs[i].data.ptr);  // every entry is one (poll_watcher.h)
-      switch (w->kind) {
-        case PollWatcher::Kind::kWake: {
-          uint64_t v;
-          (void)::read(wake_fd, &v, sizeof v);
-          break;
-        }
-        case PollWatcher::Kind::kListener:
-          accept_on(static_cast<Listener*>(w));
-          ++work;
-          break;
-        case PollWatcher::Kind::kConnection:
-          work += static_cast<TcpConnection*>(w)->on_readable();
-          break;
-      }
-    }
-    each_subsystem([&](Subsystem& s) {
-      for (auto& c : s.controllers) work += c->poll_bdevs();
-    });
-    if (emu != nullptr) work += emu->poll_once();
-    bool closed_any = false;
-    for (auto& c : conns) {
-      if (c->has_output()) {
-        c->flush();
-        ++work;  // a full socket buffer is work pending: do not fall asleep on it
-      }
-      closed_any |= c->closed();
-    }
-    if (closed_any) reap_closed();
-    if (work > 0) last_work = monotonic_us();
-    uint64_t ms = monotonic_ms();
-    if (ms - last_ka_check >= 100) {
-      last_ka_check = ms;
-      check_deadlines(ms);
-      each_subsystem([&](Subsystem& s) {
-        for (auto& c : s.controllers) {
-          // 64-bit: a KATO near 2^32 ms plus the grace wrapped in 32 bits and ended
-          // the association at once. KATO 0 (no keep alive) still ends an idle one.
-          const uint32_t kato = c->keep_alive_timeout_ms();
-          const uint64_t limit = kato > 0 ? uint64_t{kato} + opts.keep_alive_grace_ms
-                                          : uint64_t{opts.no_kato_timeout_ms};
-          if (ms - c->last_activity_ms > limit) {
-            LOG_WARN_LIMITED("nvme-tcp: controller %u of %s: %s (%llu ms without a command)",
-                             c->config().cntlid, s.cfg.nqn.c_str(),
-                             kato > 0 ? "keep alive timeout" : "idle with no keep alive (KATO 0)",
-                             static_cast<unsigned long long>(limit));
-            ++stats.keep_alive_expiries;
-            c->last_activity_ms = ms;  // once
-            close_controller(c.get(), "keep alive timeout");
-          }
-        }
-      });
-    }
-    if (calls.run_pending()) last_work = monotonic_us();
-  }
+void NvmfTarget::Impl::release_queue(FabricsController* ctrl, uint16_t qid) {
+  ctrl->queues[qid] = nullptr;
+  const bool empty = std::all_of(ctrl->queues.begin(), ctrl->queues.end(),
+                                 [](ControllerCore::QueueTransport* q) { return q == nullptr; });
+  if (!empty) return;
+  Subsystem* s = ctrl->subsys;
+  std::erase_if(s->controllers,
+                [&](const std::unique_ptr<FabricsController>& x) { return x.get() == ctrl; });
+}
+
+void NvmfTarget::Impl::reap_controllers_of(Subsystem* s) {
+  while (!s->controllers.empty())
+    for (auto& t : transports) t->poll();
 }
 
 // ---- discovery ------------------------------------------------------------------
@@ -256,9 +89,7 @@ std::vector<uint8_t> NvmfTarget::Impl::discovery_log(const std::string& hostnqn)
       // key: "tcp:ADDR:PORT"
       const size_t colon = key.rfind(':');
       const std::string addr = key.substr(4, colon - 4), port = key.substr(colon + 1);
-      uint16_t portid = 0;
-      for (size_t i = 0; i < listeners.size(); ++i)
-        if (listeners[i]->key == key) portid = static_cast<uint16_t>(i + 1);
+      const uint16_t portid = tcp->port_id(key);
       log.resize(log.size() + 1024, 0);
       uint8_t* e = log.data() + log.size() - 1024;
       e[0] = 3;              // TRTYPE: TCP
@@ -302,38 +133,28 @@ Status NvmfTarget::create(const TcpTransportOptions& o, std::unique_ptr<NvmfTarg
   t->opts_ = o;
   t->impl_ = std::make_unique<Impl>();
   Impl* m = t->impl_.get();
-  m->opts = o;
-  m->epfd = epoll_create1(EPOLL_CLOEXEC);
-  m->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (m->epfd < 0 || m->wake_fd < 0) return Code::kDriver;
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.ptr = static_cast<PollWatcher*>(&m->wake_watcher);
-  epoll_ctl(m->epfd, EPOLL_CTL_ADD, m->wake_fd, &ev);
-  m->calls.set_wake_fd(m->wake_fd);
-  m->thread = std::thread([m] { m->run(); });
+  auto tcp = std::make_unique<TcpTransport>(m, &m->group, o);
+  m->tcp = tcp.get();
+  m->transports.push_back(std::move(tcp));
+  m->group.add_poller(m);  // the controllers' completions first, then the queues'
+  m->group.add_poller(m->tcp);
+  if (Status st = m->group.start(o.cpu); !st.ok()) return st;
   *out = std::move(t);
   return Code::kSuccess;
 }
 
 NvmfTarget::~NvmfTarget() {
   if (!impl_) return;
-  impl_->stop.store(true);
-  uint64_t one = 1;
-  (void)::write(impl_->wake_fd, &one, sizeof one);
-  if (impl_->thread.joinable()) impl_->thread.join();
-  for (auto& c : impl_->conns) c->close("target stopping");
+  impl_->group.stop();
+  for (auto& t : impl_->transports) t->shutdown();
   for (auto& s : impl_->subsystems)
     for (auto& c : s.second->controllers) c->drain_inflight();
-  impl_->conns.clear();
+  impl_->transports.clear();
   impl_->subsystems.clear();
-  for (auto& l : impl_->listeners) ::close(l->fd);
-  ::close(impl_->epfd);
-  ::close(impl_->wake_fd);
 }
 
 Status NvmfTarget::call(std::function<Status()> fn) {
-  return impl_->calls.call(std::move(fn));
+  return impl_->group.call(std::move(fn));
 }
 
 namespace {
@@ -346,11 +167,8 @@ bool valid_nqn(const std::string& n) {
 Status NvmfTarget::set_tcp_options(const TcpTransportOptions& o) {
   if (!valid_tcp_options(o)) return Code::kInvalidValue;
   return call([&]() -> Status {
-    if (!impl_->listeners.empty()) return Code::kBadState;
-    int cpu = impl_->opts.cpu;
-    impl_->opts = o;
-    impl_->opts.cpu = cpu;
-    opts_ = impl_->opts;
+    DPUKV_RETURN_IF_ERROR(impl_->tcp->set_options(o));
+    opts_ = impl_->tcp->options();
     return Code::kSuccess;
   });
 }
@@ -375,9 +193,9 @@ Status NvmfTarget::delete_subsystem(const std::string& nqn) {
   return call([&]() -> Status {
     Subsystem* s = impl_->find_subsystem(nqn);
     if (s == nullptr) return Code::kNotFound;
-    for (auto& c : s->controllers) impl_->close_controller(c.get(), "subsystem deleted");
+    for (auto& c : s->controllers) c->close_queues("subsystem deleted");
     // Connections finish their requests before the subsystem's memory goes.
-    while (!s->controllers.empty()) impl_->reap_closed();
+    impl_->reap_controllers_of(s);
     impl_->subsystems.erase(nqn);
     impl_->discovery_changed();
     return Code::kSuccess;
@@ -405,8 +223,7 @@ Status NvmfTarget::remove_host(const std::string& nqn, const std::string& hostnq
     if (it == s->cfg.hosts.end()) return Code::kNotFound;
     s->cfg.hosts.erase(it);
     for (auto& c : s->controllers)
-      if (c->hostnqn == hostnqn && !s->cfg.allow_any_host)
-        impl_->close_controller(c.get(), "host removed");
+      if (c->hostnqn == hostnqn && !s->cfg.allow_any_host) c->close_queues("host removed");
     impl_->discovery_changed();
     return Code::kSuccess;
   });
@@ -449,46 +266,16 @@ Status NvmfTarget::remove_namespace(const std::string& nqn, uint32_t nsid) {
 
 Status NvmfTarget::add_listener(const std::string& nqn, const std::string& addr, uint16_t port,
                                 uint16_t* bound_port) {
-  in_addr ia{};
-  if (inet_pton(AF_INET, addr.c_str(), &ia) != 1) return Code::kInvalidValue;
   return call([&]() -> Status {
     Subsystem* s = impl_->find_subsystem(nqn);
     if (s == nullptr) return Code::kNotFound;
-    Listener* l = nullptr;
-    for (auto& x : impl_->listeners)
-      if (x->key == "tcp:" + addr + ":" + std::to_string(port) || (port == 0 && false)) l = x.get();
-    if (l == nullptr) {
-      int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-      if (fd < 0) return Code::kDriver;
-      int one = 1;
-      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-      sockaddr_in sa{};
-      sa.sin_family = AF_INET;
-      sa.sin_port = htons(port);
-      sa.sin_addr = ia;
-      if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 64) != 0) {
-        LOG_ERR("nvme-tcp: cannot listen on %s:%u: %s", addr.c_str(), port, strerror(errno));
-        ::close(fd);
-        return Code::kIoFailed;
-      }
-      socklen_t sl = sizeof sa;
-      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &sl);
-      auto nl = std::make_unique<Listener>();
-      nl->fd = fd;
-      nl->port = ntohs(sa.sin_port);
-      nl->key = "tcp:" + addr + ":" + std::to_string(nl->port);
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.ptr = static_cast<PollWatcher*>(nl.get());
-      epoll_ctl(impl_->epfd, EPOLL_CTL_ADD, fd, &ev);
-      l = nl.get();
-      impl_->listeners.push_back(std::move(nl));
-      LOG_INFO("nvme-tcp: listening on %s:%u", addr.c_str(), l->port);
-    }
-    if (std::find(s->listeners.begin(), s->listeners.end(), l->key) != s->listeners.end())
+    std::string key;
+    uint16_t bound = 0;
+    DPUKV_RETURN_IF_ERROR(impl_->tcp->listen(addr, port, &key, &bound));
+    if (std::find(s->listeners.begin(), s->listeners.end(), key) != s->listeners.end())
       return Code::kBadState;
-    s->listeners.push_back(l->key);
-    if (bound_port != nullptr) *bound_port = l->port;
+    s->listeners.push_back(key);
+    if (bound_port != nullptr) *bound_port = bound;
     impl_->discovery_changed();
     return Code::kSuccess;
   });
@@ -506,14 +293,7 @@ Status NvmfTarget::remove_listener(const std::string& nqn, const std::string& ad
     for (auto& x : impl_->subsystems)
       used |= std::find(x.second->listeners.begin(), x.second->listeners.end(), key) !=
               x.second->listeners.end();
-    if (!used)
-      for (size_t i = 0; i < impl_->listeners.size(); ++i)
-        if (impl_->listeners[i]->key == key) {
-          epoll_ctl(impl_->epfd, EPOLL_CTL_DEL, impl_->listeners[i]->fd, nullptr);
-          ::close(impl_->listeners[i]->fd);
-          impl_->listeners.erase(impl_->listeners.begin() + static_cast<long>(i));
-          break;
-        }
+    if (!used) impl_->tcp->stop_listen(key);
     impl_->discovery_changed();
     return Code::kSuccess;
   });
@@ -544,11 +324,14 @@ TargetStats NvmfTarget::stats() {
   return st;
 }
 
-void NvmfTarget::attach_emulation(EmulationManager* m) {
+Transport* NvmfTarget::add_transport(std::unique_ptr<Transport> t) {
+  Transport* added = t.get();
   (void)call([&]() -> Status {
-    impl_->emu = m;
+    impl_->group.add_poller(added);
+    impl_->transports.push_back(std::move(t));
     return Code::kSuccess;
   });
+  return added;
 }
 
 std::shared_ptr<NamespaceSet> NvmfTarget::namespace_set(const std::string& nqn) {

@@ -2,26 +2,22 @@
 // devices, allowed hosts, listeners) served over the NVMe/TCP transport, the way
 // SPDK's nvmf target serves them (and, on a BlueField, hosts the DOCA transport).
 //
-// One poll-group thread owns every connection: it busy-polls an epoll set while
-// there is work (one recv and at most one send per connection per pass, however
-// many PDUs they carry) and sleeps in epoll_wait after 2 ms idle. Configuration
-// calls from other threads (the RPC server, the command line) run on that thread.
+// One poll group (core/poll_group.h) runs the target: its controllers and every
+// transport (TCP, made with the target; others added, such as vfio-user), each a
+// poller of the group among equals. Configuration calls from other threads (the
+// RPC server, the command line) run on its thread.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "nvmf/bdev/bdev.h"
 #include "nvmf/core/controller_core.h"
 #include "nvmf/core/target_side.h"
+#include "nvmf/core/transport.h"
 #include "nvmf/tcp/tcp_transport_options.h"
-#include "nvmf/vfio_user/emulation_manager.h"
 
 namespace dpukv::nvme {
 
@@ -64,11 +60,11 @@ class NvmfTarget {
   // it on the poll thread only.
   std::shared_ptr<NamespaceSet> namespace_set(const std::string& nqn);
 
-  // Polls a vfio-user emulation manager (created with own_thread = false) in this
-  // target's poll group, so that both transports share one thread and one view of
-  // every namespace.
-  void attach_emulation(EmulationManager* m);
-  // Runs fn on the poll thread (for calls into an attached emulation manager).
+  // Adds a transport to the poll group (vfio-user: nvmf/vfio_user/vfio_user_transport.h),
+  // so that every transport shares one thread and one view of each namespace.
+  // The target owns it until it stops; the pointer stays valid till then.
+  Transport* add_transport(std::unique_ptr<Transport> t);
+  // Runs fn on the poll thread (for calls into an added transport).
   Status run_on_poller(std::function<Status()> fn) { return call(std::move(fn)); }
 
   struct Impl;  // defined in target_internal.h

@@ -1,64 +1,42 @@
-// The target's poll group (NvmfTarget::Impl): its subsystems, listeners and every
-// TCP connection. Internal to src/nvmf; users include nvmf_target.h. What the
-// parts below it share (Subsystem, TargetSide) is in core/target_side.h.
+// The target (NvmfTarget::Impl): its subsystems, the discovery subsystem, and the
+// poll group its transports and controllers run in. Internal to src/nvmf; users
+// include nvmf_target.h. What the parts below it share (Subsystem, TargetSide) is
+// in core/target_side.h; the group itself knows no transport (core/poll_group.h).
 #pragma once
 
-#include <algorithm>
-#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "nvme/tcp_wire.h"
-#include "nvmf/core/poll_watcher.h"
+#include "nvmf/core/poll_group.h"
 #include "nvmf/core/target_side.h"
+#include "nvmf/core/transport.h"
 #include "nvmf/nvmf_target.h"
-#include "runtime/call_queue.h"
-#include "runtime/clock.h"
+#include "nvmf/tcp/tcp_transport.h"
 
 namespace dpukv::nvme {
 
-class TcpConnection;
-
-struct Listener final : PollWatcher {
-  Listener() : PollWatcher(Kind::kListener) {}
-  std::string key;  // "tcp:ADDR:PORT"
-  int fd = -1;
-  uint16_t port = 0;
-  uint32_t connections = 0;      // open connections it accepted
-  uint64_t paused_until_ms = 0;  // out of descriptors: not watched until then (0: watched)
-};
-
-struct NvmfTarget::Impl final : TargetSide {
-  TcpTransportOptions opts;
-  int epfd = -1, wake_fd = -1;
-  struct WakeWatcher final : PollWatcher {
-    WakeWatcher() : PollWatcher(Kind::kWake) {}
-  } wake_watcher;
-  std::thread thread;
-  std::atomic<bool> stop{false};
-  CallQueue calls;
+struct NvmfTarget::Impl final : TargetSide, Poller {
+  PollGroup group;  // first: its epoll set outlives every queue that is in it
 
   std::map<std::string, std::unique_ptr<Subsystem>> subsystems;
-  std::vector<std::unique_ptr<Listener>> listeners;
-  std::vector<std::unique_ptr<TcpConnection>> conns;
   TargetStats stats;
-  EmulationManager* emu = nullptr;
+  // Every transport of the group, TCP first; the target listens through `tcp`.
+  std::vector<std::unique_ptr<Transport>> transports;
+  TcpTransport* tcp = nullptr;
 
-  void run();
-  void accept_on(Listener* l);
-  // Every 100 ms: connections past their ICReq deadline closed, paused listeners
-  // watched again.
-  void check_deadlines(uint64_t now_ms);
-  Listener* listener_of(const TcpConnection& c);
-  void close_controller(FabricsController* c, const char* why);
-  void reap_closed();
+  // The poller of the controllers: their block devices' completions each pass,
+  // keep alive every 100 ms. Transports poll their own queues.
+  int poll() override;
+  void tick(uint64_t now_ms) override;
+
   Subsystem* find_subsystem(const std::string& nqn) {
     auto it = subsystems.find(nqn);
     return it == subsystems.end() ? nullptr : it->second.get();
   }
+  // Runs every transport's pass until the subsystem's controllers are gone.
+  void reap_controllers_of(Subsystem* s);
 
   // The discovery subsystem (nqn.2014-08.org.nvmexpress.discovery): not one of
   // `subsystems` (it is not configured, listed or deleted as they are), but a
@@ -70,6 +48,7 @@ struct NvmfTarget::Impl final : TargetSide {
     return nqn == kDiscoveryNqn ? &discovery : find_subsystem(nqn);
   }
   TargetStats& counters() override { return stats; }
+  void release_queue(FabricsController* c, uint16_t qid) override;
   template <class F>
   void each_subsystem(F f) {
     f(discovery);

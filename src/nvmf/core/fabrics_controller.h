@@ -31,6 +31,12 @@ class FabricsController final : public ControllerCore {
   uint64_t last_activity_ms = monotonic_ms();  // the last command on any of its queues
   TargetSide* target = nullptr;                // for the discovery log
 
+  // Closes every queue it has (keep alive expired, host removed, admin queue gone).
+  void close_queues(const char* why) {
+    for (QueueTransport* q : queues)
+      if (q != nullptr) q->close(why);
+  }
+
  private:
   void complete(Request* r, uint16_t status) override;
   bool transport_log(uint8_t lid, std::vector<uint8_t>* page) override;

@@ -59,6 +59,9 @@ class TargetSide {
   virtual Subsystem* connect_target(const std::string& nqn) = 0;
   // The discovery log for a host: one entry per listener of each subsystem it may use.
   virtual std::vector<uint8_t> discovery_log(const std::string& hostnqn) const = 0;
+  // A queue of c closed and its requests are back: c forgets it, and goes itself
+  // with its last queue.
+  virtual void release_queue(FabricsController* c, uint16_t qid) = 0;
 
  protected:
   ~TargetSide() = default;

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "nvmf/core/poll_watcher.h"
+#include "nvmf/core/poll_group.h"
 #include "nvmf/core/target_side.h"
 #include "nvmf/tcp/tcp_transport_options.h"
 #include "runtime/clock.h"
@@ -27,7 +27,7 @@ class TcpConnection final : public ControllerCore::QueueTransport, public PollWa
   // plain call, as close runs when the process may be out of descriptors).
   TcpConnection(TargetSide* t, const TcpTransportOptions* opts, int poll_fd, int fd,
                 std::string listener)
-      : PollWatcher(Kind::kConnection),
+      : PollWatcher(&readable),
         t_(t),
         opts_(opts),
         poll_fd_(poll_fd),
@@ -57,6 +57,9 @@ class TcpConnection final : public ControllerCore::QueueTransport, public PollWa
 
   // Reads what the socket has and handles every whole PDU in it. Returns work done.
   int on_readable();
+  static int readable(PollWatcher* self, uint32_t) {
+    return static_cast<TcpConnection*>(self)->on_readable();
+  }
   // Sends pending output; returns false if the connection broke.
   bool flush();
   bool has_output() const { return !segs_.empty(); }

@@ -25,6 +25,7 @@ class TestTarget final : public TargetSide {
   TargetStats& counters() override { return stats; }
   Subsystem* connect_target(const std::string&) override { return nullptr; }
   std::vector<uint8_t> discovery_log(const std::string&) const override { return {}; }
+  void release_queue(FabricsController*, uint16_t) override {}
   TcpTransportOptions opts;
   TargetStats stats;
 };
