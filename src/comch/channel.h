@@ -200,13 +200,15 @@ class ComchBase : public Context, public FastPathHost {
   // Reads what the connection has (a server reads a new client's HELLO at once).
   void on_conn_ready(ComchConnection* c, uint32_t events);
 
+ private:
+  // A subclass reads its options through options() and changes the channel's
+  // state only through the methods above: records, heartbeats, import limits and
+  // the task pool are this class's alone.
+  friend class ComchConnection;  // release_import counts here
   ComchOptions opts_;
   ComchCallbacks cb_;
   Counters counters_;
   size_t num_open_ = 0;
-
- private:
-  friend class ComchConnection;
   void handle_record(ComchConnection* c, size_t n, int* fds, int nfds);
   void flush_pending(ComchConnection* c);
   Status write_task(ComchConnection* c, ComchSendTask* t);

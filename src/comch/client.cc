@@ -34,7 +34,7 @@ Status ComchClient::do_start() {
   refusal_ = nullptr;
   closing_ = false;
   uint32_t tick =
-      std::max<uint32_t>(5, std::min(copts_.retry_interval_ms, opts_.heartbeat_interval_ms / 4));
+      std::max<uint32_t>(5, std::min(copts_.retry_interval_ms, options().heartbeat_interval_ms / 4));
   DPUKV_RETURN_IF_ERROR(start_timer(tick));
   Status st = try_connect();
   if (!st.ok() && st != Code::kAgain) {
@@ -68,7 +68,7 @@ Status ComchClient::try_connect() {
   socklen_t clen = sizeof(cred);
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0)
     set_peer(conn_, PeerCred{cred.pid, cred.uid, cred.gid});
-  comch::HelloPayload hello{opts_.max_msg_size, opts_.heartbeat_interval_ms, 0};
+  comch::HelloPayload hello{options().max_msg_size, options().heartbeat_interval_ms, 0};
   Status st = send_ctrl(conn_, MsgType::kHello, &hello, sizeof(hello));
   if (!st.ok()) {
     close_connection(conn_, Code::kConnectionReset, "cannot send HELLO");
@@ -112,7 +112,7 @@ void ComchClient::on_handshake_msg(ComchConnection* c, const comch::MsgHeader& h
   }
   comch::HelloAckPayload ack;
   std::memcpy(&ack, payload, sizeof(ack));
-  if (ack.max_msg == 0 || ack.max_msg > opts_.max_msg_size || ack.heartbeat_ms == 0) {
+  if (ack.max_msg == 0 || ack.max_msg > options().max_msg_size || ack.heartbeat_ms == 0) {
     close_connection(c, Code::kInvalidValue, "bad HELLO_ACK");
     return;
   }
@@ -166,8 +166,8 @@ void ComchClient::on_timer() {
           refusal_ = words;
         }
       }
-    } else if (now - conn_->opened_ns() > static_cast<uint64_t>(opts_.heartbeat_interval_ms) *
-                                              opts_.heartbeat_misses * 1000000ull) {
+    } else if (now - conn_->opened_ns() > static_cast<uint64_t>(options().heartbeat_interval_ms) *
+                                              options().heartbeat_misses * 1000000ull) {
       close_connection(conn_, Code::kTimeout, "server did not answer HELLO in time");
     }
     return;

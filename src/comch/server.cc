@@ -158,7 +158,7 @@ Status ComchServer::do_start() {
   if (spare_fd_ < 0) spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   Status st = pe()->watch_fd(fd, EPOLLIN, &listener_);
   scan_ns_ = uint64_t{std::max<uint32_t>(
-                 10, std::min(opts_.heartbeat_interval_ms / 4, sopts_.hello_timeout_ms / 4))} *
+                 10, std::min(options().heartbeat_interval_ms / 4, sopts_.hello_timeout_ms / 4))} *
              1000000ull;
   if (st.ok()) st = start_timer(kAcceptTickMs);
   if (!st.ok()) {
@@ -364,8 +364,8 @@ void ComchServer::on_handshake_msg(ComchConnection* c, const comch::MsgHeader& h
                      "bad HELLO (heartbeat above the bound, or a bad field)");
     return;
   }
-  agree(c, std::min(hello.max_msg, opts_.max_msg_size), hello.heartbeat_ms);
-  comch::HelloAckPayload ack{c->id(), c->max_msg(), opts_.heartbeat_interval_ms};
+  agree(c, std::min(hello.max_msg, options().max_msg_size), hello.heartbeat_ms);
+  comch::HelloAckPayload ack{c->id(), c->max_msg(), options().heartbeat_interval_ms};
   Status st = send_ctrl(c, MsgType::kHelloAck, &ack, sizeof(ack));
   if (!st.ok()) {
     close_connection(c, Code::kConnectionReset, "cannot answer HELLO");
