@@ -174,7 +174,7 @@ void Placement::drop_disk_copy(int32_t e) {
   if (!en.mem_ready()) --u.chunks;
   if (en.has_memory() && en.mem_ready()) mem_clean_bytes_ -= en.stored;
   table_.disk_unlink(e);
-  disk_->allocator().free(en.disk_off);
+  disk_->free(en.disk_off);
   (void)disk_->log_del(en.key);  // a lost tombstone only costs a checksum miss after restart
   en.disk = ChunkEntry::Disk::kNone;
 }

@@ -25,7 +25,7 @@ bool Placement::spilling_allowed() const {
 bool Placement::make_disk_room(uint64_t size, uint64_t* off) {
   const uint64_t now = monotonic_ns();
   int32_t v = table_.disk_coldest();
-  while (!disk_->allocator().alloc(size, off)) {
+  while (!disk_->alloc(size, off)) {
     v = disk_victim_from(v, now, 0, -1);
     if (v < 0) return false;
     const int32_t victim = v;
@@ -69,7 +69,7 @@ Placement::SpillStart Placement::start_spill(int32_t e) {
   const uint32_t slot = free_spills_[kMaxSpills - 1 - spills_in_flight_];
   Status st = disk_->write(off, arena_at(en.mem_off), en.stored, kSpillTag | slot);
   if (!st.ok()) {
-    disk_->allocator().free(off);
+    disk_->free(off);
     if (st == Code::kAgain) return SpillStart::kBusy;
     disk_failed("write could not be submitted", EIO);
     return SpillStart::kRefused;
@@ -144,7 +144,7 @@ void Placement::spill_done(uint64_t tag, Status st, int err) {
     ++st_->spills;
   } else {
     if (wrote) disk_failed("index log cannot grow", disk_->last_log_errno());
-    disk_->allocator().free(s.disk_off);
+    disk_->free(s.disk_off);
     // Write-through promised this chunk to the disk: it is tried again once the
     // failed disk's pause ends.
     if (opts_.write_through && en.mem_ready()) table_.write_queue_push(e);

@@ -85,6 +85,8 @@ class VfioUserDriver {
   Status write32(uint32_t reg, uint32_t v);
   Status write64(uint32_t reg, uint64_t v);
 
+  // The message channel under the driver: for tests that break the protocol on
+  // purpose (a raw doorbell, a masked vector); the driver does not expect it used.
   VfioUserClient& client() { return *client_; }
   uint32_t block_size(uint32_t nsid) const {
     return nsid < ns_block_size_.size() ? ns_block_size_[nsid] : 0;

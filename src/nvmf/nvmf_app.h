@@ -25,8 +25,6 @@ class NvmfApp {
 
   // Replays a config file through the RPC methods; the first failing call stops it.
   Status load_config(const std::string& path, std::string* error);
-  rpc::JsonRpcServer& rpc() { return app_.rpc; }
-  NvmfTarget& target() { return *app_.target; }
 
  private:
   NvmfApp() = default;

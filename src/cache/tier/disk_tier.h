@@ -57,8 +57,11 @@ class DiskTier {
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
 
-  SlabAllocator& allocator() { return alloc_; }
   const SlabAllocator& allocator() const { return alloc_; }
+  // Room on the disk for a chunk of size bytes (false: none without evicting), and
+  // its return.
+  bool alloc(uint64_t size, uint64_t* off) { return alloc_.alloc(size, off); }
+  void free(uint64_t off) { alloc_.free(off); }
   int event_fd() const { return store_->event_fd(); }
 
   // Asynchronous I/O of len bytes between buf and the store at offset. AGAIN if

@@ -198,8 +198,7 @@ Status EmulationManager::create_function(const FunctionSpec& spec, std::string* 
   if (Status st = NvmePciFunction::create(spec.config, spec.namespace_set, &ep->fn); !st.ok())
     return st;
   for (size_t i = 0; i < spec.namespaces.size(); ++i)
-    if (Status st =
-            ep->fn->controller().add_namespace(static_cast<uint32_t>(i + 1), spec.namespaces[i]);
+    if (Status st = ep->fn->add_namespace(static_cast<uint32_t>(i + 1), spec.namespaces[i]);
         !st.ok())
       return st;
   ep->namespaces = static_cast<uint32_t>(spec.namespaces.size());

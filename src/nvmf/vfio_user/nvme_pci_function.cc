@@ -62,6 +62,10 @@ Status NvmePciFunction::init(std::shared_ptr<NamespaceSet> ns) {
   return Code::kSuccess;
 }
 
+Status NvmePciFunction::add_namespace(uint32_t nsid, std::shared_ptr<Bdev> bdev) {
+  return ctrl_->add_namespace(nsid, std::move(bdev));
+}
+
 NvmePciFunction::~NvmePciFunction() {
   ctrl_.reset();
   for (int& fd : irq_fds_)

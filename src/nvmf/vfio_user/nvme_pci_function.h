@@ -42,7 +42,9 @@ class NvmePciFunction final : public InterruptSink {
   NvmePciFunction(const NvmePciFunction&) = delete;
   NvmePciFunction& operator=(const NvmePciFunction&) = delete;
 
-  PcieController& controller() { return *ctrl_; }
+  const PcieController& controller() const { return *ctrl_; }
+  // A namespace of its own (a function made without a subsystem's set).
+  Status add_namespace(uint32_t nsid, std::shared_ptr<Bdev> bdev);
 
   // Handles one complete message. fds are owned by the call: the function keeps
   // those it uses and closes the rest. Sets *reply (empty when the request asked
