@@ -33,8 +33,8 @@ Status ComchClient::do_start() {
   last_error_ = Code::kSuccess;
   refusal_ = nullptr;
   closing_ = false;
-  uint32_t tick =
-      std::max<uint32_t>(5, std::min(copts_.retry_interval_ms, options().heartbeat_interval_ms / 4));
+  uint32_t tick = std::max<uint32_t>(
+      5, std::min(copts_.retry_interval_ms, options().heartbeat_interval_ms / 4));
   DPUKV_RETURN_IF_ERROR(start_timer(tick));
   Status st = try_connect();
   if (!st.ok() && st != Code::kAgain) {
