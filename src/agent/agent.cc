@@ -12,7 +12,6 @@
 #include <cstring>
 #include <string>
 
-#include "agent/agent_batch.h"
 #include "agent/agent_cluster_ops.h"
 #include "agent/agent_session.h"
 #include "agent/metrics_server.h"
@@ -64,16 +63,15 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
   // most); a batch waits for buffers as it waits for cache requests (can_submit).
   DPUKV_RETURN_IF_ERROR(BufInventory::create(
       a->opts_.cache.max_requests + 64 * (agent::kMaxRowsPerChunk + 1), &a->inv_));
-  for (uint32_t i = 0; i < a->opts_.max_batches; ++i) {
-    a->batches_.push_back(std::make_unique<Batch>());
-    Batch* b = a->batches_.back().get();
-    b->agent = a.get();
-    b->status.resize(max_entries);
-    b->entries.reserve(max_entries);
-    b->slots.resize(max_entries);
-    for (uint32_t k = 0; k < max_entries; ++k) b->slots[k] = {b, k};
-    a->free_batches_.push_back(b);
-  }
+  BatchIo::Parts parts;
+  parts.cache = a->cache_.get();
+  parts.gpu = a->gpu_.get();
+  parts.inv = a->inv_.get();
+  parts.counters = &a->counters_;
+  parts.latencies = &a->latencies_;
+  parts.max_chunk_bytes = a->opts_.cache.max_chunk_bytes;
+  BatchIo::Host* host = a.get();  // a private base: the agent is the only one to hand it out
+  a->batch_io_ = std::make_unique<BatchIo>(host, parts, a->opts_.max_batches, max_entries);
   if (a->opts_.cluster) {
     st = ClusterNode::create(a->pe_.get(), a->cache_.get(), a->opts_.cluster_options, &a->cluster_);
     if (!st.ok()) {
@@ -322,6 +320,15 @@ const Agent::OpHandler Agent::kOps[] = {
     {Op::kRetrieveRows, &rows_body, &Agent::on_rows},
     // kEvents is the agent's to send, never a request: it has no row.
 };
+
+// Batch I/O is BatchIo's (batch_io.h); AGAIN when all its batches are in flight.
+void Agent::on_io(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t) {
+  if (!batch_io_->start(s, h, body).ok()) reply(s, h, Code::kAgain, nullptr, 0);
+}
+
+void Agent::on_rows(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t len) {
+  if (!batch_io_->start_rows(s, h, body, len).ok()) reply(s, h, Code::kAgain, nullptr, 0);
+}
 
 void Agent::handle(Session* s, const uint8_t* d, uint32_t n) {
   ++counters_.requests;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "agent/agent_stats.h"
+#include "agent/batch_io.h"
 #include "agent/event_feed.h"
 #include "agent/gpu_service.h"
 #include "agent/tenants.h"
@@ -29,6 +30,8 @@
 #include "protocol/version.h"
 
 namespace dpukv {
+
+struct AgentSession;
 
 struct AgentOptions {
   std::string socket_path;  // default_socket_path() if empty
@@ -53,7 +56,10 @@ struct AgentOptions {
   TenancyOptions tenancy;
 };
 
-class Agent {
+// The agent routes each request (agent.cc's kOps) to the part that serves it:
+// batch I/O (batch_io.h), the event feed (event_feed.h), the cache's key ops, the
+// GPU service (gpu_service.h), the cluster node; it owns the sessions.
+class Agent final : private BatchIo::Host {
  public:
   static Status create(const AgentOptions& o, std::unique_ptr<Agent>* out);
   ~Agent();
@@ -76,8 +82,7 @@ class Agent {
   std::string stats_json(bool asker_connected = false) const;
 
  private:
-  struct Session;
-  struct Batch;
+  using Session = AgentSession;
   // A socket clients come through: the main one (socket -1) or a tenant's own.
   struct Door {
     Agent* agent = nullptr;
@@ -89,9 +94,6 @@ class Agent {
   void stop_doors();
   static bool staging_allowed(void* arg, const ComchConnection* c, uint64_t more, const char** why);
   uint64_t staging_bytes(std::vector<uint64_t>* by_tenant) const;
-  // The key the cache keeps for a key the session names: NOT_PERMITTED for a key
-  // of another model, INVALID_VALUE for one that cannot be folded.
-  static Status scope_key(const Session* s, const ChunkKey& k, ChunkKey* kept);
   struct RemoteLookup;
   struct Push;
   // A snapshot of the figures agent_stats.h renders (asker_connected: a client
@@ -105,7 +107,6 @@ class Agent {
   static void on_recv(ComchConnection* c, const uint8_t* d, uint32_t n, UserData ud);
   static void on_export(ComchConnection* c, Mmap* map, uint64_t cookie, UserData ud);
   static void on_send_done(ComchSendTask* t, UserData, UserData ud);
-  static void op_done(void* arg, Status st);
   void handle(Session* s, const uint8_t* d, uint32_t n);
   // The request handlers, one per op (agent.cc's kOps: each beside the body shape
   // it is given, already checked).
@@ -129,19 +130,14 @@ class Agent {
   void on_subscribe(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   void on_clear(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   void on_stats(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
-  void reply(Session* s, const agent::AgentHeader& req, Status st, const void* body, uint32_t len);
-  void finish_batch(Batch* b);
-  void submit_entries(Batch* b, bool fresh);
-  Status submit_entry(Session* s, agent::Op op, const agent::IoEntry& e, void* slot);
-  Status submit_rows_entry(Session* s, const Batch& b, const agent::IoEntry& e, void* slot);
-  bool can_submit() const;
+  void reply(Session* s, const agent::AgentHeader& req, Status st, const void* body,
+             uint32_t len) override;
   // Dense maps clients export, faulted in a step per loop turn, each session held
   // (pending) while it waits.
   void queue_populate(Session* s, Mmap* m);
   void populate_step();
   void drop_populates();
-  void resume_stalled();
-  void release_session(Session* s);
+  void release_session(Session* s) override;
   Status gpu_export(Session* s, const uint8_t* body, uint32_t len, std::string* why);
   // The event feed (SUBSCRIBE/EVENTS): residency changes queued, sent in batches.
   static void on_residency(void* arg, const ChunkKey& key, bool present);
@@ -166,15 +162,12 @@ class Agent {
   std::unique_ptr<class MetricsServer> metrics_server_;
   std::function<void()> on_ready_, on_tick_;
   int metrics_port_ = 0;
-  std::vector<std::unique_ptr<Batch>> batches_;
-  std::vector<Batch*> free_batches_;
-  std::deque<Batch*> stalled_;  // waiting for cache requests, oldest first
+  std::unique_ptr<BatchIo> batch_io_;
   struct Populate {
     Session* session;
     uint64_t map_id;  // the session's id of the map
   };
   std::deque<Populate> populating_;  // maps being faulted in, one step per loop turn
-  bool resuming_ = false;
   AgentCounters counters_;
   std::vector<ChunkKey> lookup_keys_;  // reserved for the largest message
   EventFeed feed_;                     // SUBSCRIBE / EVENTS (agent/event_feed.h)

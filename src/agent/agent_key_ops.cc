@@ -6,7 +6,6 @@
 #include <cstring>
 #include <string>
 
-#include "agent/agent_batch.h"
 #include "agent/agent_cluster_ops.h"
 #include "agent/agent_session.h"
 #include "protocol/tenant_key.h"
@@ -65,11 +64,9 @@ void Agent::on_lookup(Session* s, const AgentHeader& h, const uint8_t* body, uin
 void Agent::on_keys(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t) {
   const Op op = static_cast<Op>(h.op);
   // A spare batch's status bytes when they are long enough (no allocation).
-  uint8_t* st = nullptr;
+  uint8_t* st = batch_io_->spare_status(h.count);
   std::vector<uint8_t> fallback;
-  if (!free_batches_.empty() && free_batches_.back()->status.size() >= h.count) {
-    st = free_batches_.back()->status.data();
-  } else {
+  if (st == nullptr) {
     fallback.resize(h.count);
     st = fallback.data();
   }

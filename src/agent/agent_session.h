@@ -7,11 +7,16 @@
 #include <cstdint>
 #include <vector>
 
-#include "agent/agent.h"
+#include "agent/event_feed.h"
+#include "agent/gpu_service.h"
+#include "agent/tenants.h"
+#include "comch/server.h"
+#include "protocol/agent_wire.h"
+#include "protocol/chunk_key.h"
 
 namespace dpukv {
 
-struct Agent::Session {
+struct AgentSession {
   ComchConnection* conn = nullptr;
   ComchServer* server = nullptr;   // the socket it came through
   const Tenant* tenant = nullptr;  // its keys are folded with tenant->tag
@@ -27,5 +32,9 @@ struct Agent::Session {
   bool subscribed = false;  // sent the event feed
   FeedSubscriber feed;      // what of the feed it sees (its model and tenant)
 };
+
+// The key the cache keeps for a key the session names: NOT_PERMITTED for a key of
+// another model, INVALID_VALUE for one that cannot be folded (agent_sessions.cc).
+Status scope_key(const AgentSession* s, const ChunkKey& k, ChunkKey* kept);
 
 }  // namespace dpukv

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <string>
 
-#include "agent/agent_batch.h"
 #include "agent/agent_session.h"
 #include "protocol/tenant_key.h"
 #include "runtime/log.h"
@@ -153,7 +152,7 @@ void Agent::drop_populates() {
   populating_.clear();
 }
 
-Status Agent::scope_key(const Session* s, const ChunkKey& k, ChunkKey* kept) {
+Status scope_key(const AgentSession* s, const ChunkKey& k, ChunkKey* kept) {
   if (s->model != 0 && k.model != s->model) return Code::kNotPermitted;
   if (!tenant_scope(k, s->tenant->tag, kept)) return Code::kInvalidValue;
   return Code::kSuccess;
