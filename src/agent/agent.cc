@@ -70,6 +70,9 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
   parts.counters = &a->counters_;
   parts.latencies = &a->latencies_;
   parts.max_chunk_bytes = a->opts_.cache.max_chunk_bytes;
+  EventPublisher::Host* feed_host = a.get();
+  a->events_ =
+      std::make_unique<EventPublisher>(feed_host, a->cache_.get(), &a->counters_, a->opts_.max_msg);
   BatchIo::Host* host = a.get();  // a private base: the agent is the only one to hand it out
   a->batch_io_ = std::make_unique<BatchIo>(host, parts, a->opts_.max_batches, max_entries);
   if (a->opts_.cluster) {
@@ -187,12 +190,7 @@ Status Agent::run(const std::atomic<bool>* stop) {
       populate_step();
     }
     const uint64_t now = monotonic_ns();
-    // Events go out in batches: every 5 ms at most, or when a message is full.
-    if (feed_.pending() != 0 &&
-        (now - last_flush_ns_ >= 5000000ull || feed_.pending() >= opts_.max_msg / 40)) {
-      last_flush_ns_ = now;
-      flush_events();
-    }
+    events_->tick(now);
     if (now < next_tick) continue;
     next_tick = now + 100000000ull;
     if (metrics_server_) metrics_server_->sweep();
@@ -320,6 +318,19 @@ const Agent::OpHandler Agent::kOps[] = {
     {Op::kRetrieveRows, &rows_body, &Agent::on_rows},
     // kEvents is the agent's to send, never a request: it has no row.
 };
+
+// Every tenant's events, or every tenant's chunks cleared: an admin's (kAllTenants).
+void Agent::on_subscribe(Session* s, const AgentHeader& h, const uint8_t*, uint32_t) {
+  const bool all = (h.flags & agent::kAllTenants) != 0;
+  if (all && !s->admin) {
+    ++counters_.not_permitted;
+    reply(s, h, Code::kNotPermitted, nullptr, 0);
+    return;
+  }
+  s->feed.all_tenants = all;
+  events_->subscribe(s);
+  reply(s, h, Code::kSuccess, nullptr, 0);
+}
 
 // Batch I/O is BatchIo's (batch_io.h); AGAIN when all its batches are in flight.
 void Agent::on_io(Session* s, const AgentHeader& h, const uint8_t* body, uint32_t) {
@@ -470,7 +481,7 @@ AgentStatsSources Agent::stats_sources(bool asker_connected, const Session* aske
   s.cache = cache_->stats();
   if (metrics_server_) s.metrics_server = metrics_server_->counters();
   for (const auto& d : doors_) s.protocol_errors += d->server->counters().protocol_errors;
-  s.event_subscribers = feed_.subscribers();
+  s.event_subscribers = events_->subscribers();
   s.gpu_on = gpu_->on();
   s.gpu_path = gpu_->description();
   s.gpu = gpu_->counters();

@@ -20,6 +20,7 @@
 #include "agent/agent_stats.h"
 #include "agent/batch_io.h"
 #include "agent/event_feed.h"
+#include "agent/event_publisher.h"
 #include "agent/gpu_service.h"
 #include "agent/tenants.h"
 #include "cache/cache_engine.h"
@@ -57,9 +58,9 @@ struct AgentOptions {
 };
 
 // The agent routes each request (agent.cc's kOps) to the part that serves it:
-// batch I/O (batch_io.h), the event feed (event_feed.h), the cache's key ops, the
+// batch I/O (batch_io.h), the event feed (event_publisher.h), the cache's key ops, the
 // GPU service (gpu_service.h), the cluster node; it owns the sessions.
-class Agent final : private BatchIo::Host {
+class Agent final : private BatchIo::Host, private EventPublisher::Host {
  public:
   static Status create(const AgentOptions& o, std::unique_ptr<Agent>* out);
   ~Agent();
@@ -139,11 +140,6 @@ class Agent final : private BatchIo::Host {
   void drop_populates();
   void release_session(Session* s) override;
   Status gpu_export(Session* s, const uint8_t* body, uint32_t len, std::string* why);
-  // The event feed (SUBSCRIBE/EVENTS): residency changes queued, sent in batches.
-  static void on_residency(void* arg, const ChunkKey& key, bool present);
-  void subscribe(Session* s);
-  void unsubscribe(Session* s);
-  void flush_events();
   static void remote_lookup_done(void* arg, uint32_t fetched);
   static void push_done(void* arg, Status st, const uint8_t* taken, uint32_t n);
 
@@ -169,10 +165,8 @@ class Agent final : private BatchIo::Host {
   };
   std::deque<Populate> populating_;  // maps being faulted in, one step per loop turn
   AgentCounters counters_;
-  std::vector<ChunkKey> lookup_keys_;  // reserved for the largest message
-  EventFeed feed_;                     // SUBSCRIBE / EVENTS (agent/event_feed.h)
-  std::vector<uint8_t> event_msg_;     // an EVENTS message being sent, reused
-  uint64_t last_flush_ns_ = 0;
+  std::vector<ChunkKey> lookup_keys_;       // reserved for the largest message
+  std::unique_ptr<EventPublisher> events_;  // SUBSCRIBE / EVENTS
   uint64_t connected_ = 0;
   std::vector<uint64_t> tenant_clients_;  // by Tenant::index
 };

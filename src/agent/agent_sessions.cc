@@ -100,7 +100,7 @@ void Agent::on_disconnect(ComchConnection* c, Status why, UserData ud) {
   if (!s->pinned.empty())
     a->cache_->unpin(s->pinned.data(), static_cast<uint32_t>(s->pinned.size()));
   s->pinned.clear();
-  a->unsubscribe(s);
+  a->events_->unsubscribe(s);
   // Its GPU memory is closed now, or (with copies in flight) when they finish.
   a->gpu_->remove_all(&s->gpu);
   s->gone = true;
