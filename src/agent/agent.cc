@@ -70,10 +70,10 @@ Status Agent::create(const AgentOptions& o, std::unique_ptr<Agent>* out) {
   parts.counters = &a->counters_;
   parts.latencies = &a->latencies_;
   parts.max_chunk_bytes = a->opts_.cache.max_chunk_bytes;
-  EventPublisher::Host* feed_host = a.get();
-  a->events_ =
-      std::make_unique<EventPublisher>(feed_host, a->cache_.get(), &a->counters_, a->opts_.max_msg);
   BatchIo::Host* host = a.get();  // a private base: the agent is the only one to hand it out
+  a->populator_ = std::make_unique<ExportPopulator>(host, &a->counters_.populated_bytes);
+  a->events_ =
+      std::make_unique<EventPublisher>(host, a->cache_.get(), &a->counters_, a->opts_.max_msg);
   a->batch_io_ = std::make_unique<BatchIo>(host, parts, a->opts_.max_batches, max_entries);
   if (a->opts_.cluster) {
     st = ClusterNode::create(a->pe_.get(), a->cache_.get(), a->opts_.cluster_options, &a->cluster_);
@@ -183,11 +183,11 @@ Status Agent::run(const std::atomic<bool>* stop) {
   uint64_t next_tick = monotonic_ns();
   while (!stop->load(std::memory_order_relaxed)) {
     // While exports are being faulted in, a step per turn between polls, never asleep.
-    if (populating_.empty()) {
+    if (populator_->idle()) {
       pe_->wait(50000, 100);
     } else {
       pe_->progress();
-      populate_step();
+      populator_->step();
     }
     const uint64_t now = monotonic_ns();
     events_->tick(now);
@@ -196,7 +196,7 @@ Status Agent::run(const std::atomic<bool>* stop) {
     if (metrics_server_) metrics_server_->sweep();
     if (on_tick_) on_tick_();
   }
-  drop_populates();
+  populator_->drop_all();
   APP_LOG_INFO("agent: stopping");
   metrics_server_.reset();
   stop_doors();
@@ -477,7 +477,7 @@ AgentStatsSources Agent::stats_sources(bool asker_connected, const Session* aske
   }
   s.clients = connected_ - (asker_connected && connected_ > 0 ? 1 : 0);
   s.agent = counters_;
-  s.agent.populating = populating_.size();
+  s.agent.populating = populator_->waiting();
   s.cache = cache_->stats();
   if (metrics_server_) s.metrics_server = metrics_server_->counters();
   for (const auto& d : doors_) s.protocol_errors += d->server->counters().protocol_errors;

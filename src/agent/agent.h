@@ -21,6 +21,7 @@
 #include "agent/batch_io.h"
 #include "agent/event_feed.h"
 #include "agent/event_publisher.h"
+#include "agent/export_populator.h"
 #include "agent/gpu_service.h"
 #include "agent/tenants.h"
 #include "cache/cache_engine.h"
@@ -59,8 +60,9 @@ struct AgentOptions {
 
 // The agent routes each request (agent.cc's kOps) to the part that serves it:
 // batch I/O (batch_io.h), the event feed (event_publisher.h), the cache's key ops, the
-// GPU service (gpu_service.h), the cluster node; it owns the sessions.
-class Agent final : private BatchIo::Host, private EventPublisher::Host {
+// GPU service (gpu_service.h), the cluster node. It owns the sessions; the parts
+// that hold one hand it back (SessionOwner, agent_session.h).
+class Agent final : private BatchIo::Host {
  public:
   static Status create(const AgentOptions& o, std::unique_ptr<Agent>* out);
   ~Agent();
@@ -133,11 +135,6 @@ class Agent final : private BatchIo::Host, private EventPublisher::Host {
   void on_stats(Session* s, const agent::AgentHeader& h, const uint8_t* body, uint32_t len);
   void reply(Session* s, const agent::AgentHeader& req, Status st, const void* body,
              uint32_t len) override;
-  // Dense maps clients export, faulted in a step per loop turn, each session held
-  // (pending) while it waits.
-  void queue_populate(Session* s, Mmap* m);
-  void populate_step();
-  void drop_populates();
   void release_session(Session* s) override;
   Status gpu_export(Session* s, const uint8_t* body, uint32_t len, std::string* why);
   static void remote_lookup_done(void* arg, uint32_t fetched);
@@ -159,11 +156,7 @@ class Agent final : private BatchIo::Host, private EventPublisher::Host {
   std::function<void()> on_ready_, on_tick_;
   int metrics_port_ = 0;
   std::unique_ptr<BatchIo> batch_io_;
-  struct Populate {
-    Session* session;
-    uint64_t map_id;  // the session's id of the map
-  };
-  std::deque<Populate> populating_;  // maps being faulted in, one step per loop turn
+  std::unique_ptr<ExportPopulator> populator_;  // clients' dense exports faulted in
   AgentCounters counters_;
   std::vector<ChunkKey> lookup_keys_;       // reserved for the largest message
   std::unique_ptr<EventPublisher> events_;  // SUBSCRIBE / EVENTS

@@ -33,6 +33,17 @@ struct AgentSession {
   FeedSubscriber feed;      // what of the feed it sees (its model and tenant)
 };
 
+// Who owns the sessions (the agent): the parts that hold a session while they
+// work for it (pending) hand it back here, which frees it once it is gone and
+// nothing holds it.
+class SessionOwner {
+ public:
+  virtual void release_session(AgentSession* s) = 0;
+
+ protected:
+  ~SessionOwner() = default;
+};
+
 // The key the cache keeps for a key the session names: NOT_PERMITTED for a key of
 // another model, INVALID_VALUE for one that cannot be folded (agent_sessions.cc).
 Status scope_key(const AgentSession* s, const ChunkKey& k, ChunkKey* kept);

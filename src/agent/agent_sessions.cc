@@ -112,44 +112,10 @@ void Agent::release_session(Session* s) {
   if (s->gone && s->pending == 0) delete s;
 }
 
-// A client's export (staging, or an engine's KV cache shared in place) is faulted
-// in ahead of the copies into it, 2 MiB per loop turn (about 0.25 ms here) between
-// requests: the first touch of a page costs ~1.3 us, four times its copy. Only a
-// dense one, whose pages all exist (Mmap::dense), so nothing is allocated for it.
+// A client's export is faulted in ahead of the copies into it (export_populator.h).
 void Agent::on_export(ComchConnection* c, Mmap* map, uint64_t, UserData ud) {
   auto* s = static_cast<Session*>(c->user_data().ptr);
-  if (s != nullptr && !s->gone) static_cast<Door*>(ud.ptr)->agent->queue_populate(s, map);
-}
-
-void Agent::queue_populate(Session* s, Mmap* m) {
-  if (m->populated()) return;  // not dense, or done
-  for (const Populate& p : populating_)
-    if (p.session == s && p.map_id == m->peer_map_id()) return;
-  ++s->pending;
-  populating_.push_back({s, m->peer_map_id()});
-}
-
-void Agent::populate_step() {
-  if (populating_.empty()) return;
-  const Populate p = populating_.front();
-  Mmap* m = p.session->gone ? nullptr : p.session->conn->imported_map(p.map_id);
-  if (m != nullptr) {
-    const size_t before = m->populated_bytes();
-    const bool done = m->populate_some(2u << 20);
-    counters_.populated_bytes += m->populated_bytes() - before;
-    if (!done) return;
-  }
-  populating_.pop_front();
-  --p.session->pending;
-  release_session(p.session);
-}
-
-void Agent::drop_populates() {
-  for (const Populate& p : populating_) {
-    --p.session->pending;
-    release_session(p.session);
-  }
-  populating_.clear();
+  if (s != nullptr && !s->gone) static_cast<Door*>(ud.ptr)->agent->populator_->add(s, map);
 }
 
 Status scope_key(const AgentSession* s, const ChunkKey& k, ChunkKey* kept) {

@@ -27,13 +27,12 @@ namespace dpukv {
 
 class BatchIo {
  public:
-  class Host {
+  // The agent: the reply, and (SessionOwner) a session handed back after its batch.
+  class Host : public SessionOwner {
    public:
     // Answers the request h (worst: the header's status; body: a byte per entry).
     virtual void reply(AgentSession* s, const agent::AgentHeader& h, Status worst, const void* body,
                        uint32_t len) = 0;
-    // A batch of s ended (its pending count is down): the agent frees s if it is gone.
-    virtual void release_session(AgentSession* s) = 0;
 
    protected:
     ~Host() = default;

@@ -2,9 +2,9 @@
 
 namespace dpukv {
 
-EventPublisher::EventPublisher(Host* host, CacheEngine* cache, AgentCounters* counters,
+EventPublisher::EventPublisher(SessionOwner* owner, CacheEngine* cache, AgentCounters* counters,
                                uint32_t max_msg)
-    : host_(host), cache_(cache), counters_(counters), max_msg_(max_msg) {}
+    : owner_(owner), cache_(cache), counters_(counters), max_msg_(max_msg) {}
 
 EventPublisher::~EventPublisher() {
   if (feed_.subscribers() != 0) cache_->remove_residency_listener(&on_residency, this);
@@ -76,7 +76,7 @@ void EventPublisher::flush() {
   }
   for (AgentSession* s : to) {
     --s->pending;
-    host_->release_session(s);
+    owner_->release_session(s);
   }
   feed_.sent();
 }

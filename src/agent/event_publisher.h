@@ -5,8 +5,8 @@
 // full misses a batch and is told so by the next (kEventsLost); it is not
 // disconnected. It listens to the cache only while someone subscribes.
 //
-// It owns the feed and the message it reuses; it reaches the agent only through
-// Host, to let a session go that closed while it was sent to. Agent's thread.
+// It owns the feed and the message it reuses; it reaches the agent only to hand
+// back the sessions it held while sending (SessionOwner). Agent's thread.
 #pragma once
 
 #include <cstdint>
@@ -21,16 +21,9 @@ namespace dpukv {
 
 class EventPublisher {
  public:
-  class Host {
-   public:
-    // A session held while it was sent to is let go (the agent frees it if gone).
-    virtual void release_session(AgentSession* s) = 0;
-
-   protected:
-    ~Host() = default;
-  };
   // counters: events_sent, events_dropped. max_msg: the comch message bound.
-  EventPublisher(Host* host, CacheEngine* cache, AgentCounters* counters, uint32_t max_msg);
+  EventPublisher(SessionOwner* owner, CacheEngine* cache, AgentCounters* counters,
+                 uint32_t max_msg);
   ~EventPublisher();
   EventPublisher(const EventPublisher&) = delete;
   EventPublisher& operator=(const EventPublisher&) = delete;
@@ -47,7 +40,7 @@ class EventPublisher {
   static void on_residency(void* arg, const ChunkKey& key, bool present);
   void flush();
 
-  Host* host_;
+  SessionOwner* owner_;
   CacheEngine* cache_;
   AgentCounters* counters_;
   uint32_t max_msg_;
