@@ -82,7 +82,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   cfg.controller.num_vectors = 4;
   cfg.controller.max_io_queues = 4;
   if (!NvmePciFunction::create(cfg, nullptr, &h.fn).ok()) abort();
-  if (!h.fn->controller().add_namespace(1, bdev).ok()) abort();
+  if (!h.fn->add_namespace(1, bdev).ok()) abort();
   vu::Version v{0, 1};
   h.send(vu::kVersion, &v, sizeof v);
   int mfd = memfd_create("fuzz-dma", MFD_CLOEXEC);

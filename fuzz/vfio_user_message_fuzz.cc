@@ -58,7 +58,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   cfg.controller.num_vectors = 4;
   std::unique_ptr<NvmePciFunction> fn;
   if (!NvmePciFunction::create(cfg, nullptr, &fn).ok()) abort();
-  if (!fn->controller().add_namespace(1, bdev).ok()) abort();
+  if (!fn->add_namespace(1, bdev).ok()) abort();
   std::vector<uint8_t> reply;
   std::vector<int> reply_fds;
   if (data[0] & 1) {
