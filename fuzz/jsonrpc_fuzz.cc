@@ -54,7 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     rpc::Json req = rpc::Json::parse(in.substr(0, end), nullptr, false);
     in.erase(0, end);
     if (req.is_discarded()) continue;
-    rpc::Json resp = app->rpc().dispatch(req);
+    rpc::Json resp = app->dispatch(req);
     if (resp.is_null()) continue;  // a notification
     if (!resp.is_object() || resp.value("jsonrpc", "") != "2.0" || !resp.contains("id") ||
         (resp.contains("result") == resp.contains("error")))

@@ -25,6 +25,8 @@ class NvmfApp {
 
   // Replays a config file through the RPC methods; the first failing call stops it.
   Status load_config(const std::string& path, std::string* error);
+  // Handles one JSON-RPC request object as the socket would (tests, the fuzzer).
+  rpc::Json dispatch(const rpc::Json& request) { return app_.rpc.dispatch(request); }
 
  private:
   NvmfApp() = default;
