@@ -11,6 +11,10 @@
 
 namespace dpukv::nvme {
 
+PollGroup::PollGroup() : epfd_(epoll_create1(EPOLL_CLOEXEC)) {
+  wake_.fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+}
+
 PollGroup::~PollGroup() {
   stop();
   if (epfd_ >= 0) ::close(epfd_);
@@ -18,8 +22,6 @@ PollGroup::~PollGroup() {
 }
 
 Status PollGroup::start(int cpu) {
-  epfd_ = epoll_create1(EPOLL_CLOEXEC);
-  wake_.fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (epfd_ < 0 || wake_.fd < 0 || !watch(wake_.fd, EPOLLIN, &wake_)) return Code::kDriver;
   calls_.set_wake_fd(wake_.fd);
   thread_ = std::thread([this, cpu] { run(cpu); });

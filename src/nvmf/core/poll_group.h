@@ -56,13 +56,13 @@ class Poller {
 
 class PollGroup {
  public:
-  PollGroup() = default;
+  PollGroup();   // makes the epoll set (start() says if that failed)
   ~PollGroup();  // stops, then closes the set
   PollGroup(const PollGroup&) = delete;
   PollGroup& operator=(const PollGroup&) = delete;
 
-  // Makes the epoll set and starts the thread (pinned to cpu unless -1). Pollers
-  // and watchers may be added before, or on the thread after.
+  // Starts the thread (pinned to cpu unless -1). Pollers and watchers may be
+  // added before, or on the thread after.
   Status start(int cpu);
   // Ends the loop and joins the thread; the set stays open for the owner's
   // teardown (close() of a queue takes its fd out of it).
@@ -70,7 +70,12 @@ class PollGroup {
   bool on_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
   // Runs fn on the poll thread and returns its result (from another thread).
-  Status call(std::function<Status()> fn) { return calls_.call(std::move(fn)); }
+  // Before start() and after stop() no poll thread runs, and the caller runs fn
+  // itself (the owner's set-up and teardown) instead of waiting forever.
+  Status call(std::function<Status()> fn) {
+    if (!thread_.joinable()) return fn();
+    return calls_.call(std::move(fn));
+  }
 
   // The epoll set (a queue pair takes its own fd out of it when it closes).
   int epoll_fd() const { return epfd_; }
