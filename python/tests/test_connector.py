@@ -236,7 +236,11 @@ def test_a_row_on_a_private_page_loads_through_staging():
     for kv, want in zip(cache.layers, saved):
         assert torch.equal(kv[:, blocks[:n]], want[:, :n])
     page = 4096
-    private = cache.layers[0].data_ptr() % page != 0  # block 0's K row starts a partial page
+    # Block 0's K row starts each layer's storage; a load goes in place only when
+    # every layer's rows are on shared pages, and each layer is an allocation of its
+    # own (a page-aligned first layer beside a misaligned second one made this test
+    # fail once in about 25 runs when it looked at the first alone).
+    private = any(kv.data_ptr() % page != 0 for kv in cache.layers)
     if IN_PLACE and private:
         assert conn.counters["loaded_in_place_chunks"] == 0
     elif IN_PLACE:
