@@ -58,13 +58,24 @@ void signal(int fd) {
   ASSERT_EQ(::write(fd, &one, sizeof one), 8);
 }
 
-TEST(PollGroup, WatchersPollersTicksAndCallsRunOnItsThread) {
+// An eventfd, its watcher, and a poller in a group not started yet.
+class PollGroupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_GE(fd, 0);
+    g.add_poller(&p);
+  }
+  void TearDown() override {
+    g.stop();
+    if (fd >= 0) ::close(fd);
+  }
   const int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  ASSERT_GE(fd, 0);
-  CountingWatcher w(fd);
+  CountingWatcher w{fd};
   CountingPoller p;
   PollGroup g;
-  g.add_poller(&p);
+};
+
+TEST_F(PollGroupTest, WatchersPollersTicksAndCallsRunOnItsThread) {
   ASSERT_TRUE(g.start(-1).ok());
   std::thread::id poll_thread;
   ASSERT_TRUE(g.call([&] {
@@ -92,16 +103,9 @@ TEST(PollGroup, WatchersPollersTicksAndCallsRunOnItsThread) {
                }).ok());
   EXPECT_EQ(ran_on, std::this_thread::get_id());
   EXPECT_EQ(p.passes.load(), passes);
-  ::close(fd);
 }
 
-TEST(PollGroup, AnFdWithNoEventsStaysQuietUntilWatchedAgain) {
-  const int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  ASSERT_GE(fd, 0);
-  CountingWatcher w(fd);
-  CountingPoller p;
-  PollGroup g;
-  g.add_poller(&p);
+TEST_F(PollGroupTest, AnFdWithNoEventsStaysQuietUntilWatchedAgain) {
   ASSERT_TRUE(g.watch(fd, EPOLLIN, &w));  // before start: the owner's set-up
   ASSERT_TRUE(g.start(-1).ok());
   ASSERT_TRUE(g.call([&] { return g.rewatch(fd, 0, &w) ? Status() : Status(Code::kDriver); }).ok());
@@ -124,8 +128,6 @@ TEST(PollGroup, AnFdWithNoEventsStaysQuietUntilWatchedAgain) {
   ASSERT_TRUE(g.call([] { return Status(); }).ok());
   EXPECT_EQ(p.passes.load(), passes);
   EXPECT_EQ(w.calls.load(), 1);
-  g.stop();
-  ::close(fd);
 }
 
 }  // namespace
